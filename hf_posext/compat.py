@@ -1,0 +1,63 @@
+"""The one version shim: read and write rope settings in transformers 4.x and 5.x layouts.
+
+5.x: `config.rope_parameters = {"rope_type", "rope_theta", <type's keys>}`.
+4.x: `config.rope_scaling = {"rope_type", <type's keys>}` (None for default RoPE) and
+     `config.rope_theta` as a separate attribute.
+Everything else in hf_posext speaks the 5.x layout (a flat dict that includes rope_theta).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import transformers
+from packaging.version import Version
+
+TRANSFORMERS_VERSION = Version(transformers.__version__)
+IS_V5 = TRANSFORMERS_VERSION.major >= 5
+
+
+def text_config(config):
+    """The decoder config (multimodal wrappers keep it under `text_config`)."""
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if get is not None else config
+
+
+def get_rope_parameters(config) -> dict[str, Any]:
+    """A copy of the rope settings as one flat dict with `rope_type` and `rope_theta`."""
+    if IS_V5:
+        params = copy.deepcopy(getattr(config, "rope_parameters", None) or {})
+        if not params and getattr(config, "rope_theta", None) is None:
+            return {}
+    else:
+        params = copy.deepcopy(getattr(config, "rope_scaling", None) or {})
+        if getattr(config, "rope_theta", None) is not None:
+            params["rope_theta"] = config.rope_theta
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.setdefault("rope_type", "default")
+    return params
+
+
+def set_rope_parameters(config, params: dict[str, Any]) -> None:
+    """Write a flat rope dict (as returned by `get_rope_parameters`) into the config, in place,
+    and run transformers' validation for it (which calls ours for hf_posext's types)."""
+    params = copy.deepcopy(params)
+    if IS_V5:
+        config.rope_parameters = params
+        config.validate_rope()
+    else:
+        from transformers.modeling_rope_utils import rope_config_validation
+
+        config.rope_theta = params.pop("rope_theta")
+        config.rope_scaling = None if params.get("rope_type") == "default" and len(params) == 1 else params
+        rope_config_validation(config)
+
+
+def rotary_dim(config) -> int:
+    """d in the RoPE formulas: head_dim × partial_rotary_factor, as transformers computes it."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    factor = get_rope_parameters(config).get("partial_rotary_factor",
+                                             getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    return int(head_dim * factor)

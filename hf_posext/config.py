@@ -1,0 +1,213 @@
+"""`RopeExtensionConfig`: one validated, serialisable description of a context-extension method.
+
+In the style of a PEFT config: a dataclass, checked on construction, with `to_dict` / `from_dict`
+(our own layout) and `to_rope_dict` / `from_rope_dict` (transformers' rope layout). Knobs a
+method does not use are refused rather than ignored, so nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# method -> (rope_type written into the model config, knobs it uses besides factor/L, dynamic?)
+# linear, dynamic_ntk and yarn are saved under transformers' own rope types so a checkpoint
+# loads even where hf_posext is absent; the other three are types hf_posext registers.
+_METHOD_TABLE: dict[str, tuple[str, tuple[str, ...], bool]] = {
+    "linear": ("linear", (), False),
+    "ntk": ("ntk", (), False),
+    "dynamic_ntk": ("dynamic", (), True),
+    "ntk_by_parts": ("ntk_by_parts", ("beta_fast", "beta_slow"), False),
+    "yarn": ("yarn", ("beta_fast", "beta_slow", "mscale_coefficient", "attention_factor"), False),
+    "dynamic_yarn": ("dynamic_yarn", ("beta_fast", "beta_slow", "mscale_coefficient"), True),
+}
+METHODS: tuple[str, ...] = tuple(_METHOD_TABLE)
+ALIASES = {"dynamic": "dynamic_ntk", "pi": "linear", "ntk_aware": "ntk"}
+# transformers' own rope types that hf_posext passes through untouched (no math of ours).
+PASSTHROUGH_TYPES = {
+    "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+    "longrope": {"factor", "original_max_position_embeddings", "short_factor", "long_factor",
+                 "attention_factor"},
+}
+# YaRN paper defaults for Llama (§3.2): alpha = beta_slow = 1, beta = beta_fast = 32.
+DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale_coefficient": 0.1, "attention_factor": None}
+_KNOBS = ("beta_fast", "beta_slow", "mscale_coefficient", "attention_factor")
+
+
+def canonical_method(method: str) -> str:
+    """Resolve aliases (`dynamic` -> `dynamic_ntk`); raise a helpful error for unknown names."""
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a string such as 'yarn', got {type(method).__name__}")
+    name = ALIASES.get(method.lower(), method.lower())
+    if name not in _METHOD_TABLE:
+        known = ", ".join(METHODS)
+        raise ValueError(f"Unknown RoPE extension method {method!r}. Use one of: {known} "
+                         f"(aliases: {', '.join(ALIASES)}).")
+    return name
+
+
+def rope_type_of(method: str) -> str:
+    return _METHOD_TABLE[canonical_method(method)][0]
+
+
+def is_dynamic(method: str) -> bool:
+    return _METHOD_TABLE[canonical_method(method)][2]
+
+
+def method_of_rope_type(rope_type: str) -> str | None:
+    """The hf_posext method a transformers rope_type stands for, or None."""
+    for name, (rtype, _, _) in _METHOD_TABLE.items():
+        if rtype == rope_type:
+            return name
+    return None
+
+
+def _check_number(name: str, value: Any, *, minimum: float | None = None, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if minimum is not None and (value <= minimum if strict else value < minimum):
+        rel = ">" if strict else ">="
+        raise ValueError(f"{name} must be {rel} {minimum}, got {value}")
+    return value
+
+
+@dataclass
+class RopeExtensionConfig:
+    """A context-extension method and its parameters.
+
+    Args:
+        method: one of `hf_posext.METHODS` (`dynamic` is accepted for `dynamic_ntk`).
+        factor: scale s = target length / trained length, >= 1. For `dynamic_yarn` the scale is
+            taken from the current length; `factor` then only records the intended target.
+        original_max_position_embeddings: the trained context L. None means "read it from the
+            model" (the patcher fills it in).
+        beta_fast, beta_slow: YaRN's ramp bounds in rotations over L (defaults 32 and 1, the
+            paper's Llama values; the YaRN authors' Mistral runs used 128 and 2).
+        mscale_coefficient: YaRN temperature mscale = c·ln(s) + 1 (0.1; Mistral runs: 0.07).
+        attention_factor: `yarn` only; a fixed cos/sin scale replacing the mscale formula.
+    """
+
+    method: str
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale_coefficient: float | None = None
+    attention_factor: float | None = None
+    _extra: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.method = canonical_method(self.method)
+        self.factor = _check_number("factor", self.factor, minimum=1.0)
+        if self.original_max_position_embeddings is not None:
+            L = self.original_max_position_embeddings
+            if isinstance(L, bool) or not isinstance(L, (int, float)) or not math.isfinite(L) \
+                    or L <= 0 or int(L) != L:
+                raise ValueError(f"original_max_position_embeddings must be a positive integer "
+                                 f"(the trained context length), got {L!r}")
+            self.original_max_position_embeddings = int(L)
+        used = _METHOD_TABLE[self.method][1]
+        for knob in _KNOBS:
+            value = getattr(self, knob)
+            if knob not in used:
+                if value is not None:
+                    raise ValueError(f"{self.method!r} does not use {knob!r} (it uses: "
+                                     f"{', '.join(('factor',) + used)}). Remove it, or pick a "
+                                     f"method that takes it, e.g. 'yarn'.")
+                continue
+            if value is None:
+                value = DEFAULTS[knob]
+            if value is not None:
+                value = _check_number(knob, value, minimum=0.0, strict=True)
+            setattr(self, knob, value)
+        if "beta_fast" in used and self.beta_fast <= self.beta_slow:
+            raise ValueError(f"beta_fast must be greater than beta_slow (rotations over the trained "
+                             f"length: fast > slow), got beta_fast={self.beta_fast}, "
+                             f"beta_slow={self.beta_slow}. The paper's Llama values are 32 and 1.")
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def rope_type(self) -> str:
+        return rope_type_of(self.method)
+
+    @property
+    def is_dynamic(self) -> bool:
+        return is_dynamic(self.method)
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        """The method-specific knobs with their resolved values."""
+        return {k: getattr(self, k) for k in _METHOD_TABLE[self.method][1]
+                if getattr(self, k) is not None}
+
+    # -- our own layout ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if not f.name.startswith("_") and getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RopeExtensionConfig":
+        names = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"Unknown RopeExtensionConfig keys {sorted(unknown)}; "
+                             f"expected some of {sorted(names)}.")
+        return cls(**data)
+
+    # -- transformers' layout ------------------------------------------------------------------
+    def to_rope_dict(self, rope_theta: float) -> dict[str, Any]:
+        """The rope config transformers reads (`rope_parameters` in 5.x, `rope_scaling` +
+        `rope_theta` in 4.x, see `compat`). Keys follow transformers' names for its own types."""
+        if self.original_max_position_embeddings is None and self.method != "linear" \
+                and self.method != "ntk":
+            raise ValueError(f"{self.method!r} needs original_max_position_embeddings (the trained "
+                             "context length); pass it or let hf_posext.patch read it from the model.")
+        d: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": float(rope_theta),
+                             "factor": self.factor}
+        if self.method in ("yarn", "ntk_by_parts", "dynamic_yarn"):
+            d["original_max_position_embeddings"] = self.original_max_position_embeddings
+            d["beta_fast"] = self.beta_fast
+            d["beta_slow"] = self.beta_slow
+        if self.method == "ntk" and self.original_max_position_embeddings is not None:
+            d["original_max_position_embeddings"] = self.original_max_position_embeddings
+        if self.method == "yarn":
+            # transformers' yarn knows no mscale coefficient: write the resulting cos/sin scale
+            # explicitly unless it is transformers' own default (0.1·ln s + 1).
+            if self.attention_factor is not None:
+                d["attention_factor"] = float(self.attention_factor)
+            elif self.mscale_coefficient != DEFAULTS["mscale_coefficient"]:
+                from .methods import yarn_mscale
+                d["attention_factor"] = float(yarn_mscale(self.factor, self.mscale_coefficient))
+        if self.method == "dynamic_yarn":
+            d["mscale_coefficient"] = self.mscale_coefficient
+        # dynamic_ntk ("dynamic"): transformers reads L from config.max_position_embeddings,
+        # which the patcher therefore leaves at the trained length.
+        return d
+
+    @classmethod
+    def from_rope_dict(cls, rope: dict[str, Any], max_position_embeddings: int | None = None
+                       ) -> "RopeExtensionConfig":
+        """Read a transformers rope dict back into a config (inverse of `to_rope_dict`)."""
+        rope = dict(rope)
+        rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+        method = method_of_rope_type(rope_type)
+        if method is None:
+            raise ValueError(f"rope_type {rope_type!r} is not an hf_posext method; known types: "
+                             f"{sorted(t for t, _, _ in _METHOD_TABLE.values())}.")
+        for key in ("rope_theta", "partial_rotary_factor"):
+            rope.pop(key, None)
+        unsupported = set(rope) - {"factor", "original_max_position_embeddings", *_KNOBS}
+        if unsupported:
+            raise ValueError(f"rope config keys {sorted(unsupported)} of type {rope_type!r} have no "
+                             "hf_posext equivalent; use transformers' own type directly.")
+        L = rope.pop("original_max_position_embeddings", None)
+        factor = rope.pop("factor", 1.0)
+        if L is None and max_position_embeddings is not None:
+            # linear: the patcher raised max_position_embeddings to s·L; dynamic: it kept L.
+            L = round(max_position_embeddings / factor) if method == "linear" else max_position_embeddings
+        return cls(method=method, factor=factor, original_max_position_embeddings=L, **rope)

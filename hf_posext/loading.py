@@ -1,0 +1,74 @@
+"""The `from_pretrained` hook: load a Llama/Mistral checkpoint extended, or already extended.
+
+Every transformers keyword (dtype, device_map, gguf_file, attn_implementation, revision, ...)
+passes through unchanged; only the method's own knobs are taken out, by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from .compat import get_rope_parameters, text_config
+from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, canonical_method, method_of_rope_type
+from .patcher import patch
+from .registry import SUPPORTED_MODEL_TYPES, check_supported
+
+# Keywords that belong to the method, not to transformers.
+METHOD_KNOBS = {"beta_fast", "beta_slow", "mscale_coefficient", "attention_factor",
+                "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
+                "short_factor", "long_factor"}
+# The subset of from_pretrained keywords AutoConfig understands, for the early type check.
+_CONFIG_KWARGS = {"revision", "token", "cache_dir", "gguf_file", "local_files_only", "subfolder",
+                  "trust_remote_code", "force_download", "proxies"}
+
+
+def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]) -> None:
+    """Fail before loading weights when the architecture or its rope type is unsupported."""
+    config = text_config(AutoConfig.from_pretrained(
+        name_or_path, **{k: v for k, v in hf_kwargs.items() if k in _CONFIG_KWARGS}))
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        has_rope = bool(get_rope_parameters(config)) if hasattr(config, "rope_theta") or \
+            getattr(config, "rope_parameters", None) else False
+        what = "uses RoPE but is not supported yet" if has_rope else \
+            "has no rotary position embedding (RoPE) to extend"
+        raise ValueError(f"{name_or_path}: model_type {model_type!r} {what}. hf_posext supports "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
+    rope_type = get_rope_parameters(config).get("rope_type", "default")
+    if rope_type not in ("default", *PASSTHROUGH_TYPES) and method_of_rope_type(rope_type) is None:
+        raise ValueError(f"{name_or_path}: unknown rope_type {rope_type!r} in its config.")
+
+
+def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = None,
+                    factor: float | None = None, **kwargs: Any):
+    """Load an `AutoModelForCausalLM`, extended with `method` when given.
+
+    With no method, a checkpoint saved extended (by hf_posext or with transformers' own rope
+    types) loads as saved. With a method, the model is loaded, then `patch`ed:
+    `max_position_embeddings=` is then the target length (instead of `factor`) and the method's
+    knobs (beta_fast, beta_slow, mscale_coefficient, attention_factor,
+    original_max_position_embeddings) are taken by name. Everything else goes to
+    `AutoModelForCausalLM.from_pretrained` unchanged.
+    """
+    knobs = {k: kwargs.pop(k) for k in list(kwargs) if k in METHOD_KNOBS}
+    if method is None:
+        if knobs or factor is not None:
+            given = sorted(knobs) + (["factor"] if factor is not None else [])
+            raise ValueError(f"{given} need a method: pass method='yarn' (or another of "
+                             "hf_posext.METHODS), or drop them to load the checkpoint as saved.")
+    else:
+        target = kwargs.pop("max_position_embeddings", None)
+        knobs["max_position_embeddings"] = target
+        if isinstance(method, str) and method.lower() not in PASSTHROUGH_TYPES:
+            canonical_method(method)  # unknown names fail before anything loads
+        if factor is not None and isinstance(method, str):
+            RopeExtensionConfig(canonical_method(method), factor) if \
+                method.lower() not in PASSTHROUGH_TYPES else None  # bad factor fails early too
+    _check_config_early(name_or_path, kwargs)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    check_supported(model)
+    if method is not None:
+        patch(model, method, factor, **knobs)
+    return model

@@ -1,0 +1,124 @@
+"""The one registry: methods -> RoPE math, hf_posext's rope types -> transformers, and the
+model types the patcher supports (keyed by `config.model_type`, as Liger-Kernel keys its own).
+
+`register()` runs on `import hf_posext`. It only *adds* entries (`ntk`, `ntk_by_parts`,
+`dynamic_yarn`) to transformers' `ROPE_INIT_FUNCTIONS` and their validators; transformers' own
+types are never replaced, so models that do not use ours are untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from transformers import modeling_rope_utils
+
+from . import methods
+from .compat import IS_V5, get_rope_parameters, rotary_dim
+from .config import RopeExtensionConfig, method_of_rope_type
+
+# model_type -> name of its rotary embedding class in transformers.
+SUPPORTED_MODEL_TYPES: dict[str, str] = {
+    "llama": "LlamaRotaryEmbedding",
+    "mistral": "MistralRotaryEmbedding",
+}
+
+# method -> f(spec, dim, base, seq_len, device) -> (inv_freq, attention_scale)
+METHOD_FUNCTIONS: dict[str, Callable[..., methods.Freqs]] = {
+    "linear": lambda c, d, b, n, dev: methods.linear(d, b, c.factor, dev),
+    "ntk": lambda c, d, b, n, dev: methods.ntk(d, b, c.factor, dev),
+    "dynamic_ntk": lambda c, d, b, n, dev: methods.dynamic_ntk(
+        d, b, c.factor, c.original_max_position_embeddings, n, dev),
+    "ntk_by_parts": lambda c, d, b, n, dev: methods.ntk_by_parts(
+        d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow, dev),
+    "yarn": lambda c, d, b, n, dev: methods.yarn(
+        d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow,
+        c.mscale_coefficient, c.attention_factor, dev),
+    "dynamic_yarn": lambda c, d, b, n, dev: methods.dynamic_yarn(
+        d, b, c.original_max_position_embeddings, n, c.beta_fast, c.beta_slow,
+        c.mscale_coefficient, dev),
+}
+
+# The rope types hf_posext adds to transformers (the others are transformers' own).
+REGISTERED_ROPE_TYPES = ("ntk", "ntk_by_parts", "dynamic_yarn")
+
+
+def compute(spec: RopeExtensionConfig, dim: int, base: float, seq_len: int | None = None,
+            device=None) -> methods.Freqs:
+    """inv_freq [dim/2] (float32) and the cos/sin scale of `spec` for a rotary dim and base."""
+    if isinstance(seq_len, torch.Tensor):
+        seq_len = int(seq_len.max().item())
+    return METHOD_FUNCTIONS[spec.method](spec, dim, base, seq_len, device)
+
+
+def spec_from_model_config(config) -> RopeExtensionConfig:
+    """The hf_posext config a (text) model config describes; raises for other rope types."""
+    rope = get_rope_parameters(config)
+    return RopeExtensionConfig.from_rope_dict(rope, config.max_position_embeddings)
+
+
+def _rope_init_fn(config, device=None, seq_len=None, layer_type=None, **_: Any):
+    """transformers' ROPE_INIT_FUNCTIONS contract: (config, device, seq_len) -> (inv_freq, scale)."""
+    rope = get_rope_parameters(config)
+    spec = spec_from_model_config(config)
+    return compute(spec, rotary_dim(config), float(rope["rope_theta"]), seq_len, device)
+
+
+def _validate_v5(self, rope_parameters: dict, ignore_keys=None) -> None:
+    """5.x config validator (`_validate_<type>_rope_parameters`): strict, raises on bad values."""
+    RopeExtensionConfig.from_rope_dict(rope_parameters, getattr(self, "max_position_embeddings", None))
+
+
+def _validate_v4(config, ignore_keys=None) -> None:
+    """4.x validator (`ROPE_VALIDATION_FUNCTIONS`)."""
+    RopeExtensionConfig.from_rope_dict(get_rope_parameters(config), config.max_position_embeddings)
+
+
+def register() -> None:
+    """Add hf_posext's rope types to transformers (idempotent; never overrides a foreign entry)."""
+    table = modeling_rope_utils.ROPE_INIT_FUNCTIONS
+    for rope_type in REGISTERED_ROPE_TYPES:
+        assert method_of_rope_type(rope_type) is not None
+        current = table.get(rope_type)
+        if current is not None and current is not _rope_init_fn:
+            raise RuntimeError(f"transformers already defines rope_type {rope_type!r}; hf_posext "
+                               "will not replace it. Please report this with your versions.")
+        table[rope_type] = _rope_init_fn
+        if IS_V5:
+            from transformers.configuration_utils import PreTrainedConfig
+
+            setattr(PreTrainedConfig, f"_validate_{rope_type}_rope_parameters", _validate_v5)
+        else:
+            modeling_rope_utils.ROPE_VALIDATION_FUNCTIONS[rope_type] = _validate_v4
+
+
+def rotary_modules(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
+    """Every (parent, attribute name, rotary embedding module) inside `model`."""
+    found = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if type(child).__name__.endswith("RotaryEmbedding"):
+                found.append((parent, name, child))
+    return found
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    """Raise a clear error unless `model` is a RoPE model of a supported architecture."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if config is None:
+        raise TypeError(f"hf_posext.patch expects a transformers model with a .config, got "
+                        f"{type(model).__name__}")
+    supported = ", ".join(SUPPORTED_MODEL_TYPES)
+    if model_type in SUPPORTED_MODEL_TYPES:
+        if not rotary_modules(model):
+            raise ValueError(f"{type(model).__name__} ({model_type}) has no rotary embedding "
+                             "module; was it built by a transformers version hf_posext supports?")
+        return
+    if not rotary_modules(model):
+        raise ValueError(f"model_type {model_type!r} ({type(model).__name__}) has no rotary position "
+                         "embedding (RoPE) to extend: it uses another kind of position encoding. "
+                         f"hf_posext extends RoPE models of these types: {supported}.")
+    raise ValueError(f"model_type {model_type!r} uses RoPE but is not supported by hf_posext yet "
+                     f"(supported: {supported}). Add it to "
+                     "hf_posext.registry.SUPPORTED_MODEL_TYPES once its rotary module is tested.")
