@@ -55,6 +55,14 @@ def set_rope_parameters(config, params: dict[str, Any]) -> None:
         rope_config_validation(config)
 
 
+def fill_head_dim(config) -> None:
+    """transformers 4.x Mistral configs keep `head_dim=None` when the checkpoint omits it, and
+    4.x's own rope functions then fail (`None * partial_rotary_factor`). Write the value it
+    stands for (hidden_size // num_attention_heads, per the config's docstring)."""
+    if "head_dim" in config.__dict__ and config.head_dim is None:
+        config.head_dim = config.hidden_size // config.num_attention_heads
+
+
 def rotary_dim(config) -> int:
     """d in the RoPE formulas: head_dim × partial_rotary_factor, as transformers computes it."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from .compat import get_rope_parameters, set_rope_parameters, text_config
+from .compat import fill_head_dim, get_rope_parameters, set_rope_parameters, text_config
 from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
 from .registry import check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
-_RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings")
+_RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "head_dim")
 
 
 @dataclass
@@ -76,7 +76,8 @@ def _build_spec(method, factor, target, trained: int, params: dict[str, Any]) ->
         if spec.original_max_position_embeddings is None:
             spec.original_max_position_embeddings = trained
         return spec
-    L = params.pop("original_max_position_embeddings", None) or trained
+    L = params.pop("original_max_position_embeddings", None)
+    L = trained if L is None else L
     factor = _resolve_factor(factor, target, L)
     try:
         return RopeExtensionConfig(method, factor, L, **params)
@@ -134,12 +135,17 @@ def patch(model: torch.nn.Module, method, factor: float | None = None, *,
         spec = _build_spec(method, factor, max_position_embeddings, trained, dict(params))
         new_rope = {**spec.to_rope_dict(base["rope_theta"]),
                     **{k: v for k, v in base.items() if k == "partial_rotary_factor"}}
-        if spec.is_dynamic:
+        if spec.factor == 1.0:
+            # s = 1 is no extension: write plain RoPE. (Every static formula reduces to it; the
+            # dynamic rules would still grow with length, which is an extension of its own.)
+            new_rope, new_max = dict(base), spec.original_max_position_embeddings
+        elif spec.is_dynamic:
             new_max = spec.original_max_position_embeddings
         else:
             new_max = max_position_embeddings or round(spec.original_max_position_embeddings * spec.factor)
 
     try:
+        fill_head_dim(config)
         config.max_position_embeddings = int(new_max)
         set_rope_parameters(config, new_rope)
     except Exception:

@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny random Llama and Mistral models (hidden 64, 2 layers, trained length 64)."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+TRAINED = 64  # max_position_embeddings of the tiny models: "the trained context"
+VOCAB = 128
+
+ARCHS = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+}
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, **overrides):
+    config_cls, model_cls = ARCHS[arch]
+    kwargs = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=TRAINED,
+                  rope_theta=10_000.0, attn_implementation="eager")
+    if arch == "mistral":
+        kwargs["sliding_window"] = None
+    kwargs.update(overrides)
+    torch.manual_seed(seed)
+    return model_cls(config_cls(**kwargs)).eval()
+
+
+@pytest.fixture(params=list(ARCHS))
+def arch(request):
+    return request.param
+
+
+@pytest.fixture
+def model(arch):
+    return tiny_model(arch)
+
+
+@pytest.fixture
+def tokens():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, VOCAB, (2, 3 * TRAINED), generator=g)  # [batch 2, 192 tokens = 3 L]
