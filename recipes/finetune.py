@@ -1,0 +1,670 @@
+"""Extend a Llama/Mistral model's context with hf_posext, fine-tune it at the longer length, save a
+checkpoint that reloads with plain `AutoModelForCausalLM.from_pretrained`, then evaluate the
+training-free and the fine-tuned model side by side across context lengths.
+
+    accelerate launch recipes/finetune.py --config recipes/cpu-smollm2-demo.yaml
+    accelerate launch recipes/finetune.py --config recipes/cpu-smollm2-demo.yaml --resume
+    python recipes/finetune.py --config ... --training.max_steps 10 --output_dir runs/x
+
+Every YAML key is also a flag (`--section.key value`, value parsed as YAML). The recipe follows
+the YaRN paper §4.1 (arXiv 2309.00071): AdamW lr 2e-5, betas (0.9, 0.95), no weight decay, 20
+warm-up steps, documents packed with BOS/EOS into full-length sequences. Options: PoSE (Zhu et al.
+2023, arXiv 2309.10400) trains on short windows whose position ids span the target length; LoRA
+through peft, with embeddings and norms trainable as LongLoRA (Chen et al. 2023, arXiv 2309.12307)
+found necessary, merged at save time.
+
+Outputs in `output_dir`: `config.json` (the resolved config), `train_log.csv`, `loss_curve.png`,
+`checkpoints/step_N/` (accelerate state, for --resume), `final/` (model + tokenizer), `eval/`
+(results CSV/JSON and plot). SIGTERM/SIGINT: the current optimizer step finishes, the state is
+saved, and the process exits with 128+signal; `--resume` continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import yaml
+
+import hf_posext
+from hf_posext.config import RopeExtensionConfig, canonical_method
+from hf_posext.training import data as datalib
+from hf_posext.training.optim import SCHEDULES, build_optimizer, build_scheduler, grad_norm
+from hf_posext.training.pose import PoseCollator
+
+EMBEDDED_PREFIX = "embedded:"
+
+
+# ----------------------------------------------------------------------------------- configuration
+@dataclass
+class ModelConfig:
+    name: str = "embedded:smollm2-135m"  # Hub id, local path, or "embedded:smollm2-135m"
+    method: str = "yarn"                 # one of hf_posext.METHODS
+    factor: float = 2.0                  # scale s; target length = s * trained length
+    knobs: dict = field(default_factory=dict)  # beta_fast, beta_slow, mscale_coefficient, ...
+    dtype: str = "float32"               # weights' dtype at load (mixed precision is separate)
+    attn_implementation: str | None = "sdpa"
+
+
+@dataclass
+class DataConfig:
+    source: str = datalib.EMBEDDED_PLAYS  # "embedded:shakespeare", a local path, or a Hub name
+    text_column: str = "text"
+    split: str = "train"
+    subset: str | None = None
+    streaming: bool = False
+    max_documents: int | None = None
+    eval_documents: Any = 1               # names of held-out documents, or a count from the end
+    bos_token: str | None = "auto"        # "auto" = the tokenizer's; null = none; or a token string
+    eos_token: str | None = "auto"
+
+
+@dataclass
+class TrainingConfig:
+    seq_len: int = 1024                   # tokens per training sequence (the PoSE window)
+    batch_size: int = 1                   # per device
+    gradient_accumulation_steps: int = 1
+    max_steps: int = 40                   # optimizer steps
+    learning_rate: float = 2e-5
+    adam_betas: list = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    lr_schedule: str = "constant_with_warmup"
+    max_grad_norm: float = 1.0
+    gradient_checkpointing: bool = True
+    mixed_precision: str = "auto"         # auto | no | bf16 | fp16
+    seed: int = 0
+    save_every: int = 10                  # optimizer steps between accelerate checkpoints
+    keep_checkpoints: int = 2
+    log_with: str | None = None           # an accelerate tracker: tensorboard, wandb, ...
+
+
+@dataclass
+class PoseConfig:
+    enabled: bool = False
+    num_chunks: int = 2
+    target: int | None = None             # default: the extended length, factor * trained length
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    trainable: list = field(default_factory=lambda: ["embed_tokens", "norm"])  # LongLoRA
+
+
+@dataclass
+class EvalConfig:
+    enabled: bool = True
+    lengths: list = field(default_factory=lambda: [8192, 16384])
+    max_documents: int = 1
+    compare_base: bool = True             # also evaluate the training-free extended model
+    chunk_size: int = 1024                # tokens per LM-head chunk (never full logits)
+
+
+@dataclass
+class RecipeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    pose: PoseConfig = field(default_factory=PoseConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = "runs/finetune"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(RecipeConfig) if f.name != "output_dir"}
+_SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "training": TrainingConfig,
+                  "pose": PoseConfig, "lora": LoraConfig, "eval": EvalConfig}
+
+
+def config_from_dict(raw: dict) -> RecipeConfig:
+    """Build a RecipeConfig; unknown sections or keys raise (nothing is silently dropped)."""
+    raw = dict(raw or {})
+    unknown = set(raw) - set(_SECTION_TYPES) - {"output_dir"}
+    if unknown:
+        raise ValueError(f"Unknown config section(s) {sorted(unknown)}; known: "
+                         f"{sorted(_SECTION_TYPES) + ['output_dir']}.")
+    kwargs = {}
+    for name, cls in _SECTION_TYPES.items():
+        section = raw.get(name) or {}
+        if not isinstance(section, dict):
+            raise ValueError(f"Config section {name!r} must be a mapping, got {section!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = set(section) - known
+        if bad:
+            raise ValueError(f"Unknown key(s) {sorted(bad)} in section {name!r}; known: {sorted(known)}.")
+        kwargs[name] = cls(**{k: _coerce(cls, k, v) for k, v in section.items()})
+    return RecipeConfig(**kwargs, **({"output_dir": str(raw["output_dir"])} if "output_dir" in raw else {}))
+
+
+def _coerce(cls, key: str, value):
+    """YAML 1.1 reads `1e-3` as a string: turn numeric strings into floats for float fields."""
+    default = getattr(cls(), key)
+    if isinstance(default, float) and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{cls.__name__[:-6].lower()}.{key} must be a number, got {value!r}") from None
+    return value
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def validate(cfg: RecipeConfig) -> None:
+    """Checks that need no model or data: run first, so a bad config fails in a second."""
+    m, t, p, e = cfg.model, cfg.training, cfg.pose, cfg.eval
+    canonical_method(m.method)                        # unknown method -> ValueError naming METHODS
+    RopeExtensionConfig(canonical_method(m.method), m.factor, **m.knobs)  # factor < 1, bad knobs
+    for name in ("seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "save_every",
+                 "keep_checkpoints"):
+        v = getattr(t, name)
+        if not _is_int(v) or v < 1:
+            raise ValueError(f"training.{name} must be a positive integer, got {v!r}")
+    if not _is_int(t.warmup_steps) or t.warmup_steps < 0:
+        raise ValueError(f"training.warmup_steps must be an integer >= 0, got {t.warmup_steps!r}")
+    if not (isinstance(t.learning_rate, (int, float)) and t.learning_rate > 0):
+        raise ValueError(f"training.learning_rate must be > 0, got {t.learning_rate!r}")
+    if not (isinstance(t.max_grad_norm, (int, float)) and t.max_grad_norm > 0):
+        raise ValueError(f"training.max_grad_norm must be > 0 (clipping is always on), got {t.max_grad_norm!r}")
+    if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
+        raise ValueError(f"training.adam_betas must be two numbers in [0, 1), got {t.adam_betas!r}")
+    if t.lr_schedule not in SCHEDULES:
+        raise ValueError(f"training.lr_schedule {t.lr_schedule!r} unknown; use one of {SCHEDULES}")
+    if t.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+        raise ValueError(f"training.mixed_precision must be auto, no, bf16 or fp16, got {t.mixed_precision!r}")
+    if m.dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"model.dtype must be float32, bfloat16 or float16, got {m.dtype!r}")
+    if p.enabled:
+        if not _is_int(p.num_chunks) or not 1 <= p.num_chunks <= t.seq_len:
+            raise ValueError(f"pose.num_chunks must be an integer in [1, seq_len], got {p.num_chunks!r}")
+        if p.target is not None and (not _is_int(p.target) or p.target < t.seq_len):
+            raise ValueError(f"pose.target ({p.target!r}) must be an integer >= training.seq_len "
+                             f"({t.seq_len}): PoSE spreads a short window over a longer target.")
+    if cfg.lora.enabled:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise ValueError("lora.enabled needs the peft package: pip install peft") from None
+        if not cfg.lora.target_modules:
+            raise ValueError("lora.target_modules is empty; name the layers to adapt (q_proj, ...).")
+    if e.enabled and (not e.lengths or not all(_is_int(x) and x > 1 for x in e.lengths)):
+        raise ValueError(f"eval.lengths must be a non-empty list of integers > 1, got {e.lengths!r}")
+    h = cfg.data.eval_documents
+    if not (_is_int(h) or (isinstance(h, list) and h and all(isinstance(x, str) for x in h))):
+        raise ValueError(f"data.eval_documents must be a count or a list of document names, got {h!r}")
+
+
+def parse_args(argv: list[str] | None) -> tuple[RecipeConfig, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="a YAML file from recipes/")
+    parser.add_argument("--resume", nargs="?", const="latest", default=None,
+                        help="resume from the latest checkpoint in output_dir (or the given one)")
+    parser.add_argument("--output_dir")
+    for section, cls in _SECTION_TYPES.items():
+        for f in dataclasses.fields(cls):
+            parser.add_argument(f"--{section}.{f.name}", dest=f"{section}.{f.name}", default=None,
+                                metavar="YAML", help=f"overrides {section}.{f.name}")
+    args = parser.parse_args(argv)
+    raw: dict = {}
+    if args.config:
+        with open(args.config) as fh:
+            raw = yaml.safe_load(fh) or {}
+    for key, value in vars(args).items():
+        if "." in key and value is not None:
+            section, name = key.split(".", 1)
+            raw.setdefault(section, {})
+            raw[section] = dict(raw[section] or {})
+            raw[section][name] = yaml.safe_load(value)
+    if args.output_dir:
+        raw["output_dir"] = args.output_dir
+    cfg = config_from_dict(raw)
+    validate(cfg)
+    return cfg, args
+
+
+# ------------------------------------------------------------------------------------ model, data
+def load_tokenizer(name: str):
+    if name.startswith(EMBEDDED_PREFIX):
+        from hf_posext import embedded
+        return embedded.load_tokenizer()
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(name)
+
+
+def load_model(mc: ModelConfig, extend: bool = True):
+    kwargs = {"dtype": getattr(torch, mc.dtype)}
+    if mc.attn_implementation:
+        kwargs["attn_implementation"] = mc.attn_implementation
+    method, factor, knobs = (mc.method, mc.factor, dict(mc.knobs)) if extend else (None, None, {})
+    if mc.name.startswith(EMBEDDED_PREFIX):
+        from hf_posext import embedded
+        if mc.name != embedded.DEFAULT_MODEL:
+            raise ValueError(f"Unknown embedded model {mc.name!r}; the only one is {embedded.DEFAULT_MODEL!r}.")
+        return embedded.load_model(method, factor, **knobs, **kwargs)
+    return hf_posext.from_pretrained(mc.name, method, factor, **knobs, **kwargs)
+
+
+def special_id(tokenizer, setting: str | None, which: str) -> int | None:
+    if setting is None:
+        return None
+    if setting == "auto":
+        return getattr(tokenizer, f"{which}_token_id")
+    ids = tokenizer.convert_tokens_to_ids(setting)
+    if ids is None or tokenizer.convert_ids_to_tokens(ids) != setting:
+        raise ValueError(f"data.{which}_token {setting!r} is not a token of this tokenizer.")
+    return ids
+
+
+@dataclass
+class PreparedData:
+    sequences: torch.Tensor            # [n, seq_len] packed training sequences
+    eval_docs: list                    # held-out Documents
+    eval_ids: list                     # their token ids
+    train_names: list
+
+
+def prepare_data(cfg: RecipeConfig, tokenizer, log: Callable[[str], None] = print) -> PreparedData:
+    """Load, split, tokenize and pack; every data problem surfaces here, before the model loads."""
+    d = cfg.data
+    docs = datalib.load_documents(d.source, text_column=d.text_column, split=d.split, subset=d.subset,
+                                  max_documents=d.max_documents, streaming=d.streaming)
+    holdout = d.eval_documents
+    train_docs, eval_docs = datalib.split_holdout(docs, holdout)
+    train_ids = datalib.tokenize(tokenizer, train_docs)
+    train_ids, train_docs = datalib.keep_long_documents(train_ids, train_docs, cfg.training.seq_len, "training")
+    bos = special_id(tokenizer, d.bos_token, "bos")
+    eos = special_id(tokenizer, d.eos_token, "eos")
+    sequences = datalib.pack_documents(train_ids, cfg.training.seq_len, bos, eos)
+    eval_docs = eval_docs[: cfg.eval.max_documents]
+    eval_ids = datalib.tokenize(tokenizer, eval_docs)
+    if cfg.eval.enabled:
+        need = max(cfg.eval.lengths)
+        short = [(doc.name, len(ids)) for doc, ids in zip(eval_docs, eval_ids) if len(ids) < need]
+        if short:
+            raise ValueError(f"Held-out documents {short} are shorter than the longest evaluation "
+                             f"length {need} (the truncate protocol scores the first L tokens of each "
+                             "document). Choose longer eval_documents or lower eval.lengths.")
+    log(f"data: {len(train_docs)} training documents -> {sequences.shape[0]} sequences of "
+        f"{cfg.training.seq_len} tokens; held out for evaluation: {[x.name for x in eval_docs]}")
+    return PreparedData(sequences, eval_docs, eval_ids, [x.name for x in train_docs])
+
+
+def apply_lora(model, lc: LoraConfig):
+    """Wrap in a peft LoRA adapter; embeddings and norms trained in full (LongLoRA §3.3)."""
+    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [t for t in lc.target_modules if t not in names]
+    if missing:
+        raise ValueError(f"lora.target_modules {missing} are not module names of this model.")
+    model = get_peft_model(model, PeftLoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
+                                                 target_modules=list(lc.target_modules),
+                                                 task_type="CAUSAL_LM"))
+    for name, param in model.named_parameters():
+        if any(key in name for key in lc.trainable):
+            param.requires_grad_(True)
+    return model
+
+
+def merge_lora(model):
+    """Fold the adapter into the base weights and return the plain transformers model."""
+    return model.merge_and_unload()
+
+
+# ------------------------------------------------------------------------------- training state
+class TrainState:
+    """Steps done and the log rows so far; saved with `accelerator.save_state` so a resumed run
+    continues the same loss curve."""
+
+    def __init__(self):
+        self.step = 0
+        self.rows: list[dict] = []
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "rows": self.rows}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.step, self.rows = int(sd["step"]), list(sd["rows"])
+
+
+LOG_COLUMNS = ["step", "loss", "lr", "grad_norm", "grad_norm_clipped", "tokens", "tokens_per_s",
+               "memory_mb", "elapsed_s"]
+# Columns that must match between an interrupted-and-resumed run and an uninterrupted one.
+DETERMINISTIC_COLUMNS = ["step", "loss", "lr", "grad_norm", "grad_norm_clipped", "tokens"]
+
+
+def write_log(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=LOG_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_loss(path: Path, rows: list[dict]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], marker=".")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def memory_mb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kB
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    steps = sorted((int(p.name.split("_")[1]), p) for p in ckpt_dir.glob("step_*")
+                   if p.name.split("_")[1].isdigit())
+    return steps[-1][1] if steps else None
+
+
+# Sections whose change would make a resumed run a different run.
+_RESUME_SECTIONS = ("model", "data", "pose", "lora")
+_RESUME_TRAINING_FREE = {"max_steps", "save_every", "keep_checkpoints", "log_with"}
+
+
+def check_resume_config(saved: dict, cfg: RecipeConfig) -> None:
+    now = cfg.to_dict()
+    diffs = [s for s in _RESUME_SECTIONS if saved.get(s) != now[s]]
+    diffs += [f"training.{k}" for k in now["training"]
+              if k not in _RESUME_TRAINING_FREE and saved.get("training", {}).get(k) != now["training"][k]]
+    if diffs:
+        raise ValueError(f"--resume with a different config: {diffs} changed since the run started. "
+                         "Resume with the same config, or start a new output_dir.")
+
+
+class StopSignal:
+    """SIGTERM/SIGINT ask the loop to stop at the next optimizer-step boundary (state saved);
+    a second signal exits at once."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for s in (signal.SIGTERM, signal.SIGINT):
+            self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.signum = signum
+        print(f"\nsignal {signal.Signals(signum).name}: finishing this step, saving state, exiting "
+              "(send again to exit at once)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        return False
+
+
+def resolve_mixed_precision(setting: str) -> str:
+    if setting != "auto":
+        return setting
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "no"   # CPU: fp32 (bf16 autocast on CPU is slow and imprecise for RoPE angles)
+
+
+# ------------------------------------------------------------------------------------- main
+def train(cfg: RecipeConfig, resume: str | None = None,
+          on_step: Callable[[int], None] | None = None) -> dict:
+    """Run the whole recipe; returns {"final_dir", "log", "eval"}. `on_step(step)` is called after
+    every optimizer step (tests use it to deliver a signal mid-run)."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    t = cfg.training
+    out = Path(cfg.output_dir)
+    accelerator = Accelerator(mixed_precision=resolve_mixed_precision(t.mixed_precision),
+                              log_with=t.log_with, project_dir=str(out))
+    log = accelerator.print
+    set_seed(t.seed)
+
+    # 1. Data first: a missing column or too-short documents fail before the model loads.
+    tokenizer = load_tokenizer(cfg.model.name)
+    prepared = prepare_data(cfg, tokenizer, log)
+
+    # 2. The extended model.
+    model = load_model(cfg.model)
+    from hf_posext.compat import text_config
+    mconf = text_config(model.config)
+    spec = hf_posext.RopeExtensionConfig.from_rope_dict(
+        hf_posext.compat.get_rope_parameters(mconf), mconf.max_position_embeddings)
+    target = int(round(spec.factor * spec.original_max_position_embeddings))
+    if cfg.pose.enabled:
+        pose_target = cfg.pose.target or target
+        collator = PoseCollator(t.seq_len, pose_target, cfg.pose.num_chunks, t.seed)
+        log(f"PoSE: windows of {t.seq_len} tokens, position ids spanning {pose_target}")
+    else:
+        if t.seq_len < target:
+            log(f"note: training at {t.seq_len} tokens, below the extended length {target} "
+                "(pose.enabled would spread positions over it)")
+        collator = PoseCollator(t.seq_len, None, 1, t.seed)
+    if t.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if cfg.lora.enabled:
+        model = apply_lora(model, cfg.lora)
+    model.train()
+
+    optimizer = build_optimizer(model.parameters(), t.learning_rate, tuple(t.adam_betas), t.weight_decay)
+    scheduler = build_scheduler(optimizer, t.lr_schedule, t.warmup_steps, t.max_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    state = TrainState()
+    accelerator.register_for_checkpointing(scheduler)   # stepped by us, once per optimizer step
+    accelerator.register_for_checkpointing(state)
+
+    ckpt_dir = out / "checkpoints"
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+    if resume:
+        path = latest_checkpoint(ckpt_dir) if resume == "latest" else Path(resume)
+        if path is None or not path.exists():
+            raise FileNotFoundError(f"--resume: no checkpoint found in {ckpt_dir}")
+        saved_cfg = json.loads((out / "config.json").read_text())
+        check_resume_config(saved_cfg, cfg)
+        accelerator.load_state(str(path))
+        log(f"resumed from {path} at step {state.step}")
+    elif accelerator.is_main_process:
+        if latest_checkpoint(ckpt_dir) is not None:
+            raise FileExistsError(f"{ckpt_dir} already holds checkpoints: pass --resume to continue, "
+                                  "or choose a new output_dir.")
+    if accelerator.is_main_process:
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    accelerator.init_trackers("hf_posext_finetune", config=_flat(cfg.to_dict()))
+
+    n_seq = prepared.sequences.shape[0]
+    world, rank, bs, accum = accelerator.num_processes, accelerator.process_index, t.batch_size, \
+        t.gradient_accumulation_steps
+    tokens_per_step = world * bs * accum * t.seq_len
+    log_path = out / "train_log.csv"
+    if accelerator.is_main_process:
+        write_log(log_path, state.rows)   # on resume: drop rows after the checkpoint
+    from tqdm.auto import tqdm
+    bar = tqdm(total=t.max_steps, initial=state.step, disable=not accelerator.is_local_main_process,
+               desc="fine-tune")
+    elapsed_before = state.rows[-1]["elapsed_s"] if state.rows else 0.0
+    start = time.time()
+
+    def example(t_index: int) -> int:
+        """Global example index -> packed sequence, reshuffled every epoch (a pure function)."""
+        epoch, pos = divmod(t_index, n_seq)
+        return datalib.epoch_order(n_seq, t.seed, epoch)[pos]
+
+    with StopSignal() as stop:
+        while state.step < t.max_steps:
+            step_start = time.time()
+            micro_losses = []
+            for micro in range(accum):
+                first = ((state.step * accum + micro) * world + rank) * bs
+                indices = list(range(first, first + bs))
+                batch = collator([prepared.sequences[example(i)] for i in indices], indices)
+                batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+                sync = micro == accum - 1
+                ctx = accelerator.no_sync(model) if not sync and world > 1 else _nullcontext()
+                with ctx:
+                    loss = model(**batch).loss               # mean over this micro-batch's tokens
+                    accelerator.backward(loss / accum)
+                micro_losses.append(loss.detach())
+            pre = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+            post = grad_norm(model.parameters()) if accelerator.distributed_type.value in \
+                ("NO", "MULTI_GPU", "MULTI_CPU") else float("nan")
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_value = accelerator.reduce(torch.stack(micro_losses).mean(), "mean").item()
+            state.step += 1
+            now = time.time()
+            row = {"step": state.step, "loss": loss_value, "lr": lr,
+                   "grad_norm": float(pre) if pre is not None else float("nan"),
+                   "grad_norm_clipped": post, "tokens": state.step * tokens_per_step,
+                   "tokens_per_s": tokens_per_step / max(now - step_start, 1e-9),
+                   "memory_mb": memory_mb(), "elapsed_s": elapsed_before + now - start}
+            state.rows.append(row)
+            accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
+            if accelerator.is_main_process:
+                with open(log_path, "a", newline="") as fh:
+                    csv.DictWriter(fh, fieldnames=LOG_COLUMNS).writerow(row)
+            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
+            bar.update(1)
+            if on_step is not None:
+                on_step(state.step)
+            if state.step % t.save_every == 0 or stop.signum is not None or state.step == t.max_steps:
+                save_checkpoint(accelerator, ckpt_dir, state.step, t.keep_checkpoints)
+            if stop.signum is not None:
+                bar.close()
+                log(f"stopped at step {state.step}/{t.max_steps}; state saved in {ckpt_dir}. "
+                    f"Continue with the same command plus --resume.")
+                accelerator.end_training()
+                raise SystemExit(128 + stop.signum)
+    bar.close()
+
+    # 3. Save a plain transformers checkpoint (rope config inside, LoRA merged).
+    final_dir = out / "final"
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    state_dict = accelerator.get_state_dict(model)   # gathers FSDP / ZeRO-3 shards
+    result = {"final_dir": str(final_dir), "log": str(log_path), "eval": None}
+    if accelerator.is_main_process:
+        if cfg.lora.enabled:
+            unwrapped = merge_lora(unwrapped)
+            state_dict = None                          # the merged module holds the weights
+        if t.gradient_checkpointing:
+            unwrapped.gradient_checkpointing_disable()
+            unwrapped.config.use_cache = True
+        unwrapped.eval()
+        kwargs = {"state_dict": state_dict} if state_dict is not None and accelerator.distributed_type.value \
+            not in ("NO", "MULTI_CPU", "MULTI_GPU") else {}
+        unwrapped.save_pretrained(final_dir, **kwargs)
+        tokenizer.save_pretrained(final_dir)
+        plot_loss(out / "loss_curve.png", state.rows)
+        log(f"saved {final_dir} (reloads with AutoModelForCausalLM.from_pretrained)")
+        # 4. Evaluate training-free vs fine-tuned on the held-out documents.
+        if cfg.eval.enabled:
+            del optimizer
+            result["eval"] = evaluate(cfg, unwrapped, prepared, out / "eval", log)
+        result["model"] = unwrapped
+    accelerator.end_training()
+    return result
+
+
+def save_checkpoint(accelerator, ckpt_dir: Path, step: int, keep: int) -> None:
+    path = ckpt_dir / f"step_{step}"
+    accelerator.save_state(str(path))
+    if accelerator.is_main_process:
+        old = sorted((int(p.name.split("_")[1]), p) for p in ckpt_dir.glob("step_*")
+                     if p.name.split("_")[1].isdigit())
+        for _, p in old[:-keep]:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out
+
+
+# -------------------------------------------------------------------------------- evaluation
+def evaluate(cfg: RecipeConfig, finetuned, prepared: PreparedData, out: Path, log) -> dict:
+    """Perplexity at each eval length (truncate protocol, REFERENCE §3) for the training-free
+    extended model and the fine-tuned one, on the held-out documents only."""
+    from hf_posext.training.perplexity import truncate_perplexity, write_results
+    out.mkdir(parents=True, exist_ok=True)
+    lengths = sorted(cfg.eval.lengths)
+    models = {}
+    if cfg.eval.compare_base:
+        models["training-free"] = None                 # loaded lazily, freed after use
+    models["fine-tuned"] = finetuned
+    label = f"{canonical_method(cfg.model.method)} s={cfg.model.factor:g}"
+    rows = []
+    for name, model in models.items():
+        loaded_here = model is None
+        if loaded_here:
+            model = load_model(cfg.model)
+        model.eval()
+        for doc, ids in zip(prepared.eval_docs, prepared.eval_ids):
+            for length in lengths:
+                t0 = time.time()
+                ppl = truncate_perplexity(model, torch.tensor(ids[:length]), cfg.eval.chunk_size)
+                rows.append({"model": name, "method": label, "document": doc.name, "length": length,
+                             "perplexity": ppl, "seconds": time.time() - t0})
+                log(f"eval {name:13s} {doc.name} L={length}: perplexity {ppl:.3f} "
+                    f"({rows[-1]['seconds']:.0f} s)")
+        if loaded_here:
+            del model
+    return write_results(rows, out, title=f"{cfg.model.name}: {label}, base vs fine-tuned")
+
+
+def main(argv: list[str] | None = None, on_step: Callable[[int], None] | None = None) -> dict:
+    cfg, args = parse_args(argv)
+    return train(cfg, resume=args.resume, on_step=on_step)
+
+
+if __name__ == "__main__":
+    main()
