@@ -596,7 +596,7 @@ def train(cfg: RecipeConfig, resume: str | None = None,
         # 4. Evaluate training-free vs fine-tuned on the held-out documents.
         if cfg.eval.enabled:
             del optimizer
-            result["eval"] = evaluate(cfg, unwrapped, prepared, out / "eval", log)
+            result["eval"] = evaluate(cfg, unwrapped, prepared, out / "eval", log, state.step)
         result["model"] = unwrapped
     accelerator.end_training()
     return result
@@ -631,34 +631,53 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 # -------------------------------------------------------------------------------- evaluation
-def evaluate(cfg: RecipeConfig, finetuned, prepared: PreparedData, out: Path, log) -> dict:
-    """Perplexity at each eval length (truncate protocol, REFERENCE §3) for the training-free
-    extended model and the fine-tuned one, on the held-out documents only."""
-    from hf_posext.training.perplexity import truncate_perplexity, write_results
-    out.mkdir(parents=True, exist_ok=True)
-    lengths = sorted(cfg.eval.lengths)
-    models = {}
-    if cfg.eval.compare_base:
-        models["training-free"] = None                 # loaded lazily, freed after use
-    models["fine-tuned"] = finetuned
-    label = f"{canonical_method(cfg.model.method)} s={cfg.model.factor:g}"
-    rows = []
-    for name, model in models.items():
-        loaded_here = model is None
-        if loaded_here:
-            model = load_model(cfg.model)
-        model.eval()
-        for doc, ids in zip(prepared.eval_docs, prepared.eval_ids):
-            for length in lengths:
-                t0 = time.time()
-                ppl = truncate_perplexity(model, torch.tensor(ids[:length]), cfg.eval.chunk_size)
-                rows.append({"model": name, "method": label, "document": doc.name, "length": length,
-                             "perplexity": ppl, "seconds": time.time() - t0})
-                log(f"eval {name:13s} {doc.name} L={length}: perplexity {ppl:.3f} "
-                    f"({rows[-1]['seconds']:.0f} s)")
-        if loaded_here:
+def evaluate(cfg: RecipeConfig, finetuned, prepared: PreparedData, out: Path, log,
+             step: int = 0) -> dict:
+    """Perplexity at each eval length (truncate protocol, REFERENCE §3) of the training-free
+    extended model and the fine-tuned one, on the held-out documents only, through the project's
+    evaluation API (`hf_posext.evaluation`): chunked LM head, token-weighted, rows written as each
+    cell finishes (a crashed evaluation resumes from its finished cells)."""
+    from hf_posext.evaluation import PeakMemory, ResultsStore, format_table, plot_perplexity, truncate_nll
+    from hf_posext.evaluation.perplexity import trained_length
+
+    method = canonical_method(cfg.model.method)
+    store = ResultsStore(out, "results", resume=True)
+    docs = [ids for ids in prepared.eval_ids]
+    doc_names = ",".join(d.name for d in prepared.eval_docs)
+    runs = (["training-free"] if cfg.eval.compare_base else []) + ["fine-tuned"]
+    for which in runs:
+        tag = which if which == "training-free" else f"fine-tuned@{step}"
+        model = finetuned if which == "fine-tuned" else None
+        for length in sorted(cfg.eval.lengths):
+            key = f"{cfg.model.name}|{method}|{cfg.model.factor:g}|{tag}|{doc_names}|truncate|{length}"
+            if store.has(key):
+                continue
+            if model is None:             # the base model, extended the same way, not trained
+                model = load_model(cfg.model)
+            model.eval()
+            with PeakMemory("cpu") as peak:
+                started = time.perf_counter()
+                nll, count = truncate_nll(model, docs, length, cfg.eval.chunk_size)
+                seconds = time.perf_counter() - started
+            row = {"model": cfg.model.name, "method": f"{method} {which}",
+                   "factor": float(cfg.model.factor), "factor_spec": f"{cfg.model.factor:g}",
+                   "length": length, "protocol": "truncate", "perplexity": math.exp(nll / count),
+                   "nll": nll, "tokens": count, "docs": len(docs), "documents": doc_names,
+                   "finetune_steps": step if which == "fine-tuned" else 0,
+                   "seconds": round(seconds, 3), "peak_rss_mb": round(peak.peak_mb, 1),
+                   "trained_length": trained_length(model), "dataset": cfg.data.source, "key": key}
+            store.add(row)
+            log(f"eval {which:13s} L={length}: perplexity {row['perplexity']:.3f} ({seconds:.0f} s)")
+        if which == "training-free" and model is not None:
             del model
-    return write_results(rows, out, title=f"{cfg.model.name}: {label}, base vs fine-tuned")
+    rows = [r for r in store.rows if r["key"].split("|")[3] in ("training-free", f"fine-tuned@{step}")]
+    title = f"{cfg.model.name}: {method} s={cfg.model.factor:g}, held-out {doc_names}"
+    plot = plot_perplexity(rows, out / "perplexity.png", title)
+    table = format_table(rows, "perplexity", title)
+    (out / "table.txt").write_text(table + "\n")
+    log(table)
+    return {"rows": rows, "csv": str(store.csv_path), "json": str(store.json_path), "plot": str(plot),
+            "table": table}
 
 
 def main(argv: list[str] | None = None, on_step: Callable[[int], None] | None = None) -> dict:

@@ -1,8 +1,7 @@
-"""PoSE position ids and collator, document packing and hold-out, optimiser pieces and the
-chunked perplexity of hf_posext.training: checked against direct constructions on tiny inputs."""
+"""PoSE position ids and collator, document packing and hold-out, and the optimiser pieces of
+hf_posext.training: checked against direct constructions on tiny inputs."""
 
 import json
-import math
 
 import pytest
 import torch
@@ -10,7 +9,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_posext.training import data as datalib
 from hf_posext.training.optim import build_scheduler, grad_norm
-from hf_posext.training.perplexity import truncate_perplexity
 from hf_posext.training.pose import PoseCollator, example_generator, sample_pose_position_ids
 
 
@@ -220,13 +218,3 @@ def test_accelerate_clipping_really_clips_to_max_norm():
     assert grad_norm(model.parameters()) == pytest.approx(max_norm, rel=1e-5)
     for n, p in model.named_parameters():   # every gradient scaled by the same max/pre
         torch.testing.assert_close(p.grad, before[n] * (max_norm / expected_pre), rtol=1e-4, atol=1e-9)
-
-
-# ------------------------------------------------------------------------------------ perplexity
-def test_chunked_perplexity_matches_the_full_logits_loss():
-    model = _tiny_llama()
-    ids = torch.randint(0, 128, (50,), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        ref = math.exp(model(input_ids=ids[None], labels=ids[None]).loss.item())
-    for chunk in (7, 16, 64):
-        assert truncate_perplexity(model, ids, chunk) == pytest.approx(ref, rel=1e-5)

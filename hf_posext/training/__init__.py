@@ -1,6 +1,6 @@
 """Library pieces of the fine-tuning recipe (`recipes/finetune.py`): PoSE position ids and the
 collator (`pose`), document loading, hold-out and packing (`data`), optimiser and schedule
-(`optim`), and a minimal chunked perplexity (`perplexity`)."""
+(`optim`). Evaluation uses `hf_posext.evaluation`."""
 
 from .data import Document, load_documents, pack_documents, split_holdout
 from .pose import PoseCollator, sample_pose_position_ids
