@@ -28,7 +28,7 @@ class InputError(ValueError):
 
 def parse_length(text: str) -> int:
     """`4k` -> 4096 (k = 1024, as context lengths are quoted), `16384` -> 16384."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
+    m = re.fullmatch(r"\s*([+-]?\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
     if not m:
         raise InputError(f"--lengths: {text!r} is not a length; write e.g. 4k, 16k or 16384.")
     value = float(m.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2}[m.group(2).lower()]
@@ -207,6 +207,8 @@ def _check_model_arg(args) -> None:
     from .embedded import DEFAULT_MODEL
     from .evaluation.data import looks_like_path
 
+    if not re.fullmatch(r"(cpu|mps|cuda|xpu)(:\d+)?", args.device):
+        raise InputError(f"--device {args.device!r}: use cpu, cuda, cuda:N or mps.")
     if args.model == DEFAULT_MODEL:
         if args.gguf_file:
             raise InputError(f"--gguf-file is for your own GGUF checkpoint; {DEFAULT_MODEL} "
@@ -218,8 +220,6 @@ def _check_model_arg(args) -> None:
             raise InputError(f"--model {args.model!r}: no such folder.")
         if args.gguf_file and not (path / args.gguf_file).is_file():
             raise InputError(f"--gguf-file {args.gguf_file!r} is not in {path}.")
-    if not re.fullmatch(r"(cpu|mps|meta|cuda|xpu)(:\d+)?", args.device):
-        raise InputError(f"--device {args.device!r}: use cpu, cuda, cuda:N or mps.")
 
 
 def _load_tokenizer(args):

@@ -1,0 +1,113 @@
+"""`hf-posext`: argument parsing, every bad input failing before a model loads, and end-to-end
+runs on a tiny local model folder (no Hub)."""
+
+import json
+
+import pytest
+
+import hf_posext.cli as cli
+from _evalkit import char_tokenizer, tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny Llama (trained length 64) and a character tokenizer saved as a local checkpoint."""
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_model().save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "docs.jsonl"
+    lines = [json.dumps({"body": ("To be, or not to be, that is the question. " * 12)[:i]})
+             for i in (500, 300)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def refuse(args):
+        raise AssertionError("the model was loaded before the input was checked")
+    monkeypatch.setattr(cli, "_load_model", refuse)
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    return exc.value.code, capsys.readouterr().err
+
+
+def test_parse_lengths_and_factors():
+    assert cli.parse_lengths("4k,16384,2K,4k") == [2048, 4096, 16384]
+    assert cli.parse_lengths("1.5k") == [1536]
+    assert cli.parse_factors("auto,2,4.5") == ["auto", 2.0, 4.5]
+    assert cli.parse_methods("yarn,pi,none,dynamic") == ["yarn", "linear", "none", "dynamic_ntk"]
+    assert cli.parse_seeds("3") == [0, 1, 2] and cli.parse_seeds("4,9") == [4, 9]
+    assert cli.parse_floats01("0,50%,1", "--depths") == [0.0, 0.5, 1.0]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["eval", "--lengths", "0"], "--lengths: '0' must be a positive"),
+    (["eval", "--lengths=4k,-4k"], "--lengths: '-4k' must be a positive"),
+    (["eval", "--lengths", "four"], "--lengths: 'four' is not a length"),
+    (["eval", "--methods", "yarn,rope2"], "--methods: unknown method 'rope2'"),
+    (["eval", "--factor", "0.5"], "--factor: 0.5 must be a finite scale >= 1"),
+    (["eval", "--protocol", "chunked"], "--protocol: unknown protocol 'chunked'"),
+    (["eval", "--protocol", "sliding", "--lengths", "128", "--stride", "512"], "--stride 512 is longer"),
+    (["eval", "--stride", "0"], "--stride must be a positive integer"),
+    (["eval", "--max-docs", "0"], "--max-docs must be a positive integer"),
+    (["eval", "--dataset", "./no/such/file.jsonl"], "no such file or folder"),
+    (["eval", "--model", "./no/such/model"], "--model './no/such/model': no such folder"),
+    (["eval", "--device", "gpu0"], "--device 'gpu0': use cpu"),
+    (["passkey", "--depths", "0.5,2"], "--depths: 2 must be between 0 and 1"),
+    (["passkey", "--seeds", "0"], "--seeds: the number of seeds must be positive"),
+])
+def test_bad_input_fails_before_loading(argv, message, capsys, no_model_load, tmp_path):
+    code, err = run(argv + ["--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_column_and_too_long_lengths(model_dir, text_file, capsys, no_model_load, tmp_path):
+    base = ["eval", "--model", str(model_dir), "--dataset", str(text_file), "--out", str(tmp_path)]
+    code, err = run(base + ["--lengths", "64"], capsys)
+    assert code == 2 and "no column 'text'" in err and "body" in err
+    code, err = run(base + ["--column", "body", "--lengths", "64,1k"], capsys)
+    assert code == 2 and "--lengths" in err and "1024 tokens" in err and "longest has 500" in err
+    code, err = run(["eval", "--model", str(model_dir), "--gguf-file", "m.gguf"], capsys)
+    assert code == 2 and "--gguf-file 'm.gguf' is not in" in err
+    code, err = run(["passkey", "--model", str(model_dir), "--lengths", "100", "--out",
+                     str(tmp_path / "pk")], capsys)
+    assert code == 2 and "too short for a passkey prompt" in err
+
+
+def test_eval_end_to_end_and_resume(model_dir, text_file, capsys, tmp_path):
+    out = tmp_path / "out"
+    argv = ["eval", "--model", str(model_dir), "--dataset", str(text_file), "--column", "body",
+            "--lengths", "32,64,128", "--methods", "linear,yarn", "--protocol", "truncate,sliding",
+            "--stride", "16", "--max-docs", "2", "--out", str(out), "--no-progress",
+            "--cache-dir", str(tmp_path / "cache")]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    rows = json.loads((out / "perplexity.json").read_text())["rows"]
+    assert len(rows) == 2 * 3 * 3 and {r["docs"] for r in rows} == {2}
+    assert {r["tokens"] for r in rows if r["protocol"] == "sliding"} == {2 * 127}
+    assert (out / "perplexity_truncate.png").stat().st_size > 0
+    assert (out / "perplexity_sliding.png").stat().st_size > 0
+    assert "linear" in printed and "128" in printed
+    code, err = run(argv, capsys)                       # results exist, no --resume
+    assert code == 2 and "--resume" in err
+    assert cli.main(argv + ["--resume"]) == 0
+    assert len(json.loads((out / "perplexity.json").read_text())["rows"]) == 18
+
+
+def test_passkey_end_to_end(model_dir, capsys, tmp_path):
+    out = tmp_path / "pk"
+    assert cli.main(["passkey", "--model", str(model_dir), "--lengths", "400,500", "--methods", "ntk",
+                     "--depths", "0,1", "--seeds", "2", "--out", str(out), "--no-progress"]) == 0
+    rows = json.loads((out / "passkey.json").read_text())["rows"]
+    assert len(rows) == 2 * 2 * 2 and all(r["seeds"] == 2 for r in rows)
+    assert (out / "passkey_none.png").exists() and (out / "passkey_ntk.png").exists()

@@ -1,0 +1,88 @@
+"""Evaluation data: local files and folders through `datasets`, the Hub code path on a local
+dataset folder, column and path errors, the token cache and document selection."""
+
+import json
+
+import numpy as np
+import pytest
+
+from _evalkit import char_tokenizer
+from hf_posext.evaluation.data import (TextSource, TokenCache, load_documents, load_hub_documents,
+                                       select_documents, tokenizer_fingerprint)
+
+TEXTS = ["first document " * 30, "second, longer document " * 60, "short"]
+
+
+def _write_parquet(path, column="text"):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({column: TEXTS, "id": [1, 2, 3]}), path)
+
+
+def test_local_text_files_and_folder(tmp_path):
+    for i, t in enumerate(TEXTS):
+        (tmp_path / f"{i}.txt").write_text(t)
+    assert list(load_documents(TextSource(str(tmp_path / "1.txt")))) == [TEXTS[1]]
+    # A folder: one document per file, whole file (not one per line).
+    assert sorted(load_documents(TextSource(str(tmp_path)))) == sorted(TEXTS)
+
+
+def test_local_jsonl_and_parquet_with_column(tmp_path):
+    with open(tmp_path / "d.jsonl", "w") as f:
+        for t in TEXTS:
+            f.write(json.dumps({"body": t, "n": 1}) + "\n")
+    assert list(load_documents(TextSource(str(tmp_path / "d.jsonl"), column="body"))) == TEXTS
+    with pytest.raises(ValueError, match=r"no column 'text'.*body, n"):
+        load_documents(TextSource(str(tmp_path / "d.jsonl")))
+    _write_parquet(tmp_path / "d.parquet")
+    assert list(load_documents(TextSource(str(tmp_path / "d.parquet")))) == TEXTS
+
+
+def test_missing_path_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_documents(TextSource(str(tmp_path / "missing.jsonl")))
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hub_code_path_on_a_local_dataset_repository(tmp_path, streaming):
+    """`load_dataset(name, config, split=...)` is what runs for pg19 / proof-pile; a local folder
+    laid out like a Hub dataset repository goes through the same call."""
+    repo = tmp_path / "repo" / "data"
+    repo.mkdir(parents=True)
+    _write_parquet(repo / "test-00000-of-00001.parquet")
+    docs = list(load_hub_documents(str(tmp_path / "repo"), None, "test", "text", streaming))
+    assert docs == TEXTS
+    with pytest.raises(ValueError, match="no column 'content'"):
+        load_hub_documents(str(tmp_path / "repo"), None, "test", "content", streaming)
+
+
+def test_token_cache_hits_and_keys(tmp_path):
+    tok = char_tokenizer()
+    cache = TokenCache(tok, tmp_path)
+    a = cache.encode("hello world")
+    assert cache.misses == 1 and a.dtype == np.int32
+    assert list(a) == tok("hello world")["input_ids"]
+    b = TokenCache(tok, tmp_path).encode("hello world")   # a new run reads the file
+    assert np.array_equal(a, b)
+    again = TokenCache(tok, tmp_path)
+    again.encode("hello world")
+    assert (again.hits, again.misses) == (1, 0)
+    # A different tokenizer never reuses these ids.
+    other = char_tokenizer()
+    other.add_tokens(["hello"])
+    assert tokenizer_fingerprint(other) != tokenizer_fingerprint(tok)
+
+
+def test_select_documents_long_enough_and_error(tmp_path):
+    cache = TokenCache(char_tokenizer(), tmp_path)
+    picked = select_documents(iter(TEXTS), cache, min_tokens=400, max_docs=5)
+    assert [len(d) for d in picked.docs] == [450, len(TEXTS[1])]
+    assert select_documents(iter(TEXTS), cache, 400, 1).docs[0].shape == (450,)
+    with pytest.raises(ValueError, match=r"the longest has 1440 tokens"):
+        select_documents(iter(TEXTS), cache, min_tokens=5000, max_docs=1)
+
+
+def test_embedded_plays_are_documents():
+    docs = load_documents(TextSource(None))
+    first = next(iter(docs))
+    assert first.startswith("# A Midsummer Night's Dream") and len(first) > 80_000

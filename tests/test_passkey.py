@@ -1,0 +1,95 @@
+"""Passkey retrieval: prompt construction, scoring on stubs that do and do not copy the key,
+patching through the grid, determinism and the heat map."""
+
+import re
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hf_posext
+from _evalkit import TINY, char_tokenizer
+from hf_posext.evaluation.passkey import (FILLER, build_prompt, evaluate_passkey, first_number,
+                                          passkey_for_seed)
+from hf_posext.evaluation.results import ResultsStore, plot_passkey_heatmap
+
+
+class KeyModel(LlamaForCausalLM):
+    """A tiny Llama whose `generate` reads the prompt and answers: the key (a copier) or a
+    fixed wrong number. It records the rope state it was called with."""
+
+    copy_key = True
+
+    def generate(self, input_ids, max_new_tokens, **kw):
+        assert kw.get("do_sample") is False
+        self.seen.append((hf_posext.is_patched(self), self.config.max_position_embeddings))
+        text = self.tok.decode(input_ids[0])
+        key = re.search(r"The pass key is (\d{5})", text).group(1) if self.copy_key else "11111"
+        new = self.tok(" " + key + ".", add_special_tokens=False, return_tensors="pt")["input_ids"]
+        return torch.cat([input_ids, new[:, :max_new_tokens]], dim=1)
+
+
+def _stub(copy_key: bool):
+    torch.manual_seed(0)
+    model = KeyModel(LlamaConfig(**TINY)).eval()
+    model.tok, model.seen, model.copy_key = char_tokenizer(), [], copy_key
+    return model
+
+
+def test_prompt_length_depth_and_key():
+    tok = char_tokenizer()
+    for depth in (0.0, 0.5, 1.0):
+        p = build_prompt(tok, 2000, depth, 12345)
+        assert 2000 - len(FILLER) < len(p.input_ids) <= 2000
+        text = tok.decode(p.input_ids)
+        assert text.count("12345") == 2 and text.endswith("The pass key is")
+        frac = p.needle_start / len(p.input_ids)
+        assert abs(frac - depth) < 0.12
+    with pytest.raises(ValueError, match="too short"):
+        build_prompt(tok, 100, 0.5, 12345)
+
+
+def test_keys_are_seeded_five_digit_numbers():
+    keys = [passkey_for_seed(s) for s in range(20)]
+    assert keys == [passkey_for_seed(s) for s in range(20)]
+    assert all(10000 <= k <= 99999 for k in keys) and len(set(keys)) > 15
+    assert first_number(" 12345. Remember") == 12345 and first_number("no") is None
+    assert first_number("123456") == 123456   # a longer number is not the key
+
+
+@pytest.mark.parametrize("copy_key,expected", [(True, 1.0), (False, 0.0)])
+def test_stub_accuracy(copy_key, expected):
+    model = _stub(copy_key)
+    rows = evaluate_passkey(model, model.tok, methods=["yarn"], lengths=[400, 800],
+                            depths=[0.0, 0.5, 1.0], seeds=[0, 1, 2], progress=False)
+    assert len(rows) == 2 * 2 * 3   # (none, yarn) × lengths × depths
+    assert all(r["accuracy"] == expected and r["seeds"] == 3 for r in rows)
+    assert all(r["correct"] == 3 * expected for r in rows)
+    # yarn rows ran patched with s = length / 64, none rows unpatched; the model is restored.
+    yarn800 = next(r for r in rows if r["method"] == "yarn" and r["length"] == 800)
+    assert yarn800["factor"] == 800 / 64
+    assert (True, 800) in model.seen and (False, 64) in model.seen
+    assert not hf_posext.is_patched(model)
+
+
+def test_real_tiny_model_runs_and_is_deterministic(tmp_path):
+    """The default greedy path on a real (random) tiny Llama: same answers on a rerun."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
+    tok = char_tokenizer()
+    kw = dict(methods=["dynamic_ntk"], lengths=[400], depths=[0.5], seeds=[0, 1], progress=False)
+    a = evaluate_passkey(model, tok, **kw)
+    b = evaluate_passkey(model, tok, **kw)
+    assert [r["answers"] for r in a] == [r["answers"] for r in b]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in a)
+
+
+def test_results_resume_and_heatmap(tmp_path):
+    model = _stub(True)
+    kw = dict(methods=[], lengths=[400, 800], depths=[0.0, 1.0], seeds=[0], progress=False)
+    rows = evaluate_passkey(model, model.tok, store=ResultsStore(tmp_path, "passkey"), **kw)
+    calls = len(model.seen)
+    again = evaluate_passkey(model, model.tok, store=ResultsStore(tmp_path, "passkey", resume=True), **kw)
+    assert len(model.seen) == calls and again == rows
+    path = plot_passkey_heatmap(rows, tmp_path / "h.png", "none")
+    assert path.read_bytes()[:4] == b"\x89PNG"
