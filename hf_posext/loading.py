@@ -69,6 +69,21 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
     _check_config_early(name_or_path, kwargs)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     check_supported(model)
+    if kwargs.get("gguf_file"):
+        _drop_spent_gguf_quantizer(model)
     if method is not None:
         patch(model, method, factor, **knobs)
     return model
+
+
+def _drop_spent_gguf_quantizer(model) -> None:
+    """A GGUF checkpoint dequantized to float on load (as on CPU without GGUF kernels) still
+    carries its quantizer, and transformers then refuses `save_pretrained`. When no weight was
+    kept packed, the model is an ordinary float model: detach the quantizer so an extended
+    model can be saved as safetensors."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None or getattr(quantizer, "packed_modules", None):
+        return
+    if any("Gguf" in type(m).__name__ for m in model.modules()):
+        return
+    quantizer.remove_quantization_config(model)

