@@ -25,15 +25,16 @@ def text_config(config):
 
 
 def get_rope_parameters(config) -> dict[str, Any]:
-    """A copy of the rope settings as one flat dict with `rope_type` and `rope_theta`."""
+    """A copy of the rope settings as one flat dict with `rope_type` and `rope_theta`;
+    empty for a config without RoPE (GPT-2)."""
     if IS_V5:
         params = copy.deepcopy(getattr(config, "rope_parameters", None) or {})
-        if not params and getattr(config, "rope_theta", None) is None:
-            return {}
     else:
         params = copy.deepcopy(getattr(config, "rope_scaling", None) or {})
         if getattr(config, "rope_theta", None) is not None:
             params["rope_theta"] = config.rope_theta
+    if not params and getattr(config, "rope_theta", None) is None:
+        return {}
     if "type" in params and "rope_type" not in params:
         params["rope_type"] = params.pop("type")
     params.setdefault("rope_type", "default")

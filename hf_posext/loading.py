@@ -11,7 +11,7 @@ from typing import Any
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from .compat import get_rope_parameters, text_config
-from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, canonical_method, method_of_rope_type
+from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
 from .patcher import patch
 from .registry import SUPPORTED_MODEL_TYPES, check_supported
 
@@ -19,6 +19,8 @@ from .registry import SUPPORTED_MODEL_TYPES, check_supported
 METHOD_KNOBS = {"beta_fast", "beta_slow", "mscale_coefficient", "attention_factor",
                 "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
                 "short_factor", "long_factor"}
+_SPEC_KNOBS = {"beta_fast", "beta_slow", "mscale_coefficient", "attention_factor",
+               "original_max_position_embeddings"}
 # The subset of from_pretrained keywords AutoConfig understands, for the early type check.
 _CONFIG_KWARGS = {"revision", "token", "cache_dir", "gguf_file", "local_files_only", "subfolder",
                   "trust_remote_code", "force_download", "proxies"}
@@ -30,10 +32,8 @@ def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]) -> None:
         name_or_path, **{k: v for k, v in hf_kwargs.items() if k in _CONFIG_KWARGS}))
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
-        has_rope = bool(get_rope_parameters(config)) if hasattr(config, "rope_theta") or \
-            getattr(config, "rope_parameters", None) else False
-        what = "uses RoPE but is not supported yet" if has_rope else \
-            "has no rotary position embedding (RoPE) to extend"
+        what = ("uses RoPE but is not supported yet" if get_rope_parameters(config)
+                else "has no rotary position embedding (RoPE) to extend")
         raise ValueError(f"{name_or_path}: model_type {model_type!r} {what}. hf_posext supports "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
     rope_type = get_rope_parameters(config).get("rope_type", "default")
@@ -59,13 +59,11 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
             raise ValueError(f"{given} need a method: pass method='yarn' (or another of "
                              "hf_posext.METHODS), or drop them to load the checkpoint as saved.")
     else:
-        target = kwargs.pop("max_position_embeddings", None)
-        knobs["max_position_embeddings"] = target
         if isinstance(method, str) and method.lower() not in PASSTHROUGH_TYPES:
-            canonical_method(method)  # unknown names fail before anything loads
-        if factor is not None and isinstance(method, str):
-            RopeExtensionConfig(canonical_method(method), factor) if \
-                method.lower() not in PASSTHROUGH_TYPES else None  # bad factor fails early too
+            # unknown names, bad factors and knobs the method does not use fail before loading
+            RopeExtensionConfig(method, 1.0 if factor is None else factor,
+                                **{k: v for k, v in knobs.items() if k in _SPEC_KNOBS})
+        knobs["max_position_embeddings"] = kwargs.pop("max_position_embeddings", None)
     _check_config_early(name_or_path, kwargs)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     check_supported(model)
