@@ -144,10 +144,16 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
     import matplotlib.pyplot as plt
 
     labels, lengths, cells = pivot(rows, "perplexity")
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label in labels:
+    markers = "osD^vP*Xh<>"
+    for i, label in enumerate(labels):
         pts = [(n, cells[(label, n)]["perplexity"]) for n in lengths if (label, n) in cells]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        # Distinct markers and a small size step, so lines that coincide (every method is the
+        # unpatched model at s = 1) stay visible on top of each other.
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[i % len(markers)],
+                markersize=9 - 1.2 * (i % 5), linewidth=1.6, label=label, alpha=0.9)
     trained = {int(r["trained_length"]) for r in rows if r.get("trained_length")}
     for t in trained:
         ax.axvline(t, color="grey", linestyle="--", linewidth=1)
@@ -156,6 +162,12 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [_fmt_len(n) for n in lengths])
     ax.set_yscale("log")
+    # Plain numbers on the log axis; label the minor ticks too when the data span under two
+    # decades (otherwise there may be no labelled tick at all).
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    values = [r["perplexity"] for r in rows if r.get("perplexity")]
+    ax.yaxis.set_minor_formatter(plain if values and max(values) / min(values) < 100 else NullFormatter())
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity (log scale)")
     ax.set_title(title)
