@@ -12,6 +12,7 @@ Sources (`--dataset`):
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,9 +113,18 @@ def _column(ds, column: str, name: str):
     if names and column not in names:
         raise ValueError(f"Dataset {name!r} has no column {column!r}; its columns are: "
                          f"{', '.join(names)}. Pass --column with one of them.")
-    if hasattr(ds, "select_columns"):
+    if hasattr(ds, "select_columns") and names:
         ds = ds.select_columns([column])
-    return (row[column] for row in ds)
+    # Read the first row now: a streamed dataset may not know its columns until then, and a
+    # wrong --column must fail here, before any model is loaded.
+    rows = iter(ds)
+    first = next(rows, None)
+    if first is None:
+        raise ValueError(f"Dataset {name!r} has no rows in this split.")
+    if column not in first:
+        raise ValueError(f"Dataset {name!r} has no column {column!r}; its columns are: "
+                         f"{', '.join(first)}. Pass --column with one of them.")
+    return (row[column] for row in itertools.chain([first], rows))
 
 
 # --- tokenisation with an on-disk cache -------------------------------------------------------

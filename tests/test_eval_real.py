@@ -1,0 +1,41 @@
+"""On the embedded SmolLM2-135M (slow: ~30 s to load): the chunked loss against transformers'
+plain loss with the real 49k vocabulary and tied head, and passkey prompts the real model can
+answer inside its trained window (a broken prompt or answer parser would score 0)."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def real():
+    embedded = pytest.importorskip("hf_posext.embedded")
+    try:
+        embedded.model_location()
+        embedded.play_paths()
+    except (ModuleNotFoundError, FileNotFoundError) as err:
+        pytest.skip(str(err))
+    return embedded.load_model(dtype=torch.float32).eval(), embedded.load_tokenizer()
+
+
+def test_chunked_loss_matches_plain_loss_on_the_real_model(real):
+    from hf_posext.embedded import play_paths
+    from hf_posext.evaluation.loss import causal_targets, chunked_nll
+
+    model, tok = real
+    ids = torch.tensor(tok(play_paths()[0].read_text())["input_ids"][:1024])
+    nll, n = chunked_nll(model, ids, causal_targets(ids), chunk_size=300)
+    with torch.no_grad():
+        plain = model(ids[None], labels=ids[None]).loss.item()
+    assert n == 1023 and nll / n == pytest.approx(plain, rel=1e-4)
+
+
+def test_passkey_inside_the_trained_window(real):
+    from hf_posext.evaluation.passkey import evaluate_passkey
+
+    model, tok = real
+    rows = evaluate_passkey(model, tok, methods=[], lengths=[1024], depths=[0.0, 0.5, 1.0],
+                            seeds=[0, 1], progress=False)
+    accuracy = sum(r["correct"] for r in rows) / sum(r["seeds"] for r in rows)
+    assert accuracy >= 0.8, [r["answers"] for r in rows]
