@@ -93,3 +93,18 @@ def test_results_resume_and_heatmap(tmp_path):
     assert len(model.seen) == calls and again == rows
     path = plot_passkey_heatmap(rows, tmp_path / "h.png", "none")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cells_with_identical_rope_reuse_answers():
+    """Below the trained length every method at s = 1 encodes positions exactly as the
+    unpatched model, so its answers are copied; with reuse off they are recomputed, equal."""
+    torch.manual_seed(0)
+    model = KeyModel(LlamaConfig(**{**TINY, "max_position_embeddings": 1024})).eval()
+    model.tok, model.seen, model.copy_key = char_tokenizer(), [], True
+    kw = dict(methods=["linear", "yarn"], lengths=[400], depths=[0.5], seeds=[0, 1], progress=False)
+    rows = evaluate_passkey(model, model.tok, **kw)
+    assert len(model.seen) == 2                      # only `none` decoded
+    assert [r["same_as"] for r in rows] == ["", "none s=1", "none s=1"]
+    fresh = evaluate_passkey(model, model.tok, reuse_identical=False, **kw)
+    assert len(model.seen) == 2 + 6
+    assert [r["answers"] for r in rows] == [r["answers"] for r in fresh]

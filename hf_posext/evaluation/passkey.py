@@ -21,7 +21,7 @@ import torch
 from ..generation import generate as fixed_scale_generate
 from ..patcher import is_patched, unpatch
 from .loss import PeakMemory
-from .perplexity import apply_method, normalize_methods, resolve_factor, trained_length
+from .perplexity import apply_method, normalize_methods, resolve_factor, rope_signature, trained_length
 
 PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
           "memorize it. I will quiz you about the important information there.\n")
@@ -79,11 +79,15 @@ def greedy_answer(model, tokenizer, input_ids: list[int]) -> str:
 def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Sequence[int],
                      depths: Sequence[float], seeds: Sequence[int], factors: Sequence = ("auto",),
                      store=None, model_name: str = "model", dtype: str = "", device: str = "cpu",
-                     answer_fn: Callable | None = None, progress: bool = True) -> list[dict]:
+                     answer_fn: Callable | None = None, reuse_identical: bool = True,
+                     progress: bool = True) -> list[dict]:
     """Passkey accuracy for every (method, factor, length, depth), over `seeds`.
 
     answer_fn(model, tokenizer, input_ids) -> decoded answer text; defaults to greedy decoding.
-    Rows are written to `store` as each cell finishes; cells it holds are skipped (resume)."""
+    Rows are written to `store` as each cell finishes; cells it holds are skipped (resume).
+    reuse_identical: a cell whose rotary cos/sin over prompt + answer positions equal an earlier
+    cell's (same length, depth, seeds) would decode the same tokens: its answers are copied and
+    the row says so in `same_as` (see `perplexity.rope_signature`)."""
     from tqdm.auto import tqdm
 
     answer_fn = answer_fn or greedy_answer
@@ -100,6 +104,11 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
                     seen.add(s)
                     cells += [(method, spec, s, length, float(d)) for d in depths]
     rows, seeds = [], list(seeds)
+    done: dict[tuple, dict] = {}   # (length, depth, signature) -> the row that computed it
+    for row in (store.rows if store is not None else []):
+        if row.get("rope_signature"):
+            done.setdefault((int(row["length"]), float(row["depth"]), row["seeds_list"],
+                             row["rope_signature"]), row)
     bar = tqdm(cells, desc="passkey cells", unit="cell", disable=not progress)
     for method, spec, s, length, depth in bar:
         key = "|".join(map(str, (model_name, method, f"{s:.6g}", length, f"{depth:g}",
@@ -108,27 +117,41 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
         if store is not None and store.has(key):
             rows.append(store.get(key))
             continue
-        answers, correct = [], 0
+        answers, correct, signature, source, peak = [], 0, "", None, None
+        seeds_list = ",".join(map(str, seeds))
         started = time.perf_counter()
         try:
-            apply_method(model, method, s) if hasattr(model, "config") else None
-            with PeakMemory(device) as peak:
-                for seed in seeds:
-                    prompt = build_prompt(tokenizer, length, depth, passkey_for_seed(seed))
-                    text = answer_fn(model, tokenizer, prompt.input_ids)
-                    got = first_number(text)
-                    correct += int(got == prompt.key)
-                    answers.append(f"{prompt.key}:{'' if got is None else got}")
+            if hasattr(model, "config"):
+                apply_method(model, method, s)
+                probe = build_prompt(tokenizer, length, depth, passkey_for_seed(seeds[0]))
+                signature = rope_signature(model, len(probe.input_ids) + MAX_NEW_TOKENS)
+            if reuse_identical and signature:
+                source = done.get((length, depth, seeds_list, signature))
+            if source is not None:
+                correct, answers = source["correct"], source["answers"].split()
+            else:
+                with PeakMemory(device) as peak:
+                    for seed in seeds:
+                        prompt = build_prompt(tokenizer, length, depth, passkey_for_seed(seed))
+                        text = answer_fn(model, tokenizer, prompt.input_ids)
+                        got = first_number(text)
+                        correct += int(got == prompt.key)
+                        answers.append(f"{prompt.key}:{'' if got is None else got}")
         finally:
             if hasattr(model, "config") and is_patched(model):
                 unpatch(model)
+        prompt_tokens = len(build_prompt(tokenizer, length, depth, passkey_for_seed(seeds[-1])).input_ids)
         row = {"model": model_name, "method": method, "factor": s, "factor_spec": spec,
-               "length": length, "prompt_tokens": len(prompt.input_ids), "depth": depth,
-               "seeds": len(seeds), "correct": correct, "accuracy": correct / len(seeds),
-               "answers": " ".join(answers), "seconds": round(time.perf_counter() - started, 3),
-               "peak_rss_mb": round(peak.peak_mb, 1), "trained_length": trained, "dtype": dtype,
-               "device": str(device),
+               "length": length, "prompt_tokens": prompt_tokens, "depth": depth,
+               "seeds": len(seeds), "seeds_list": seeds_list, "correct": correct,
+               "accuracy": correct / len(seeds), "answers": " ".join(answers),
+               "seconds": round(time.perf_counter() - started, 3),
+               "peak_rss_mb": round(peak.peak_mb, 1) if peak else None, "trained_length": trained,
+               "dtype": dtype, "device": str(device), "rope_signature": signature,
+               "same_as": f"{source['method']} s={source['factor']:g}" if source else "",
                "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "key": key}
+        if signature:
+            done.setdefault((length, depth, seeds_list, signature), row)
         if store is not None:
             store.add(row)
         rows.append(row)
