@@ -121,18 +121,20 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
         seeds_list = ",".join(map(str, seeds))
         started = time.perf_counter()
         try:
+            prompts = [build_prompt(tokenizer, length, depth, passkey_for_seed(seed)) for seed in seeds]
             if hasattr(model, "config"):
                 apply_method(model, method, s)
-                probe = build_prompt(tokenizer, length, depth, passkey_for_seed(seeds[0]))
-                signature = rope_signature(model, len(probe.input_ids) + MAX_NEW_TOKENS)
+                # Every total length decoded (prompts may differ by a token across keys), so a
+                # dynamic method's frequencies are compared at each length it will really use.
+                totals = sorted({len(p.input_ids) + MAX_NEW_TOKENS for p in prompts})
+                signature = "+".join(rope_signature(model, n) for n in totals)
             if reuse_identical and signature:
                 source = done.get((length, depth, seeds_list, signature))
             if source is not None:
                 correct, answers = source["correct"], source["answers"].split()
             else:
                 with PeakMemory(device) as peak:
-                    for seed in seeds:
-                        prompt = build_prompt(tokenizer, length, depth, passkey_for_seed(seed))
+                    for prompt in prompts:
                         text = answer_fn(model, tokenizer, prompt.input_ids)
                         got = first_number(text)
                         correct += int(got == prompt.key)
@@ -140,7 +142,7 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
         finally:
             if hasattr(model, "config") and is_patched(model):
                 unpatch(model)
-        prompt_tokens = len(build_prompt(tokenizer, length, depth, passkey_for_seed(seeds[-1])).input_ids)
+        prompt_tokens = max(len(p.input_ids) for p in prompts)
         row = {"model": model_name, "method": method, "factor": s, "factor_spec": spec,
                "length": length, "prompt_tokens": prompt_tokens, "depth": depth,
                "seeds": len(seeds), "seeds_list": seeds_list, "correct": correct,
