@@ -298,15 +298,22 @@ def prepare_data(cfg: RecipeConfig, tokenizer, log: Callable[[str], None] = prin
     bos = special_id(tokenizer, d.bos_token, "bos")
     eos = special_id(tokenizer, d.eos_token, "eos")
     sequences = datalib.pack_documents(train_ids, cfg.training.seq_len, bos, eos)
-    eval_docs = eval_docs[: cfg.eval.max_documents]
     eval_ids = datalib.tokenize(tokenizer, eval_docs)
     if cfg.eval.enabled:
+        # The truncate protocol scores the first L tokens of each document: keep those with at
+        # least max(lengths) tokens (the same documents at every length).
         need = max(cfg.eval.lengths)
-        short = [(doc.name, len(ids)) for doc, ids in zip(eval_docs, eval_ids) if len(ids) < need]
-        if short:
-            raise ValueError(f"Held-out documents {short} are shorter than the longest evaluation "
+        long_enough = [(doc, ids) for doc, ids in zip(eval_docs, eval_ids) if len(ids) >= need]
+        if not long_enough:
+            short = [(doc.name, len(ids)) for doc, ids in zip(eval_docs, eval_ids)]
+            raise ValueError(f"Held-out documents {short} are all shorter than the longest evaluation "
                              f"length {need} (the truncate protocol scores the first L tokens of each "
                              "document). Choose longer eval_documents or lower eval.lengths.")
+        if len(long_enough) < len(eval_docs):
+            log(f"eval: {len(eval_docs) - len(long_enough)} held-out documents shorter than {need} "
+                "tokens are skipped (they are still never trained on)")
+        long_enough = long_enough[: cfg.eval.max_documents]
+        eval_docs, eval_ids = [x[0] for x in long_enough], [x[1] for x in long_enough]
     log(f"data: {len(train_docs)} training documents -> {sequences.shape[0]} sequences of "
         f"{cfg.training.seq_len} tokens; held out for evaluation: {[x.name for x in eval_docs]}")
     return PreparedData(sequences, eval_docs, eval_ids, [x.name for x in train_docs])
@@ -506,6 +513,16 @@ def train(cfg: RecipeConfig, resume: str | None = None,
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     accelerator.init_trackers("hf_posext_finetune", config=_flat(cfg.to_dict()))
 
+    deepspeed = accelerator.distributed_type.value == "DEEPSPEED"
+    if deepspeed:   # DeepSpeed clips and accumulates itself: its settings must be the recipe's
+        ds = accelerator.state.deepspeed_plugin.deepspeed_config
+        if float(ds.get("gradient_clipping", 0.0)) != float(t.max_grad_norm):
+            raise ValueError(f"DeepSpeed gradient_clipping={ds.get('gradient_clipping')} differs from "
+                             f"training.max_grad_norm={t.max_grad_norm}; set them equal.")
+        if int(ds.get("gradient_accumulation_steps", 1)) != t.gradient_accumulation_steps:
+            raise ValueError(f"DeepSpeed gradient_accumulation_steps={ds.get('gradient_accumulation_steps')}"
+                             f" differs from training.gradient_accumulation_steps="
+                             f"{t.gradient_accumulation_steps}; set them equal.")
     n_seq = prepared.sequences.shape[0]
     world, rank, bs, accum = accelerator.num_processes, accelerator.process_index, t.batch_size, \
         t.gradient_accumulation_steps
@@ -537,7 +554,7 @@ def train(cfg: RecipeConfig, resume: str | None = None,
                 ctx = accelerator.no_sync(model) if not sync and world > 1 else _nullcontext()
                 with ctx:
                     loss = model(**batch).loss               # mean over this micro-batch's tokens
-                    accelerator.backward(loss / accum)
+                    accelerator.backward(loss if deepspeed else loss / accum)  # DS scales itself
                 micro_losses.append(loss.detach())
             pre = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
             post = grad_norm(model.parameters()) if accelerator.distributed_type.value in \
