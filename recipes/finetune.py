@@ -459,6 +459,20 @@ def train(cfg: RecipeConfig, resume: str | None = None,
                               log_with=t.log_with, project_dir=str(out))
     log = accelerator.print
     set_seed(t.seed)
+    deepspeed = accelerator.distributed_type.value == "DEEPSPEED"
+    if cfg.lora.enabled and accelerator.distributed_type.value in ("FSDP", "DEEPSPEED"):
+        raise ValueError("lora.enabled with FSDP/DeepSpeed is not supported: merging the adapter at "
+                         "save time needs the whole model on one device. Use LoRA with one GPU or "
+                         "DDP (recipes/accelerate/single-gpu.yaml, multi-gpu.yaml).")
+    if deepspeed:   # DeepSpeed clips and accumulates itself: its settings must be the recipe's
+        ds = accelerator.state.deepspeed_plugin.deepspeed_config
+        if float(ds.get("gradient_clipping", 0.0)) != float(t.max_grad_norm):
+            raise ValueError(f"DeepSpeed gradient_clipping={ds.get('gradient_clipping')} differs from "
+                             f"training.max_grad_norm={t.max_grad_norm}; set them equal.")
+        if int(ds.get("gradient_accumulation_steps", 1)) != t.gradient_accumulation_steps:
+            raise ValueError(f"DeepSpeed gradient_accumulation_steps={ds.get('gradient_accumulation_steps')}"
+                             f" differs from training.gradient_accumulation_steps="
+                             f"{t.gradient_accumulation_steps}; set them equal.")
 
     # 1. Data first: a missing column or too-short documents fail before the model loads.
     tokenizer = load_tokenizer(cfg.model.name)
@@ -505,24 +519,13 @@ def train(cfg: RecipeConfig, resume: str | None = None,
         check_resume_config(saved_cfg, cfg)
         accelerator.load_state(str(path))
         log(f"resumed from {path} at step {state.step}")
-    elif accelerator.is_main_process:
-        if latest_checkpoint(ckpt_dir) is not None:
-            raise FileExistsError(f"{ckpt_dir} already holds checkpoints: pass --resume to continue, "
-                                  "or choose a new output_dir.")
+    elif latest_checkpoint(ckpt_dir) is not None:   # every rank checks, so none is left waiting
+        raise FileExistsError(f"{ckpt_dir} already holds checkpoints: pass --resume to continue, "
+                              "or choose a new output_dir.")
     if accelerator.is_main_process:
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     accelerator.init_trackers("hf_posext_finetune", config=_flat(cfg.to_dict()))
 
-    deepspeed = accelerator.distributed_type.value == "DEEPSPEED"
-    if deepspeed:   # DeepSpeed clips and accumulates itself: its settings must be the recipe's
-        ds = accelerator.state.deepspeed_plugin.deepspeed_config
-        if float(ds.get("gradient_clipping", 0.0)) != float(t.max_grad_norm):
-            raise ValueError(f"DeepSpeed gradient_clipping={ds.get('gradient_clipping')} differs from "
-                             f"training.max_grad_norm={t.max_grad_norm}; set them equal.")
-        if int(ds.get("gradient_accumulation_steps", 1)) != t.gradient_accumulation_steps:
-            raise ValueError(f"DeepSpeed gradient_accumulation_steps={ds.get('gradient_accumulation_steps')}"
-                             f" differs from training.gradient_accumulation_steps="
-                             f"{t.gradient_accumulation_steps}; set them equal.")
     n_seq = prepared.sequences.shape[0]
     world, rank, bs, accum = accelerator.num_processes, accelerator.process_index, t.batch_size, \
         t.gradient_accumulation_steps

@@ -224,3 +224,23 @@ def test_accelerate_clipping_really_clips_to_max_norm():
     assert grad_norm(model.parameters()) == pytest.approx(max_norm, rel=1e-5)
     for n, p in model.named_parameters():   # every gradient scaled by the same max/pre
         torch.testing.assert_close(p.grad, before[n] * (max_norm / expected_pre), rtol=1e-4, atol=1e-9)
+
+
+def test_hub_name_goes_through_datasets_load_dataset(monkeypatch):
+    # The real Hub code path (PG19 in the papers), fed local rows instead of the network.
+    import datasets
+    calls = []
+
+    def fake_load_dataset(name, subset=None, split=None, streaming=False):
+        calls.append((name, subset, split, streaming))
+        ds = datasets.Dataset.from_dict({"text": ["a b", "c d", "e f"], "short_book_title": ["A", "B", "C"]})
+        return ds.to_iterable_dataset() if streaming else ds
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    docs = datalib.load_documents("pg19", split="test", max_documents=2)
+    assert calls == [("pg19", None, "test", False)]
+    assert [(d.name, d.text) for d in docs] == [("A", "a b"), ("B", "c d")]
+    streamed = datalib.load_documents("emozilla/pg19", max_documents=1, streaming=True)
+    assert calls[-1] == ("emozilla/pg19", None, "train", True) and streamed[0].text == "a b"
+    with pytest.raises(ValueError, match="no column 'body'"):
+        datalib.load_documents("pg19", text_column="body")

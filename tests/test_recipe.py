@@ -138,6 +138,23 @@ def test_checkpoint_reloads_with_rope_config_and_same_logits(assets, tmp_path, a
     assert rot.attention_scaling == pytest.approx(0.1 * torch.log(torch.tensor(4.0)).item() + 1)
 
 
+def test_held_out_documents_never_reach_the_training_sequences(assets):
+    cfg = finetune.config_from_dict({"model": {"name": str(assets / "llama")},
+                                     "data": {"source": str(assets / "docs"), "eval_documents": ["doc3"]},
+                                     "training": {"seq_len": 32}, "eval": {"lengths": [64]}})
+    tok = finetune.load_tokenizer(cfg.model.name)
+    prepared = finetune.prepare_data(cfg, tok, log=lambda *_: None)
+    assert [d.name for d in prepared.eval_docs] == ["doc3"] and "doc3" not in prepared.train_names
+    stream = prepared.sequences.flatten().tolist()
+    held = prepared.eval_ids[0]
+    windows = {tuple(stream[i:i + 24]) for i in range(len(stream) - 23)}
+    assert not any(tuple(held[i:i + 24]) in windows for i in range(len(held) - 23))
+    other = tok((assets / "docs" / "doc4.txt").read_text(), add_special_tokens=False)["input_ids"]
+    assert tuple(other[100:124]) in windows        # the check does find text that is trained on
+    assert stream[0] == tok.bos_token_id           # [BOS] doc [EOS] packing
+    assert stream.count(tok.eos_token_id) >= 6
+
+
 # ------------------------------------------------------------------------------------- resume
 def _final_weights(out: Path) -> dict:
     return load_file(str(out / "final" / "model.safetensors"))
@@ -251,7 +268,8 @@ def test_lora_merge_gives_the_unmerged_adapter_logits(assets):
 def test_recipe_with_lora_saves_a_merged_plain_checkpoint(assets, tmp_path):
     out = tmp_path / "lora"
     result = finetune.main(_argv(assets, out, lora__enabled="true", lora__r="4",
-                                 training__learning_rate="1e-2", eval__enabled="false"))
+                                 training__learning_rate="1e-2", eval__enabled="false",
+                                 training__gradient_checkpointing="true"))
     weights = _final_weights(out)
     assert not any("lora" in k for k in weights)
     base = load_file(str(assets / "llama" / "model.safetensors"))
