@@ -474,6 +474,18 @@ def train(cfg: RecipeConfig, resume: str | None = None,
                              f" differs from training.gradient_accumulation_steps="
                              f"{t.gradient_accumulation_steps}; set them equal.")
 
+    # 0. The run directory: resume only a run with the same config; never overwrite one.
+    ckpt_dir = out / "checkpoints"
+    resume_path = None
+    if resume:
+        resume_path = latest_checkpoint(ckpt_dir) if resume == "latest" else Path(resume)
+        if resume_path is None or not resume_path.exists():
+            raise FileNotFoundError(f"--resume: no checkpoint found in {ckpt_dir}")
+        check_resume_config(json.loads((out / "config.json").read_text()), cfg)
+    elif latest_checkpoint(ckpt_dir) is not None:   # every rank checks, so none is left waiting
+        raise FileExistsError(f"{ckpt_dir} already holds checkpoints: pass --resume to continue, "
+                              "or choose a new output_dir.")
+
     # 1. Data first: a missing column or too-short documents fail before the model loads.
     tokenizer = load_tokenizer(cfg.model.name)
     prepared = prepare_data(cfg, tokenizer, log)
@@ -508,20 +520,11 @@ def train(cfg: RecipeConfig, resume: str | None = None,
     accelerator.register_for_checkpointing(scheduler)   # stepped by us, once per optimizer step
     accelerator.register_for_checkpointing(state)
 
-    ckpt_dir = out / "checkpoints"
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
     if resume:
-        path = latest_checkpoint(ckpt_dir) if resume == "latest" else Path(resume)
-        if path is None or not path.exists():
-            raise FileNotFoundError(f"--resume: no checkpoint found in {ckpt_dir}")
-        saved_cfg = json.loads((out / "config.json").read_text())
-        check_resume_config(saved_cfg, cfg)
-        accelerator.load_state(str(path))
-        log(f"resumed from {path} at step {state.step}")
-    elif latest_checkpoint(ckpt_dir) is not None:   # every rank checks, so none is left waiting
-        raise FileExistsError(f"{ckpt_dir} already holds checkpoints: pass --resume to continue, "
-                              "or choose a new output_dir.")
+        accelerator.load_state(str(resume_path))
+        log(f"resumed from {resume_path} at step {state.step}")
     if accelerator.is_main_process:
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     accelerator.init_trackers("hf_posext_finetune", config=_flat(cfg.to_dict()))
@@ -539,10 +542,14 @@ def train(cfg: RecipeConfig, resume: str | None = None,
     elapsed_before = state.rows[-1]["elapsed_s"] if state.rows else 0.0
     start = time.time()
 
+    orders: dict[int, list[int]] = {}
+
     def example(t_index: int) -> int:
         """Global example index -> packed sequence, reshuffled every epoch (a pure function)."""
         epoch, pos = divmod(t_index, n_seq)
-        return datalib.epoch_order(n_seq, t.seed, epoch)[pos]
+        if epoch not in orders:
+            orders[epoch] = datalib.epoch_order(n_seq, t.seed, epoch)
+        return orders[epoch][pos]
 
     with StopSignal() as stop:
         while state.step < t.max_steps:
