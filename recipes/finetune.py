@@ -586,7 +586,8 @@ def train(cfg: RecipeConfig, resume: str | None = None,
             if accelerator.is_main_process:
                 with open(log_path, "a", newline="") as fh:
                     csv.DictWriter(fh, fieldnames=LOG_COLUMNS).writerow(row)
-            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
+            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}",
+                            mem_mb=f"{row['memory_mb']:.0f}")
             bar.update(1)
             if on_step is not None:
                 on_step(state.step)
