@@ -374,7 +374,12 @@ def plot_loss(path: Path, rows: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], marker=".")
+    steps, losses = [r["step"] for r in rows], [r["loss"] for r in rows]
+    ax.plot(steps, losses, marker=".", alpha=0.5, label="loss per step")
+    k = min(10, len(losses))   # trailing mean: one-window losses are noisy at batch 1
+    ax.plot(steps, [sum(losses[max(0, i - k + 1):i + 1]) / len(losses[max(0, i - k + 1):i + 1])
+                    for i in range(len(losses))], label=f"mean of last {k}")
+    ax.legend()
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss")
     ax.grid(alpha=0.3)
