@@ -309,10 +309,11 @@ def run_eval(args) -> int:
     for protocol in protocols:
         part = [r for r in rows if r["protocol"] == protocol]
         extra = f", stride {args.stride}" if protocol == "sliding" else ""
-        title = f"perplexity, {protocol}{extra} — {args.model} on {source.label}"
-        print_table(part, "perplexity", title)
+        title = f"perplexity, {protocol}{extra}"
+        caption = f"{args.model} ({args.dtype}) on {source.label}, {len(docs.docs)} doc(s)"
+        print_table(part, "perplexity", title, caption)
         if not args.no_plot:
-            path = plot_perplexity(part, out / f"perplexity_{protocol}.png", title)
+            path = plot_perplexity(part, out / f"perplexity_{protocol}.png", f"{title}\n{caption}")
             print(f"plot: {path}")
     print(f"results: {store.csv_path} and {store.json_path}")
     return 0
@@ -345,7 +346,8 @@ def run_passkey(args) -> int:
         summary.setdefault(k, []).append(r["accuracy"])
     table_rows = [{"method": m, "factor_spec": f, "length": n, "accuracy": sum(v) / len(v),
                    "trained_length": rows[0]["trained_length"]} for (m, f, n), v in summary.items()]
-    print_table(table_rows, "accuracy", f"passkey accuracy (mean over depths, {len(seeds)} seeds) — {args.model}")
+    print_table(table_rows, "accuracy", "passkey accuracy (mean over depths)",
+                f"{args.model} ({args.dtype}), {len(depths)} depth(s) × {len(seeds)} seed(s)")
     if not args.no_plot:
         for label in dict.fromkeys((r["method"], r["factor_spec"]) for r in rows):
             part = [r for r in rows if (r["method"], r["factor_spec"]) == label]

@@ -113,16 +113,17 @@ def format_table(rows: Sequence[dict], value: str = "perplexity", title: str = "
     return "\n".join(lines)
 
 
-def print_table(rows: Sequence[dict], value: str = "perplexity", title: str = "") -> None:
+def print_table(rows: Sequence[dict], value: str = "perplexity", title: str = "",
+                caption: str = "") -> None:
     """Print with `rich` when installed, else as plain text."""
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
-        print(format_table(rows, value, title))
+        print(format_table(rows, value, title) + (f"\n{caption}" if caption else ""))
         return
     labels, lengths, cells = pivot(rows, value)
-    table = Table(title=title or None)
+    table = Table(title=title or None, caption=caption or None)
     table.add_column("method")
     for n in lengths:
         table.add_column(_fmt_len(n), justify="right")
