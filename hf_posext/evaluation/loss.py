@@ -69,10 +69,17 @@ def chunked_nll(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.
     weight = head.weight.float()                              # [V, H], float32 once, not per chunk
     bias = head.bias.float() if getattr(head, "bias", None) is not None else None
     total = torch.zeros((), dtype=torch.float64)
+    # Usually the scored positions are one contiguous run: slice views instead of gathers.
+    contiguous = scored.numel() > 0 and int(scored[-1] - scored[0]) + 1 == scored.numel()
     for i in range(0, scored.numel(), chunk_size):
-        pos = scored[i:i + chunk_size].to(hidden.device)      # [c]
-        logits = F.linear(hidden[pos].float(), weight, bias)  # [c, V] float32
-        labels = targets[pos.cpu()].to(logits.device)         # [c]
+        pos = scored[i:i + chunk_size]                        # [c]
+        if contiguous:
+            a, b = int(pos[0]), int(pos[-1]) + 1
+            h, labels = hidden[a:b], targets[a:b]             # [c, H], [c]
+        else:
+            h, labels = hidden[pos.to(hidden.device)], targets[pos]
+        logits = F.linear(h.float(), weight, bias)            # [c, V] float32
+        labels = labels.to(logits.device)
         total += F.cross_entropy(logits, labels, reduction="sum").double().cpu()
         if bar is not None:
             bar.update(1)
