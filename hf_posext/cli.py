@@ -169,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "advancing by --stride over the first --eval-tokens tokens (default truncate)")
     g.add_argument("--stride", type=int, default=DEFAULT_STRIDE,
                    help=f"sliding-window stride in tokens (default {DEFAULT_STRIDE}, as in the papers)")
-    g.add_argument("--eval-tokens", type=int, default=None,
-                   help="sliding: tokens scored per document (default: the largest length)")
+    g.add_argument("--eval-tokens", default=None,
+                   help="sliding: tokens scored per document, e.g. 16k (default: the largest length)")
     g.add_argument("--chunk-size", type=int, default=1024,
                    help="positions per LM-head/cross-entropy chunk (default 1024)")
     g.add_argument("--no-reuse", action="store_true",
@@ -264,10 +264,13 @@ def run_eval(args) -> int:
             raise InputError(f"--protocol: unknown protocol {p!r}; use {' or '.join(PROTOCOLS)}.")
     if not protocols:
         raise InputError("--protocol is empty.")
-    for flag, value in (("--stride", args.stride), ("--eval-tokens", args.eval_tokens),
-                        ("--max-docs", args.max_docs), ("--chunk-size", args.chunk_size)):
+    for flag, value in (("--stride", args.stride), ("--max-docs", args.max_docs),
+                        ("--chunk-size", args.chunk_size)):
         positive_int(flag, value)
-    eval_tokens = args.eval_tokens or max(lengths)
+    try:
+        eval_tokens = parse_length(args.eval_tokens) if args.eval_tokens else max(lengths)
+    except InputError as err:
+        raise InputError(str(err).replace("--lengths", "--eval-tokens")) from None
     if "sliding" in protocols:
         if args.stride > min(lengths):
             raise InputError(f"--stride {args.stride} is longer than the shortest window "

@@ -59,6 +59,8 @@ def test_parse_lengths_and_factors():
     (["eval", "--protocol", "sliding", "--lengths", "128", "--stride", "512"], "--stride 512 is longer"),
     (["eval", "--stride", "0"], "--stride must be a positive integer"),
     (["eval", "--max-docs", "0"], "--max-docs must be a positive integer"),
+    (["eval", "--protocol", "sliding", "--eval-tokens", "0"], "--eval-tokens: '0' must be a positive"),
+    (["eval", "--protocol", "sliding", "--eval-tokens", "1k"], "--eval-tokens 1024 is shorter"),
     (["eval", "--dataset", "./no/such/file.jsonl"], "no such file or folder"),
     (["eval", "--model", "./no/such/model"], "--model './no/such/model': no such folder"),
     (["eval", "--device", "gpu0"], "--device 'gpu0': use cpu"),
@@ -88,7 +90,7 @@ def test_eval_end_to_end_and_resume(model_dir, text_file, capsys, tmp_path):
     out = tmp_path / "out"
     argv = ["eval", "--model", str(model_dir), "--dataset", str(text_file), "--column", "body",
             "--lengths", "32,64,128", "--methods", "linear,yarn", "--protocol", "truncate,sliding",
-            "--stride", "16", "--max-docs", "2", "--out", str(out), "--no-progress",
+            "--stride", "16", "--eval-tokens", "128", "--max-docs", "2", "--out", str(out), "--no-progress",
             "--cache-dir", str(tmp_path / "cache")]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
