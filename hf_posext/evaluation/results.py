@@ -123,7 +123,7 @@ def print_table(rows: Sequence[dict], value: str = "perplexity", title: str = ""
         print(format_table(rows, value, title) + (f"\n{caption}" if caption else ""))
         return
     labels, lengths, cells = pivot(rows, value)
-    table = Table(title=title or None, caption=caption or None)
+    table = Table(title=title or None)
     table.add_column("method")
     for n in lengths:
         table.add_column(_fmt_len(n), justify="right")
@@ -134,7 +134,10 @@ def print_table(rows: Sequence[dict], value: str = "perplexity", title: str = ""
             v = None if r is None else r[value]
             vals.append("—" if v is None else (f"{v:.3g}" if v >= 1000 else f"{v:.2f}"))
         table.add_row(label, *vals)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if caption:
+        console.print(caption, style="dim", soft_wrap=True)
 
 
 def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
