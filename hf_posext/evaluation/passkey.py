@@ -117,7 +117,7 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
         if store is not None and store.has(key):
             rows.append(store.get(key))
             continue
-        answers, correct, signature, source, peak = [], 0, "", None, None
+        answers, outputs, correct, signature, source, peak = [], [], 0, "", None, None
         seeds_list = ",".join(map(str, seeds))
         started = time.perf_counter()
         try:
@@ -132,10 +132,12 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
                 source = done.get((length, depth, seeds_list, signature))
             if source is not None:
                 correct, answers = source["correct"], source["answers"].split()
+                outputs = source.get("outputs", "").split(" | ")
             else:
                 with PeakMemory(device) as peak:
                     for prompt in prompts:
                         text = answer_fn(model, tokenizer, prompt.input_ids)
+                        outputs.append(" ".join(text.split())[:40])   # the raw answer, one line
                         got = first_number(text)
                         correct += int(got == prompt.key)
                         answers.append(f"{prompt.key}:{'' if got is None else got}")
@@ -147,6 +149,7 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
                "length": length, "prompt_tokens": prompt_tokens, "depth": depth,
                "seeds": len(seeds), "seeds_list": seeds_list, "correct": correct,
                "accuracy": correct / len(seeds), "answers": " ".join(answers),
+               "outputs": " | ".join(outputs),
                "seconds": round(time.perf_counter() - started, 3),
                "peak_rss_mb": round(peak.peak_mb, 1) if peak else None, "trained_length": trained,
                "dtype": dtype, "device": str(device), "rope_signature": signature,
