@@ -86,3 +86,21 @@ def test_embedded_plays_are_documents():
     docs = load_documents(TextSource(None))
     first = next(iter(docs))
     assert first.startswith("# A Midsummer Night's Dream") and len(first) > 80_000
+
+
+def test_hub_load_failure_names_the_dataset(monkeypatch):
+    import datasets
+
+    def fail(*a, **k):
+        raise datasets.exceptions.DatasetNotFoundError("Dataset 'nobody/nothing' doesn't exist")
+    monkeypatch.setattr(datasets, "load_dataset", fail)
+    with pytest.raises(ValueError, match=r"Could not load dataset 'nobody/nothing'.*split 'test'.*--split"):
+        load_documents(TextSource("nobody/nothing"), max_docs=1)
+
+
+def test_hub_split_that_does_not_exist(tmp_path):
+    repo = tmp_path / "repo" / "data"
+    repo.mkdir(parents=True)
+    _write_parquet(repo / "test-00000-of-00001.parquet")
+    with pytest.raises(ValueError, match="Could not load dataset .*split 'validation'"):
+        load_hub_documents(str(tmp_path / "repo"), None, "validation", "text", False)

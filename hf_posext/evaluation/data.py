@@ -103,7 +103,13 @@ def load_hub_documents(name: str, config: str | None, split: str, column: str, s
     dataset repository folder, which is how the tests exercise it without network)."""
     import datasets
 
-    ds = datasets.load_dataset(name, config, split=split, streaming=streaming)
+    try:
+        ds = datasets.load_dataset(name, config, split=split, streaming=streaming)
+    except (FileNotFoundError, ValueError, ConnectionError, OSError) as err:
+        # DatasetNotFoundError, a bad config or split, or no network: name what was asked for.
+        raise ValueError(f"Could not load dataset {name!r} (config {config!r}, split {split!r}): "
+                         f"{type(err).__name__}: {err}. Check --dataset, --dataset-config and "
+                         "--split, and that the Hub is reachable (or pass a local file).") from None
     return _column(ds, column, name)
 
 
