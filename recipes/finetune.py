@@ -718,5 +718,22 @@ def main(argv: list[str] | None = None, on_step: Callable[[int], None] | None = 
     return train(cfg, resume=args.resume, on_step=on_step)
 
 
+def stop_with_parent() -> None:
+    """Ask Linux to send us SIGTERM when our parent dies. `accelerate launch` with one process
+    does not forward SIGTERM to the training process (its simple launcher just waits), so `kill
+    <launcher pid>` would otherwise leave training running orphaned; with this, the launcher's death
+    reaches StopSignal, which saves the state and exits. No-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 if __name__ == "__main__":
+    stop_with_parent()
     main()

@@ -362,3 +362,54 @@ def test_accelerate_configs_are_accepted_by_accelerate(name, kind):
         assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "3"
         # the recipe requires DeepSpeed's clipping to be the recipe's max_grad_norm
         assert float(defaults.deepspeed_config["gradient_clipping"]) == 1.0
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(x) for x in (task / "children").read_text().split()]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and PR_SET_PDEATHSIG")
+def test_sigterm_to_accelerate_launch_saves_and_resumes(assets, tmp_path):
+    """`kill <accelerate launch pid>`: the launcher does not forward SIGTERM; the recipe asks the
+    kernel for SIGTERM on its parent's death, so the run still saves its state and stops."""
+    over = dict(training__max_steps=80, training__save_every=1000, training__seq_len=64,
+                eval__enabled="false")
+    full = tmp_path / "full"
+    finetune.main(_argv(assets, full, **over))
+    cut = tmp_path / "cut"
+    cmd = [str(VENV_BIN / "accelerate"), "launch", "--config_file", str(RECIPES / "accelerate" / "cpu.yaml"),
+           str(RECIPES / "finetune.py"), *_argv(assets, cut, **over)]
+    launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=SUBPROCESS_ENV)
+    log = cut / "train_log.csv"
+    deadline = time.time() + 120
+    while time.time() < deadline and launcher.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) > 6:
+            break
+        time.sleep(0.01)
+    workers = _children(launcher.pid)
+    assert len(workers) == 1
+    launcher.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=60)
+    deadline = time.time() + 120
+    while _alive(workers[0]) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _alive(workers[0])
+    done = len(_rows(log))
+    assert 6 <= done < 80 and (cut / "checkpoints" / f"step_{done}").is_dir()
+    assert not (cut / "final").exists()
+    resumed = subprocess.run(cmd + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env=SUBPROCESS_ENV)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _assert_same_run(full, cut)
