@@ -9,7 +9,7 @@ TRANSFORMERS ?= transformers>=5,<6
 PYTEST_ARGS ?=
 BIN = $(VENV)/bin
 
-.PHONY: install test test-tf4 demo bench clean
+.PHONY: install test test-tf4 demo demo-finetune bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,10 @@ test: install
 # The same suite against the newest transformers 4.x (rope_scaling + rope_theta layout).
 test-tf4:
 	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6"
+
+# Fine-tune the embedded SmolLM2-135M with YaRN s=2 + PoSE, then evaluate base vs fine-tuned.
+demo-finetune: install
+	$(BIN)/accelerate launch --config_file recipes/accelerate/cpu.yaml recipes/finetune.py --config recipes/cpu-smollm2-demo.yaml
 
 clean:
 	rm -rf .venv .venv-tf4 build *.egg-info
