@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from hf_posext.compat import get_rope_parameters
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, \
     MistralForCausalLM
 
@@ -111,7 +112,7 @@ def test_accelerate_launch_trains_saves_and_evaluates(assets, tmp_path):
     assert [float(r["lr"]) for r in rows] == pytest.approx([5e-4, 1e-3, 1e-3, 1e-3])
     assert (out / "loss_curve.png").stat().st_size > 0
     model = AutoModelForCausalLM.from_pretrained(out / "final")   # plain transformers
-    rope = model.config.rope_parameters
+    rope = get_rope_parameters(model.config)  # 5.x rope_parameters / 4.x rope_scaling
     assert rope["rope_type"] == "yarn" and rope["factor"] == 4.0
     assert rope["original_max_position_embeddings"] == 64 and model.config.max_position_embeddings == 256
     results = json.loads((out / "eval" / "results.json").read_text())["rows"]
@@ -128,7 +129,7 @@ def test_checkpoint_reloads_with_rope_config_and_same_logits(assets, tmp_path, a
     trained = result["model"]
     reloaded = AutoModelForCausalLM.from_pretrained(out / "final")
     assert reloaded.config.model_type == arch
-    assert reloaded.config.rope_parameters == trained.config.rope_parameters
+    assert get_rope_parameters(reloaded.config) == get_rope_parameters(trained.config)
     torch.testing.assert_close(_logits(reloaded), _logits(trained), rtol=0, atol=1e-5)
     base = AutoModelForCausalLM.from_pretrained(assets / arch)
     assert not torch.allclose(_logits(base, 60), _logits(reloaded, 60), atol=1e-4)   # it trained
