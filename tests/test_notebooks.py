@@ -6,10 +6,13 @@ the interpreter running pytest, so the kernel runs in the same virtualenv. If no
 installed (a fresh venv), install one into the venv with:
 
     python -m ipykernel install --sys-prefix
+
+Set HF_POSEXT_NOTEBOOK_OUTPUTS=<folder> to keep the executed notebooks (with plots) there.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -67,4 +70,9 @@ def test_notebook_runs(name, tmp_path):
         client.execute()
     except nbclient.exceptions.CellExecutionError as err:
         pytest.fail(f"{name} failed:\n{err}")
+    finally:
+        keep = os.environ.get("HF_POSEXT_NOTEBOOK_OUTPUTS")
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            nbformat.write(nb, Path(keep) / name)
     print(f"{name}: executed in {time.perf_counter() - start:.1f} s")
