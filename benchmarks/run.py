@@ -2,8 +2,9 @@
 
 1. One perplexity cell at 8k and 16k tokens: hf_posext's chunked path (decoder to hidden states,
    LM head + cross-entropy in 1,024-position float32 chunks) against the plain
-   `model(input_ids, labels=input_ids)` loss, in the same process: peak RSS increase over the
-   pre-cell baseline (sampled every 5 ms) and wall time, as ratios. Target at 16k: memory at most
+   `model(input_ids, labels=input_ids)` loss, in the same run, each cell in a fresh process
+   (model loaded, warmed up): peak RSS increase over the pre-cell baseline (sampled every 5 ms)
+   and wall time, as ratios. Target at 16k: memory at most
    a third of the plain path's, wall time no worse.
 2. Forward overhead of a model patched by `hf_posext.patch(model, "yarn", s)` against a model
    built by transformers from a config that declares the same `yarn` rope parameters natively:
@@ -61,18 +62,29 @@ def measure(fn, model, ids) -> dict:
             "peak_increase_mb": round(peak.increase_mb)}
 
 
-def bench_memory(model, lengths: list[int]) -> list[dict]:
-    ids_all = document_tokens(max(lengths))
-    chunked_cell(model, ids_all[:256])   # warm-up: first-call allocations and kernels
-    plain_cell(model, ids_all[:256])
+CELLS = {"chunked": chunked_cell, "plain": plain_cell}
+
+
+def one_cell(name: str, tokens: int, dtype: str) -> dict:
+    """Run in a fresh process: load, warm up, then measure one cell. A fresh process matters:
+    memory the allocator kept from an earlier cell would hide this cell's own peak."""
+    model = embedded.load_model(dtype=getattr(torch, dtype)).eval()
+    ids = document_tokens(tokens)
+    CELLS[name](model, ids[:256])       # warm-up: first-call allocations and kernels
+    return measure(CELLS[name], model, ids)
+
+
+def bench_memory(lengths: list[int], dtype: str) -> list[dict]:
+    import subprocess
+
     rows = []
     for i, n in enumerate(lengths):
-        ids = ids_all[:n]
-        # Alternate the order across lengths so neither path always runs on a warm allocator.
-        order = [("chunked", chunked_cell), ("plain", plain_cell)]
         results = {}
-        for name, fn in (order if i % 2 == 0 else order[::-1]):
-            results[name] = measure(fn, model, ids)
+        # Alternate the order across lengths, so neither path always runs first.
+        for name in (("chunked", "plain") if i % 2 == 0 else ("plain", "chunked")):
+            proc = subprocess.run([sys.executable, __file__, "--cell", name, "--tokens", str(n),
+                                   "--dtype", dtype], capture_output=True, text=True, check=True)
+            results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
             print(f"  {n:>6} tokens  {name:8s} {results[name]}", flush=True)
         c, p = results["chunked"], results["plain"]
         rows.append({"tokens": n, "chunked": c, "plain": p,
@@ -132,12 +144,16 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--cell", choices=sorted(CELLS), help=argparse.SUPPRESS)   # child mode
+    parser.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.cell:
+        print(json.dumps(one_cell(args.cell, args.tokens, args.dtype)))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     torch.manual_seed(0)
-    model = embedded.load_model(dtype=getattr(torch, args.dtype)).eval()
     env = {"python": platform.python_version(), "torch": torch.__version__,
            "transformers": __import__("transformers").__version__, "threads": torch.get_num_threads(),
            "dtype": args.dtype, "cpu": platform.processor() or platform.machine()}
@@ -146,7 +162,7 @@ def main(argv=None) -> int:
              f"transformers {env['transformers']})", ""]
     if not args.skip_memory:
         print("memory/speed: chunked vs plain loss", flush=True)
-        rows = bench_memory(model, [int(x) for x in args.lengths.split(",")])
+        rows = bench_memory([int(x) for x in args.lengths.split(",")], args.dtype)
         report["memory"] = rows
         lines += ["## One perplexity cell: chunked vs plain `model(ids, labels=ids)`", "",
                   "| tokens | chunked peak +MB | plain peak +MB | memory ratio | chunked s | plain s | "
@@ -158,6 +174,7 @@ def main(argv=None) -> int:
                          f"{r['loss_abs_diff']:.1e} |")
         lines.append("")
     print("overhead: patched yarn vs native yarn", flush=True)
+    model = embedded.load_model(dtype=getattr(torch, args.dtype)).eval()
     ov = bench_overhead(model, args.overhead_tokens, args.reps)
     report["overhead"] = ov
     lines += ["## Forward overhead: `hf_posext.patch(model, 'yarn', 2)` vs native `yarn` config", "",
