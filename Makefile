@@ -30,6 +30,14 @@ test: install
 test-tf4:
 	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6"
 
+# The main demo: perplexity across context lengths on the embedded SmolLM2-135M (~4 min quiet).
+demo: install
+	$(BIN)/hf-posext eval --dtype bfloat16 --out results/demo --resume
+
+# Memory and speed of the chunked perplexity path; patched vs native yarn forward (~6 min).
+bench: install
+	$(BIN)/python benchmarks/run.py
+
 # Fine-tune the embedded SmolLM2-135M with YaRN s=2 + PoSE, then evaluate base vs fine-tuned.
 demo-finetune: install
 	$(BIN)/accelerate launch --config_file recipes/accelerate/cpu.yaml recipes/finetune.py --config recipes/cpu-smollm2-demo.yaml
