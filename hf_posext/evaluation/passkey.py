@@ -21,7 +21,7 @@ import torch
 from ..generation import generate as fixed_scale_generate
 from ..patcher import is_patched, unpatch
 from .loss import PeakMemory
-from .perplexity import apply_method, normalize_methods, resolve_factor, rope_signature, trained_length
+from .perplexity import apply_method, method_factors, rope_signature, trained_length
 
 PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
           "memorize it. I will quiz you about the important information there.\n")
@@ -92,17 +92,10 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
 
     answer_fn = answer_fn or greedy_answer
     trained = trained_length(model) if hasattr(model, "config") else max(lengths)
-    cells = []
-    for length in sorted(set(lengths)):
-        for method in normalize_methods(methods):
-            specs = ["1"] if method == "none" else [str(f) for f in factors]
-            seen = set()
-            for spec in specs:
-                s = 1.0 if method == "none" else resolve_factor(spec if spec == "auto" else float(spec),
-                                                                length, trained)
-                if s not in seen:
-                    seen.add(s)
-                    cells += [(method, spec, s, length, float(d)) for d in depths]
+    cells = [(method, spec, s, length, float(d))
+             for length in sorted(set(lengths))
+             for method, spec, s in method_factors(methods, factors, length, trained)
+             for d in depths]
     rows, seeds = [], list(seeds)
     done: dict[tuple, dict] = {}   # (length, depth, signature) -> the row that computed it
     for row in (store.rows if store is not None else []):

@@ -154,22 +154,28 @@ class Cell:
                                   self.protocol, stride, tokens, ctx["data_hash"], ctx["dtype"])))
 
 
+def method_factors(methods, factors, length: int, trained: int) -> list[tuple[str, str, float]]:
+    """(method, factor as given, resolved scale s) to run at `length`: `none` once at s = 1,
+    every other method once per distinct s (two specs resolving to the same s run once)."""
+    out = []
+    for method in normalize_methods(methods):
+        specs = ["1"] if method == "none" else [str(f) for f in factors]
+        seen = set()
+        for spec in specs:
+            s = 1.0 if method == "none" else resolve_factor(spec if spec == "auto" else float(spec),
+                                                            length, trained)
+            if s not in seen:
+                seen.add(s)
+                out.append((method, spec, s))
+    return out
+
+
 def plan_cells(methods, lengths, factors, protocols, trained: int) -> list[Cell]:
     """Cells in run order: by protocol, then length (short first), then method (`none` first)."""
-    cells = []
-    for protocol in protocols:
-        for length in sorted(set(lengths)):
-            for method in normalize_methods(methods):
-                specs = ["1"] if method == "none" else [str(f) for f in factors]
-                seen = set()
-                for spec in specs:
-                    s = 1.0 if method == "none" else resolve_factor(spec if spec == "auto" else float(spec),
-                                                                    length, trained)
-                    if s in seen:
-                        continue
-                    seen.add(s)
-                    cells.append(Cell(method, spec, s, length, protocol))
-    return cells
+    return [Cell(method, spec, s, length, protocol)
+            for protocol in protocols
+            for length in sorted(set(lengths))
+            for method, spec, s in method_factors(methods, factors, length, trained)]
 
 
 def apply_method(model, method: str, factor: float) -> None:
