@@ -25,6 +25,16 @@ def tiny_model(arch: str = "llama", seed: int = 0, **overrides):
     return model_cls(config_cls(**kwargs)).eval()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread: on a shared 2-core machine more threads spin-wait.
+    Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(params=list(ARCHS))
 def arch(request):
     return request.param

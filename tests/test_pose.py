@@ -12,13 +12,7 @@ from hf_posext.training.optim import build_scheduler, grad_norm
 from hf_posext.training.pose import PoseCollator, example_generator, sample_pose_position_ids
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waiting on a shared 2-core machine (60x here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _chunks(pos: torch.Tensor) -> list[torch.Tensor]:

@@ -48,13 +48,7 @@ def _tokenizer():
                                    unk_token="<unk>")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; on a shared 2-core machine, more threads spin."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
