@@ -31,6 +31,24 @@ def test_chunked_loss_equals_full_logits_loss(kind, chunk):
     assert nll / n == pytest.approx(mean, rel=1e-5)
 
 
+def test_progress_bars_do_not_change_the_loss(monkeypatch):
+    """The per-layer progress hook must not touch layer outputs (a forward hook that returns a
+    value replaces the output: tqdm.update returns True whenever it redraws)."""
+    import tqdm.auto
+
+    class RedrawingBar(tqdm.auto.tqdm):  # redraws on every update, as a slow forward does
+        def update(self, n=1):
+            super().update(n)
+            return True
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", RedrawingBar)
+    model = tiny_model()
+    ids = torch.as_tensor(random_doc(150, seed=4), dtype=torch.long)
+    quiet = chunked_nll(model, ids, causal_targets(ids), chunk_size=16)
+    shown = chunked_nll(model, ids, causal_targets(ids), chunk_size=16, progress=True)
+    assert shown == quiet
+
+
 def test_chunked_loss_skips_ignored_targets():
     model = tiny_model()
     ids = torch.as_tensor(random_doc(40, seed=2), dtype=torch.long)

@@ -34,7 +34,11 @@ def _layer_progress(decoder: torch.nn.Module, bar):
     layers = getattr(decoder, "layers", None)
     if bar is None or layers is None:
         return []
-    return [layer.register_forward_hook(lambda *_: bar.update(1)) for layer in layers]
+
+    def tick(*_):
+        bar.update(1)  # returns None on purpose: a forward hook's return value replaces the output
+
+    return [layer.register_forward_hook(tick) for layer in layers]
 
 
 @torch.inference_mode()
