@@ -60,7 +60,7 @@ def spec_from_model_config(config) -> RopeExtensionConfig:
 def _rope_init_fn(config, device=None, seq_len=None, layer_type=None, **_: Any):
     """transformers' ROPE_INIT_FUNCTIONS contract: (config, device, seq_len) -> (inv_freq, scale)."""
     rope = get_rope_parameters(config)
-    spec = spec_from_model_config(config)
+    spec = RopeExtensionConfig.from_rope_dict(rope, config.max_position_embeddings)
     return compute(spec, rotary_dim(config), float(rope["rope_theta"]), seq_len, device)
 
 
