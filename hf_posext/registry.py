@@ -51,12 +51,6 @@ def compute(spec: RopeExtensionConfig, dim: int, base: float, seq_len: int | Non
     return METHOD_FUNCTIONS[spec.method](spec, dim, base, seq_len, device)
 
 
-def spec_from_model_config(config) -> RopeExtensionConfig:
-    """The hf_posext config a (text) model config describes; raises for other rope types."""
-    rope = get_rope_parameters(config)
-    return RopeExtensionConfig.from_rope_dict(rope, config.max_position_embeddings)
-
-
 def _rope_init_fn(config, device=None, seq_len=None, layer_type=None, **_: Any):
     """transformers' ROPE_INIT_FUNCTIONS contract: (config, device, seq_len) -> (inv_freq, scale)."""
     rope = get_rope_parameters(config)
