@@ -13,11 +13,12 @@ from . import methods
 from .config import METHODS, RopeExtensionConfig
 from .generation import fixed_rope_scale, generate
 from .loading import from_pretrained
-from .patcher import is_patched, patch, unpatch
+from .patcher import is_patched, patch, trained_length, unpatch
 from .registry import SUPPORTED_MODEL_TYPES, compute, register
 
 register()
 
 __version__ = "0.1.0"
 __all__ = ["METHODS", "RopeExtensionConfig", "SUPPORTED_MODEL_TYPES", "compute", "fixed_rope_scale",
-           "from_pretrained", "generate", "is_patched", "methods", "patch", "unpatch"]
+           "from_pretrained", "generate", "is_patched", "methods", "patch", "trained_length",
+           "unpatch"]

