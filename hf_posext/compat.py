@@ -51,9 +51,32 @@ def set_rope_parameters(config, params: dict[str, Any]) -> None:
     else:
         from transformers.modeling_rope_utils import rope_config_validation
 
-        config.rope_theta = params.pop("rope_theta")
-        config.rope_scaling = None if params.get("rope_type") == "default" and len(params) == 1 else params
+        config.rope_theta = params["rope_theta"]
+        config.rope_scaling = _v4_scaling(params)
         rope_config_validation(config)
+    write_both_layouts(config, params)
+
+
+def _v4_scaling(params: dict[str, Any]) -> dict[str, Any] | None:
+    """4.x `rope_scaling`: the flat dict without rope_theta; None for plain RoPE."""
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    return None if scaling.get("rope_type") == "default" and len(scaling) == 1 else scaling
+
+
+def write_both_layouts(config, params: dict[str, Any]) -> None:
+    """Make `save_pretrained` write the rope in both layouts, whichever version runs
+    (docs/portability.md, "Both layouts"): 4.x reads only `rope_scaling` + `rope_theta`; 5.x
+    reads `rope_scaling` first (`convert_rope_params_to_dict`) and `rope_parameters` otherwise.
+
+    Both versions serialise `config.__dict__`. In 5.x `rope_scaling` is a property over
+    `rope_parameters`, so the 4.x copy goes into `__dict__` directly (reading the attribute still
+    goes through the property); in 4.x `rope_parameters` is an attribute it does not use."""
+    params = copy.deepcopy(params)
+    if IS_V5:
+        config.__dict__["rope_theta"] = params["rope_theta"]
+        config.__dict__["rope_scaling"] = _v4_scaling(params)
+    else:
+        config.rope_parameters = params
 
 
 def fill_head_dim(config) -> None:

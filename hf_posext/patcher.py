@@ -15,12 +15,14 @@ from typing import Any
 
 import torch
 
-from .compat import fill_head_dim, get_rope_parameters, set_rope_parameters, text_config
+from . import portable
+from .compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
 from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
 from .registry import check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
-_RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "head_dim")
+_RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "head_dim",
+             portable.BLOCK)
 
 
 @dataclass
@@ -124,17 +126,17 @@ def patch(model: torch.nn.Module, method, factor: float | None = None, *,
         state = _PatchState(
             raw_config={k: copy.deepcopy(config.__dict__[k]) for k in _RAW_KEYS if k in config.__dict__},
             modules=rotary_modules(model),
-            rope=get_rope_parameters(config),
+            rope=_logical_rope(config),
             max_position_embeddings=config.max_position_embeddings)
     base, trained = _base_rope(state.rope, state.max_position_embeddings)
 
     if isinstance(method, str) and method.lower() in PASSTHROUGH_TYPES:
         new_rope = _passthrough_rope(method.lower(), factor, max_position_embeddings, trained, base, params)
+        spec = None
         new_max = max_position_embeddings or round(trained * new_rope.get("factor", 1.0))
     else:
         spec = _build_spec(method, factor, max_position_embeddings, trained, dict(params))
-        new_rope = {**spec.to_rope_dict(base["rope_theta"]),
-                    **{k: v for k, v in base.items() if k == "partial_rotary_factor"}}
+        new_rope = portable.saved_rope(spec, base, rotary_dim(config))  # the portable form
         if spec.factor == 1.0:
             # s = 1 is no extension: write plain RoPE. (Every static formula reduces to it; the
             # dynamic rules would still grow with length, which is an extension of its own.)
@@ -148,6 +150,7 @@ def patch(model: torch.nn.Module, method, factor: float | None = None, *,
         fill_head_dim(config)
         config.max_position_embeddings = int(new_max)
         set_rope_parameters(config, new_rope)
+        portable.set_block(config, spec, base["rope_theta"])
     except Exception:
         config.__dict__.update(copy.deepcopy(state.raw_config))
         raise
@@ -185,11 +188,17 @@ def trained_length(model: torch.nn.Module) -> int:
     saved in the checkpoint (a `linear` config keeps only s·L), or transformers' llama3/longrope."""
     state: _PatchState | None = getattr(model, _STATE_ATTR, None)
     config = text_config(model.config)
-    rope = state.rope if state else get_rope_parameters(config)
+    rope = state.rope if state else _logical_rope(config)
     max_pos = state.max_position_embeddings if state else config.max_position_embeddings
     if rope.get("rope_type") in PASSTHROUGH_TYPES:
         return int(rope.get("original_max_position_embeddings") or max_pos)
     return _base_rope(rope, max_pos)[1]
+
+
+def _logical_rope(config) -> dict[str, Any]:
+    """The rope as hf_posext reads it: a portable save (e.g. `ntk` as plain RoPE with the raised
+    theta) is seen through its `config.hf_posext` block as the method on the original theta."""
+    return portable.logical_rope(config, get_rope_parameters(config), rotary_dim(config))
 
 
 def is_patched(model: torch.nn.Module) -> bool:

@@ -103,11 +103,11 @@ def test_invalid_saved_config_fails_on_load(tmp_path):
 
     from transformers import AutoConfig
 
-    model = hf_posext.patch(tiny_model(), "ntk_by_parts", factor=4.0)
+    model = hf_posext.patch(tiny_model(), "dynamic_yarn", factor=4.0)
     model.config.save_pretrained(tmp_path)
     data = json.loads((tmp_path / "config.json").read_text())
-    rope_key = "rope_parameters" if "rope_parameters" in data else "rope_scaling"
-    data[rope_key]["beta_fast"] = 0.5  # below beta_slow
+    for rope_key in ("rope_parameters", "rope_scaling"):  # both layouts are written
+        data[rope_key]["beta_fast"] = 0.5  # below beta_slow
     (tmp_path / "config.json").write_text(json.dumps(data))
     # 5.x wraps it in huggingface_hub's StrictDataclassClassValidationError
     with pytest.raises(Exception, match="beta_fast must be greater than beta_slow"):

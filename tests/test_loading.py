@@ -35,8 +35,11 @@ def test_save_then_automodel_round_trip(arch, tokens, tmp_path, method):
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").is_file()
     rope, data = saved_rope(tmp_path)
-    assert rope["rope_type"] == {"linear": "linear", "dynamic_ntk": "dynamic", "yarn": "yarn"}.get(method, method)
-    assert rope["factor"] == 4.0
+    # the portable forms (hf_posext/portable.py); the method itself lives in the hf_posext block
+    assert rope["rope_type"] == {"ntk": "default", "dynamic_ntk": "dynamic",
+                                 "ntk_by_parts": "yarn"}.get(method, method)
+    assert rope.get("factor", 4.0) == 4.0 and data["hf_posext"]["factor"] == 4.0
+    assert data["hf_posext"]["method"] == method
     assert data["max_position_embeddings"] == (TRAINED if "dynamic" in method else 4 * TRAINED)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
     assert get_rope_parameters(reloaded.config) == get_rope_parameters(model.config)
@@ -46,9 +49,9 @@ def test_save_then_automodel_round_trip(arch, tokens, tmp_path, method):
     torch.testing.assert_close(logits(hooked, tokens), expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("method", ["linear", "dynamic_ntk", "yarn"])
+@pytest.mark.parametrize("method", ["linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn"])
 def test_native_types_load_without_hf_posext(tmp_path, tokens, method):
-    """linear / dynamic / yarn checkpoints must not need hf_posext at load time."""
+    """Every method but dynamic_yarn is saved in a form that needs no hf_posext at load time."""
     model = hf_posext.patch(tiny_model("llama"), method, factor=4.0, **(
         {"mscale_coefficient": 0.07} if method == "yarn" else {}))
     model.save_pretrained(tmp_path)

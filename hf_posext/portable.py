@@ -1,0 +1,115 @@
+"""Save every method in the form most readers load exactly without hf_posext (docs/portability.md).
+
+What config.json carries for a model patched with a method (the *saved* rope):
+
+| method         | saved rope                                                  | exact without hf_posext |
+|----------------|-------------------------------------------------------------|-------------------------|
+| `linear`       | transformers' `linear`                                      | yes                     |
+| `ntk`          | plain RoPE (`default`) with `rope_theta = b·s^(d/(d−2))`    | yes                     |
+| `dynamic_ntk`  | transformers' `dynamic`                                     | yes                     |
+| `ntk_by_parts` | transformers' `yarn` with `attention_factor: 1.0`           | yes                     |
+| `yarn`         | transformers' `yarn`                                        | yes                     |
+| `dynamic_yarn` | hf_posext's registered `dynamic_yarn`                       | **no**: needs `import hf_posext` |
+
+The first five are the same frequencies and cos/sin scale bit for bit (static NTK is plain RoPE
+with another base, by its definition; NTK-by-parts is YaRN without the temperature). What the
+portable form loses — which method it was, the original base and the trained length L — goes into
+one block of config.json, `config.hf_posext` (BLOCK), read back by `logical_rope` so that
+`trained_length`, re-patching (replace, never compound) and `unpatch` work after a reload.
+Checkpoints saved before this (rope_type `ntk` / `ntk_by_parts`) still load: those types stay
+registered for reading.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .config import RopeExtensionConfig
+from .methods import ntk_base
+
+BLOCK = "hf_posext"  # the config attribute (and config.json key) holding what hf_posext needs
+_NOT_PORTABLE = {"dynamic_yarn"}
+
+
+def is_portable(method: str) -> bool:
+    """True when a checkpoint of `method` loads exactly in plain transformers (4.57 and 5.x)."""
+    return method not in _NOT_PORTABLE
+
+
+def saved_rope(spec: RopeExtensionConfig, base: dict[str, Any], dim: int) -> dict[str, Any]:
+    """The rope dict (5.x flat layout, with rope_theta) written for `spec` on top of the plain
+    RoPE `base` ({"rope_type": "default", "rope_theta", maybe "partial_rotary_factor"})."""
+    theta = float(base["rope_theta"])
+    extra = {k: v for k, v in base.items() if k == "partial_rotary_factor"}
+    if spec.method == "ntk":
+        # NTK-aware is default RoPE with the raised base (methods.ntk computes exactly this).
+        return {"rope_type": "default", "rope_theta": ntk_base(dim, theta, spec.factor), **extra}
+    if spec.method == "ntk_by_parts":
+        # transformers' yarn (truncate=True: floor/ceil of the correction range, as
+        # methods.correction_range) with the temperature fixed to 1 is NTK-by-parts.
+        return {"rope_type": "yarn", "rope_theta": theta, "factor": spec.factor,
+                "original_max_position_embeddings": spec.original_max_position_embeddings,
+                "beta_fast": spec.beta_fast, "beta_slow": spec.beta_slow,
+                "attention_factor": 1.0, **extra}
+    return {**spec.to_rope_dict(theta), **extra}
+
+
+def block(spec: RopeExtensionConfig, rope_theta: float) -> dict[str, Any]:
+    """The `config.hf_posext` block: method, factor, knobs, the original theta and L, version."""
+    from . import __version__
+
+    return {**spec.to_dict(), "rope_theta": float(rope_theta), "version": __version__}
+
+
+def spec_of_block(data: dict[str, Any]) -> tuple[RopeExtensionConfig, float]:
+    """(spec, original rope_theta) from a `config.hf_posext` block; a clear error if damaged."""
+    if not isinstance(data, dict) or "method" not in data or "rope_theta" not in data:
+        raise ValueError(f"config.{BLOCK} = {data!r} is not a block hf_posext wrote (it needs at "
+                         f"least 'method' and 'rope_theta'). Delete config.{BLOCK} to use the "
+                         "checkpoint's rope config as it is.")
+    fields = {k: v for k, v in data.items() if k not in ("rope_theta", "version")}
+    return RopeExtensionConfig.from_dict(fields), float(data["rope_theta"])
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if set(a) != set(b):
+        return False
+    for key, value in a.items():
+        other = b[key]
+        if isinstance(value, (int, float)) and isinstance(other, (int, float)) \
+                and not isinstance(value, bool):
+            if not math.isclose(value, other, rel_tol=1e-12):
+                return False
+        elif value != other:
+            return False
+    return True
+
+
+def logical_rope(config, rope: dict[str, Any], dim: int) -> dict[str, Any]:
+    """The rope dict hf_posext reasons with: the method's own layout (e.g. `ntk` with the original
+    theta) when `config.hf_posext` describes the saved `rope`, else `rope` itself.
+
+    A block that no longer matches the rope config (someone edited one of them) is an error, not
+    a guess: either could be the intended one."""
+    data = getattr(config, BLOCK, None)
+    if data is None:
+        return rope
+    spec, theta = spec_of_block(data)
+    base = {"rope_type": "default", "rope_theta": theta,
+            **{k: v for k, v in rope.items() if k == "partial_rotary_factor"}}
+    expected = saved_rope(spec, base, dim) if spec.factor != 1.0 else base
+    if not _same(expected, rope):
+        raise ValueError(f"config.{BLOCK} describes {spec.method!r} (factor {spec.factor:g}) saved "
+                         f"as {expected}, but the config's rope is {rope}. Delete config.{BLOCK} "
+                         "to use the rope config as it is, or restore the rope config.")
+    return {**spec.to_rope_dict(theta), **{k: v for k, v in rope.items()
+                                           if k == "partial_rotary_factor"}}
+
+
+def set_block(config, spec: RopeExtensionConfig | None, rope_theta: float | None = None) -> None:
+    """Write (or, for `None`: plain RoPE or transformers' own types, remove) `config.hf_posext`."""
+    if spec is None or spec.factor == 1.0:
+        config.__dict__.pop(BLOCK, None)
+    else:
+        setattr(config, BLOCK, block(spec, rope_theta))
