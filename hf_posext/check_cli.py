@@ -1,0 +1,109 @@
+"""`hf-posext check` and `hf-posext export`, and the README's method × reader table.
+
+    hf-posext check PATH [PATH ...]      # how each reader runs a checkpoint's rope
+    hf-posext check --table              # the README table: every method, s = 4, Llama-like dims
+    hf-posext export PATH OUT --target vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from .check import check, report
+from .engines import READERS
+from .export import TARGETS, export
+
+# reader (column) -> the export target that writes its form
+_TARGET_OF = {"transformers 5.x": "transformers", "transformers 4.x": "transformers",
+              "vLLM": "vllm", "SGLang": "sglang", "TGI": "tgi", "llama.cpp": "llama.cpp"}
+# The table's rows: the methods at s = 4 with their default knobs, plus YaRN with the YaRN
+# authors' Mistral settings (docs/portability.md).
+TABLE_ROWS = [("linear", {}), ("ntk", {}), ("dynamic_ntk", {}), ("ntk_by_parts", {}), ("yarn", {}),
+              ("yarn (Mistral settings: β 128/2, mscale 0.07)",
+               {"beta_fast": 128, "beta_slow": 2, "mscale_coefficient": 0.07}),
+              ("dynamic_yarn", {})]
+
+
+def add_subcommands(sub) -> None:
+    """Add `check` and `export` to the `hf-posext` subparsers; each sets `run`."""
+    ck = sub.add_parser("check", help="how transformers, vLLM, SGLang, TGI and llama.cpp read a "
+                                      "checkpoint's rope",
+                        description="For each reader: exact, different (with the max relative "
+                                    "inv_freq and scale error), ignored (run as plain RoPE) or "
+                                    "refused, from re-derivations of each reader's source "
+                                    "(docs/portability.md). Reads config.json only.")
+    ck.add_argument("paths", nargs="*", help="checkpoint folders (or config.json files)")
+    ck.add_argument("--table", action="store_true",
+                    help="print the README's method × reader table (builds a tiny checkpoint of "
+                         "every method, s = 4, in a temporary folder)")
+    ck.set_defaults(run=run_check)
+    ex = sub.add_parser("export", help="write the rope form a reader runs exactly",
+                        description="Copy a checkpoint (weights untouched) with the rope config "
+                                    "TARGET reads exactly, checked before writing; refuse with "
+                                    "the reason when TARGET cannot express the method.")
+    ex.add_argument("path", help="checkpoint folder")
+    ex.add_argument("out", help="new folder to write")
+    ex.add_argument("--target", required=True, choices=list(TARGETS))
+    ex.set_defaults(run=run_export)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    if not args.paths and not args.table:
+        raise SystemExit("hf-posext check: error: give checkpoint folders, or --table")
+    for path in args.paths:
+        print(report(path))
+    if args.table:
+        print(table())
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    try:
+        verdicts = export(args.path, args.out, args.target)
+    except (ValueError, FileExistsError, FileNotFoundError) as err:
+        raise SystemExit(f"hf-posext export: error: {err}") from None
+    print(f"wrote {args.out}")
+    print("\n".join("  " + v.line() for v in verdicts))
+    return 0
+
+
+def _tiny_checkpoint(folder: Path, method: str, knobs: dict, factor: float = 4.0) -> Path:
+    """A one-layer Llama with Llama-2 rope dims (head_dim 128, theta 10000, L 4096), extended."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .patcher import patch
+
+    config = LlamaConfig(hidden_size=128, num_attention_heads=1, num_key_value_heads=1,
+                         head_dim=128, intermediate_size=8, num_hidden_layers=1, vocab_size=8,
+                         max_position_embeddings=4096, rope_theta=10_000.0)
+    model = patch(LlamaForCausalLM(config), method.split(" ")[0], factor, **knobs)
+    model.config.save_pretrained(folder)  # check and export read config.json only
+    return folder
+
+
+def _cell(verdict, path: Path, scratch: Path) -> str:
+    if verdict.status in ("exact", "n/a", "refused"):
+        return verdict.status
+    target = _TARGET_OF[verdict.reader]
+    try:
+        export(path, scratch / f"{path.name}-{target}", target)
+        return f"{verdict.cell()} → export: exact"
+    except ValueError:
+        return f"{verdict.cell()} → export refused"
+
+
+def table() -> str:
+    """The README's method × reader table (markdown)."""
+    readers = list(READERS)
+    lines = ["| method (s = 4) | " + " | ".join(readers) + " |",
+             "|---" * (len(readers) + 1) + "|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        for i, (method, knobs) in enumerate(TABLE_ROWS):
+            path = _tiny_checkpoint(scratch / f"m{i}", method, knobs)
+            cells = [_cell(v, path, scratch) for v in check(path)]
+            lines.append(f"| `{method.split(' ')[0]}`{method[len(method.split(' ')[0]):]} | "
+                         + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,253 @@
+"""What each reader of a checkpoint computes from its config.json: re-derived from the reader's
+own source, without installing it (docs/portability.md, "Readers", names each file and version).
+
+Every reader is a function `config dict -> Reading`: `Reading.freqs(seq_len)` gives the
+`(inv_freq, attention_scale)` the reader runs at that length (float64, shape [d/2]; the scale
+multiplies cos and sin), or the reader refuses (raises at load) / is not meant for this type.
+`hf_posext.check` compares these with what the checkpoint means (`hf_posext.methods`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+Freqs = Callable[[int | None], tuple[torch.Tensor, float]]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A reader's interpretation of one config: `freqs`, or `refused` with the reason."""
+    freqs: Freqs | None = None
+    refused: str | None = None
+    note: str = ""
+
+
+class NotApplicable(Exception):
+    """The rope type is transformers' own (llama3, longrope): not an hf_posext method to check."""
+
+
+# ---- the formulas every reader shares (each names where it differs) -----------------------
+
+def plain(d: int, base: float) -> torch.Tensor:
+    """RoPE: inv_freq_i = b^(-2i/d)."""
+    return 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+
+
+def yarn_inv_freq(d: int, base: float, s: float, L: int, beta_fast: float, beta_slow: float,
+                  truncate: bool = True, ext: float = 1.0) -> torch.Tensor:
+    """NTK-by-parts frequencies as the YaRN reference code, transformers, vLLM, SGLang, TGI and
+    ggml write them: correction dims floor/ceil'd (unless truncate is off), clamped to [0, d-1],
+    a linear ramp over pair index, mixed with weight `ext` (extrapolation_factor)."""
+    def dim_of(rot: float) -> float:
+        return d * math.log(L / (rot * 2 * math.pi)) / (2 * math.log(base))
+    low, high = dim_of(beta_fast), dim_of(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low), 0, 1)
+    keep = (1 - ramp) * ext
+    extrap = plain(d, base)
+    return extrap / s * (1 - keep) + extrap * keep
+
+
+def mscale(s: float, coefficient: float = 1.0) -> float:
+    """YaRN's get_mscale as transformers, vLLM, SGLang and TGI write it: 0.1·m·ln s + 1 (s > 1)."""
+    return 1.0 if s <= 1 else 0.1 * coefficient * math.log(s) + 1.0
+
+
+def dynamic_ntk(d: int, base: float, s: float, L: int) -> Freqs:
+    """transformers' `dynamic` (and TGI's): b·((s·l/L) − (s−1))^(d/(d−2)) at l = max(l, L)."""
+    def freqs(seq_len):
+        l = L if seq_len is None else max(seq_len, L)
+        return plain(d, base * ((s * l / L) - (s - 1)) ** (d / (d - 2))), 1.0
+    return freqs
+
+
+def static(inv_freq: torch.Tensor, scale: float = 1.0) -> Freqs:
+    return lambda seq_len: (inv_freq, scale)
+
+
+# ---- reading a config.json --------------------------------------------------------------------
+
+def rotary_dim(cfg: dict[str, Any], rope: dict[str, Any]) -> int:
+    head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return int(head * (rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0))
+
+
+def v5_rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The rope dict transformers 5.x builds from config.json (`convert_rope_params_to_dict`,
+    configuration_utils/modeling_rope_utils 5.23): `rope_scaling` wins over `rope_parameters`;
+    rope_theta from the dict, else the top-level key, else 10000."""
+    rope = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+    rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    return rope
+
+
+def v4_rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """transformers 4.57: `rope_scaling` + top-level `rope_theta` only; `rope_parameters` unread."""
+    rope = dict(cfg.get("rope_scaling") or {"rope_type": "default"})
+    rope["rope_theta"] = cfg.get("rope_theta", 10000.0)
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    return rope
+
+
+def transformers_reading(rope: dict[str, Any], d: int, max_pos: int) -> Reading:
+    """transformers' ROPE_INIT_FUNCTIONS (modeling_rope_utils.py, 5.23 and 4.57.6 identical for
+    these types but for yarn's L: 5.x requires original_max_position_embeddings (its
+    standardisation fills in max_position_embeddings), 4.57 falls back to it)."""
+    kind, base = rope["rope_type"], float(rope["rope_theta"])
+    if kind == "default":
+        return Reading(static(plain(d, base)))
+    if kind == "linear":
+        return Reading(static(plain(d, base) / rope["factor"]))
+    if kind == "dynamic":
+        return Reading(dynamic_ntk(d, base, rope["factor"], max_pos))
+    if kind == "yarn":
+        s, L = rope["factor"], rope.get("original_max_position_embeddings") or max_pos
+        scale = rope.get("attention_factor")
+        if scale is None:
+            m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+            scale = mscale(s, m) / mscale(s, m_all) if m and m_all else mscale(s)
+        freqs = yarn_inv_freq(d, base, s, L, rope.get("beta_fast") or 32, rope.get("beta_slow") or 1,
+                              rope.get("truncate", True))
+        return Reading(static(freqs, scale))
+    if kind in ("llama3", "longrope"):
+        raise NotApplicable(kind)
+    return Reading(refused=f"KeyError {kind!r}: not a transformers rope type (hf_posext's own: "
+                           "loads only after `import hf_posext`)")
+
+
+def transformers_v5(cfg: dict[str, Any]) -> Reading:
+    rope = v5_rope(cfg)
+    return transformers_reading(rope, rotary_dim(cfg, rope), cfg["max_position_embeddings"])
+
+
+def transformers_v4(cfg: dict[str, Any]) -> Reading:
+    rope = v4_rope(cfg)
+    return transformers_reading(rope, rotary_dim(cfg, rope), cfg["max_position_embeddings"])
+
+
+def vllm(cfg: dict[str, Any]) -> Reading:
+    """vLLM `get_rope` (vllm/model_executor/layers/rotary_embedding/__init__.py, main at commit
+    07b12f1b) and its classes ntk_scaling_rope.py, dynamic_ntk_scaling_rope.py,
+    yarn_scaling_rope.py: yarn takes only extrapolation_factor, attn_factor, beta_fast,
+    beta_slow, truncate from the dict, so `attention_factor` / `mscale` are not read and the
+    scale is attn_factor × (0.1·ln s + 1)."""
+    rope = v5_rope(cfg)
+    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
+    if kind == "default":
+        return Reading(static(plain(d, base)))
+    if kind == "linear":
+        return Reading(static(plain(d, base) / rope["factor"]))
+    if kind == "ntk":  # its own NTK: base·s, then every frequency divided by s^(2/d)
+        s = rope["factor"]
+        return Reading(static(plain(d, base * s) / s ** (2 / d)),
+                       note="vLLM's own `ntk` formula, not static NTK-aware")
+    if kind == "dynamic":
+        if "factor" not in rope:
+            return Reading(refused="ValueError: dynamic needs 'alpha' or 'factor'")
+        # the cache is built once at max_len = L·s: base·((L·s/L) − (s−1))^(...) = base
+        return Reading(static(plain(d, base)), note="vLLM builds `dynamic` once at s·L: base × 1")
+    if kind == "yarn":
+        s = rope["factor"]
+        freqs = yarn_inv_freq(d, base, s, rope["original_max_position_embeddings"],
+                              rope.get("beta_fast", 32), rope.get("beta_slow", 1),
+                              rope.get("truncate", True), rope.get("extrapolation_factor", 1))
+        return Reading(static(freqs, mscale(s) * rope.get("attn_factor", 1)))
+    if kind in ("llama3", "longrope"):
+        raise NotApplicable(kind)
+    return Reading(refused=f"ValueError: Unknown RoPE scaling type {kind}")
+
+
+def sglang(cfg: dict[str, Any]) -> Reading:
+    """SGLang `get_rope` (python/sglang/srt/layers/rotary_embedding/factory.py, yarn.py,
+    rope_variant.py, main at commit 0b1fd02d): `dynamic` is built once at max_len = s·L with
+    base·((s·max_len/L) − (s−1))^(d/(d−2)), a static NTK at s² − s + 1; yarn's scale is
+    get_mscale(s, mscale)/get_mscale(s, mscale_all_dim) when both are given (else 0.1·ln s + 1),
+    times attn_factor; `attention_factor` is not read."""
+    rope = v5_rope(cfg)
+    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
+    if kind == "default":
+        return Reading(static(plain(d, base)))
+    if kind == "linear":
+        return Reading(static(plain(d, base) / rope.get("factor", 1.0)))
+    if kind == "dynamic":
+        s = rope.get("factor", 1.0)
+        return Reading(static(plain(d, base * (s * s - (s - 1)) ** (d / (d - 2)))),
+                       note="SGLang builds `dynamic` once, as static NTK at s² − s + 1")
+    if kind == "yarn":
+        s = rope.get("factor", 1.0)
+        m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        scale = mscale(s, m) / mscale(s, m_all) if m is not None and m_all is not None else mscale(s)
+        freqs = yarn_inv_freq(d, base, s, rope.get("original_max_position_embeddings",
+                                                   cfg["max_position_embeddings"]),
+                              rope.get("beta_fast", 32), rope.get("beta_slow", 1),
+                              rope.get("truncate", True), rope.get("extrapolation_factor", 1))
+        return Reading(static(freqs, scale * rope.get("attn_factor", 1)))
+    if kind in ("llama3", "longrope"):
+        raise NotApplicable(kind)
+    return Reading(refused=f"ValueError: Unknown RoPE scaling type {kind}")
+
+
+def tgi(cfg: dict[str, Any]) -> Reading:
+    """TGI `PositionRotaryEmbedding.static` (server/text_generation_server/layers/rotary.py,
+    main at commit 06663162; TGI reads config.rope_scaling + rope_theta, the 4.x layout):
+    `linear` leaves scaling_factor None, so positions are not divided (plain RoPE); yarn fixes
+    beta_fast=32, beta_slow=1, attn_factor=1 and takes the scale from mscale (1.0) /
+    mscale_all_dim (0.0); `dynamic` recomputes transformers' formula at the sequence length."""
+    rope = v4_rope(cfg)
+    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
+    if kind in ("default", "linear"):
+        return Reading(static(plain(d, base)),
+                       note="TGI's static() ignores linear's factor" if kind == "linear" else "")
+    if kind == "dynamic":
+        return Reading(dynamic_ntk(d, base, rope["factor"], cfg["max_position_embeddings"]))
+    if kind == "yarn":
+        s = rope["factor"]
+        scale = mscale(s, rope.get("mscale", 1.0)) / mscale(s, rope.get("mscale_all_dim", 0.0))
+        freqs = yarn_inv_freq(d, base, s, rope["original_max_position_embeddings"], 32, 1)
+        return Reading(static(freqs, scale), note="TGI fixes beta_fast=32, beta_slow=1")
+    if kind in ("llama3", "longrope"):
+        raise NotApplicable(kind)
+    return Reading(refused=f"NotImplementedError: rope scaling type {kind} is not implemented")
+
+
+def llama_cpp(cfg: dict[str, Any]) -> Reading:
+    """llama.cpp: convert_hf_to_gguf.py `TextModel.set_gguf_parameters` (master at commit
+    0024aa74) writes LINEAR (factor) and YARN (factor, original context, attention_factor or
+    attn_factor as rope.scaling.attn_factor, beta_fast/slow, extrapolation_factor); `dynamic`
+    and unknown types become NONE (plain RoPE, at most a warning). At run time
+    (src/llama-context.cpp, ggml rope_yarn) the YaRN cos/sin scale is
+    (0.1·ln s + 1) × attn_factor, and the correction dims are always floor/ceil'd."""
+    rope = v5_rope(cfg)  # converter: hparams["rope_parameters"] or hparams["rope_scaling"]
+    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
+    s = rope.get("factor")
+    if kind == "linear" and s is not None:
+        return Reading(static(plain(d, base) / s))
+    if kind == "yarn" and s is not None:
+        attn = rope.get("attention_factor", rope.get("attn_factor"))
+        freqs = yarn_inv_freq(d, base, s, rope["original_max_position_embeddings"],
+                              rope.get("beta_fast", 32), rope.get("beta_slow", 1), True,
+                              rope.get("extrapolation_factor", 1))
+        return Reading(static(freqs, mscale(s) * (1.0 if attn is None else attn)))
+    if kind in ("llama3", "longrope"):
+        raise NotApplicable(kind)
+    note = "" if kind == "default" else f"converted as plain RoPE ({kind!r} is not converted)"
+    return Reading(static(plain(d, base)), note=note)
+
+
+READERS: dict[str, Callable[[dict[str, Any]], Reading]] = {
+    "transformers 5.x": transformers_v5,
+    "transformers 4.x": transformers_v4,
+    "vLLM": vllm,
+    "SGLang": sglang,
+    "TGI": tgi,
+    "llama.cpp": llama_cpp,
+}

@@ -1,0 +1,109 @@
+"""`hf_posext.export(model_or_path, out, target=...)`: write the rope a named reader runs exactly.
+
+Readers differ in which keys they read (docs/portability.md, "Readers"): vLLM and llama.cpp
+multiply their own YaRN scale 0.1·ln s + 1 by `attn_factor` (llama.cpp: by `attention_factor`
+or `attn_factor`); SGLang and TGI take the scale from `mscale` / `mscale_all_dim`; transformers
+reads `attention_factor`, else `mscale` / `mscale_all_dim`. So a YaRN temperature other than
+0.1·ln s + 1 (NTK-by-parts: 1; the YaRN authors' Mistral runs: 0.07·ln s + 1) has one form per
+reader family, each also exact in transformers 4.x and 5.x. Every candidate form is checked with
+`hf_posext.check` before it is written; when none is exact for the target, export refuses and
+says what the reader does instead (e.g. dynamic methods in a reader that builds its table once).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from . import portable
+from .check import Verdict, check, load_config, meaning, verdict
+from .compat import _v4_scaling
+from .engines import NotApplicable
+from .methods import yarn_mscale
+
+TARGETS: dict[str, tuple[str, ...]] = {
+    "transformers": ("transformers 5.x", "transformers 4.x"),
+    "vllm": ("vLLM",), "sglang": ("SGLang",), "tgi": ("TGI",), "llama.cpp": ("llama.cpp",),
+}
+_HF = TARGETS["transformers"]
+
+
+def _forms(spec, theta: float, dim: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    """Candidate rope dicts (5.x flat layout), the portable default first."""
+    forms = [portable.saved_rope(spec, {"rope_type": "default", "rope_theta": theta, **extra}, dim)]
+    if spec.method in ("yarn", "ntk_by_parts"):
+        s = spec.factor
+        t = 1.0 if spec.method == "ntk_by_parts" else (
+            spec.attention_factor if spec.attention_factor is not None
+            else yarn_mscale(s, spec.mscale_coefficient))
+        g = yarn_mscale(s)  # the readers' own 0.1·ln s + 1
+        m = (t * g - 1) / (0.1 * math.log(s))  # mscale(s, m) / mscale(s, 1) = t
+        if m > 0:  # transformers reads mscale / mscale_all_dim only when both are non-zero
+            base = {k: v for k, v in forms[0].items() if k != "attention_factor"}
+            forms.append({**base, "mscale": m, "mscale_all_dim": 1.0, "attn_factor": t / g})
+            forms.append({**base, "mscale": m, "mscale_all_dim": 1.0})
+    return forms
+
+
+def _with_rope(cfg: dict[str, Any], rope: dict[str, Any], block: dict[str, Any]) -> dict[str, Any]:
+    return {**cfg, "rope_parameters": rope, "rope_scaling": _v4_scaling(rope),
+            "rope_theta": rope["rope_theta"], portable.BLOCK: block}
+
+
+def export(model_or_path, out, target: str) -> list[Verdict]:
+    """Write the checkpoint (weights untouched) to `out` with the rope config `target` reads
+    exactly; return the check of the written checkpoint. Raises ValueError, naming the reason,
+    when `target` cannot express the method."""
+    key = str(target).lower()
+    if key not in TARGETS:
+        raise ValueError(f"Unknown export target {target!r}; use one of {', '.join(TARGETS)}.")
+    cfg = load_config(model_or_path)
+    try:
+        target_meaning = meaning(cfg)
+    except NotApplicable as err:
+        raise ValueError(f"rope_type {err} is transformers' own, not an hf_posext method: "
+                         "nothing to export.") from None
+    spec, theta, dim = target_meaning.spec, target_meaning.theta, target_meaning.dim
+    if spec is None:
+        chosen = None  # plain RoPE: every reader runs it as written
+    else:
+        extra = {k: v for k, v in cfg.get("rope_parameters", {}).items() if k == "partial_rotary_factor"}
+        block = portable.block(spec, theta)
+        readers = TARGETS[key] + _HF
+        chosen, first = None, None
+        for form in _forms(spec, theta, dim, extra):
+            candidate = _with_rope(cfg, form, block)
+            results = [verdict(r, candidate, target_meaning) for r in readers]
+            first = first or results
+            if all(v.status == "exact" for v in results):
+                chosen = candidate
+                break
+        if chosen is None:
+            # name the target's own reading first; transformers' only when the target is fine
+            blame = [v for v in first if v.reader in TARGETS[key] and v.status != "exact"] or \
+                [v for v in first if v.status != "exact"]
+            why = "; ".join(f"{v.reader} {v.cell()}" + (f" ({v.detail})" if v.detail else "")
+                            for v in blame)
+            raise ValueError(f"export refused: {target} cannot run {target_meaning.label} exactly "
+                             f"in any form hf_posext knows: {why}.")
+    _write(model_or_path, Path(out), chosen)
+    return check(out)
+
+
+def _write(model_or_path, out: Path, cfg: dict[str, Any] | None) -> None:
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; pass a new folder.")
+    if isinstance(model_or_path, (str, Path)):
+        src = Path(model_or_path)
+        shutil.copytree(src if src.is_dir() else src.parent, out, dirs_exist_ok=True)
+    elif hasattr(model_or_path, "save_pretrained"):
+        model_or_path.save_pretrained(out)
+    else:
+        raise TypeError(f"export takes a model, or a checkpoint folder; got {type(model_or_path).__name__}")
+    if cfg is not None:
+        saved = json.loads((out / "config.json").read_text())
+        saved.update({k: cfg[k] for k in ("rope_parameters", "rope_scaling", "rope_theta", portable.BLOCK)})
+        (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
