@@ -9,7 +9,7 @@ TRANSFORMERS ?= transformers>=5,<6
 PYTEST_ARGS ?=
 BIN = $(VENV)/bin
 
-.PHONY: install test test-tf4 demo demo-finetune bench clean
+.PHONY: install test test-tf4 demo demo-finetune ddp-smoke bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,11 @@ bench: install
 # Fine-tune the embedded SmolLM2-135M with YaRN s=2 + PoSE, then evaluate base vs fine-tuned.
 demo-finetune: install
 	$(BIN)/accelerate launch --config_file recipes/accelerate/cpu.yaml recipes/finetune.py --config recipes/cpu-smollm2-demo.yaml
+
+# Two CPU ranks over gloo through accelerate's own launcher: a tiny random Llama, 3 steps; each
+# rank prints the world size it saw (~30 s). Why this config is MULTI_GPU: recipes/README.md.
+ddp-smoke: install
+	OMP_NUM_THREADS=1 $(BIN)/accelerate launch --config_file recipes/accelerate/cpu-ddp.yaml recipes/ddp_smoke.py
 
 clean:
 	rm -rf .venv .venv-tf4 build *.egg-info

@@ -1,9 +1,15 @@
-"""Library pieces of the fine-tuning recipe (`recipes/finetune.py`): PoSE position ids and the
-collator (`pose`), document loading, hold-out and packing (`data`), optimiser and schedule
-(`optim`). Evaluation uses `hf_posext.evaluation`."""
+"""Library pieces of the fine-tuning recipe (`recipes/finetune.py` is only its command line):
 
-from .data import Document, load_documents, pack_documents, split_holdout
+- `recipe_config`: the YAML/flag configuration (jsonargparse) and its validation;
+- `accel`: the Accelerator, checkpoint naming and resume checks;
+- `data`, `packing`: documents, hold-out, tokenising and packing with `datasets.map`;
+- `model`: tokenizer, extended model, LoRA, the PoSE collator (`pose`);
+- `optim`: AdamW and `transformers.get_scheduler`;
+- `loop`: the training loop; `outputs`: log, loss plot, final model; `recipe_eval`: evaluation;
+- `recipe.run`: the stages in order.
+"""
+
+from .data import Document, load_documents, split_holdout
 from .pose import PoseCollator, sample_pose_position_ids
 
-__all__ = ["Document", "PoseCollator", "load_documents", "pack_documents", "sample_pose_position_ids",
-           "split_holdout"]
+__all__ = ["Document", "PoseCollator", "load_documents", "sample_pose_position_ids", "split_holdout"]

@@ -1,5 +1,8 @@
 """Optimiser, schedule and gradient norms for the recipe, following the YaRN paper §4.1:
-AdamW, lr 2e-5, betas (0.9, 0.95), no weight decay, linear warm-up over 20 steps, then constant."""
+AdamW, lr 2e-5, betas (0.9, 0.95), no weight decay, linear warm-up over 20 steps, then constant.
+
+Schedules are `transformers.get_scheduler`'s (the Trainer's): the same names and shapes users know
+from `TrainingArguments.lr_scheduler_type`, instead of a hand-written LambdaLR."""
 
 from __future__ import annotations
 
@@ -21,21 +24,12 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, betas: tupl
 
 
 def build_scheduler(optimizer, name: str, warmup_steps: int, total_steps: int):
-    """LambdaLR: linear warm-up from lr/warmup to lr over `warmup_steps`, then `name`'s decay."""
+    """`transformers.get_scheduler(name)`: warm-up from 0 over `warmup_steps`, then `name`'s shape;
+    stepped once per optimizer step."""
+    from transformers import get_scheduler
     if name not in SCHEDULES:
         raise ValueError(f"Unknown lr schedule {name!r}; use one of {SCHEDULES}.")
-
-    def factor(step: int) -> float:   # `step` = optimizer steps already taken
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if name == "constant_with_warmup":
-            return 1.0
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        if name == "linear":
-            return max(0.0, 1.0 - progress)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
 
 
 def grad_norm(parameters: Iterable[torch.nn.Parameter]) -> float:

@@ -1,12 +1,20 @@
 """The fine-tuning recipe's configuration (recipes/finetune.py): one dataclass per YAML section,
-built strictly from a dict (unknown sections or keys raise) and validated before anything loads.
-Defaults follow the YaRN paper §4.1 (arXiv 2309.00071)."""
+parsed from a YAML file plus `--section.key value` flags, and validated before anything loads.
+Defaults follow the YaRN paper §4.1 (arXiv 2309.00071).
+
+Parsing is jsonargparse's (the parser behind LightningCLI): it builds the flags from these
+dataclasses (so knob names have one source: the fields), reads `--config` YAML, refuses unknown
+keys and type-checks values. Chosen over HfArgumentParser, whose flat namespace cannot hold two
+sections with the same field name (`pose.enabled`, `lora.enabled`), and over OmegaConf, whose
+`key=value` dot-lists would make the recipe's flag style differ from the CLI's `--flag value`.
+Abbreviations are off (`--training.lr` used to resolve to `--training.lr_schedule`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+import re
+from typing import Sequence
 
 from ..config import RopeExtensionConfig, canonical_method
 from . import data as datalib
@@ -17,7 +25,7 @@ class ModelConfig:
     name: str = "embedded:smollm2-135m"  # Hub id, local path, or "embedded:smollm2-135m"
     method: str = "yarn"                 # one of hf_posext.METHODS
     factor: float = 2.0                  # scale s; target length = s * trained length
-    knobs: dict = field(default_factory=dict)  # beta_fast, beta_slow, mscale_coefficient, ...
+    knobs: dict[str, float] = field(default_factory=dict)  # beta_fast, beta_slow, mscale_coefficient, ...
     dtype: str = "float32"               # weights' dtype at load (mixed precision is separate)
     attn_implementation: str | None = "sdpa"
 
@@ -30,7 +38,7 @@ class DataConfig:
     subset: str | None = None
     streaming: bool = False
     max_documents: int | None = None
-    eval_documents: Any = 1               # names of held-out documents, or a count from the end
+    eval_documents: int | list[str] = 1              # names of held-out documents, or a count from the end
     bos_token: str | None = "auto"        # "auto" = the tokenizer's; null = none; or a token string
     eos_token: str | None = "auto"
 
@@ -42,7 +50,7 @@ class TrainingConfig:
     gradient_accumulation_steps: int = 1
     max_steps: int = 40                   # optimizer steps
     learning_rate: float = 2e-5
-    adam_betas: list = field(default_factory=lambda: [0.9, 0.95])
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0
     warmup_steps: int = 20
     lr_schedule: str = "constant_with_warmup"
@@ -68,14 +76,14 @@ class LoraConfig:
     r: int = 8
     alpha: int = 16
     dropout: float = 0.0
-    target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    trainable: list = field(default_factory=lambda: ["embed_tokens", "norm"])  # LongLoRA
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    trainable: list[str] = field(default_factory=lambda: ["embed_tokens", "norm"])  # LongLoRA
 
 
 @dataclass
 class EvalConfig:
     enabled: bool = True
-    lengths: list = field(default_factory=lambda: [8192, 16384])
+    lengths: list[int] = field(default_factory=lambda: [8192, 16384])
     max_documents: int = 1
     compare_base: bool = True             # also evaluate the training-free extended model
     chunk_size: int = 1024                # tokens per LM-head chunk (never full logits)
@@ -99,35 +107,60 @@ _SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "training": Training
                   "pose": PoseConfig, "lora": LoraConfig, "eval": EvalConfig}
 
 
-def config_from_dict(raw: dict) -> RecipeConfig:
-    """Build a RecipeConfig; unknown sections or keys raise (nothing is silently dropped)."""
-    raw = dict(raw or {})
-    unknown = set(raw) - set(_SECTION_TYPES) - {"output_dir"}
-    if unknown:
-        raise ValueError(f"Unknown config section(s) {sorted(unknown)}; known: "
-                         f"{sorted(_SECTION_TYPES) + ['output_dir']}.")
-    kwargs = {}
+# argparse (Python < 3.13) reads "-1e-3" as an option name, not a value, so `--training.lr
+# -1e-3` failed unless written with "=". This is the pattern CPython 3.13 adopted for the same fix.
+_NEGATIVE_NUMBER = re.compile(r"^-\.?\d")
+
+
+def build_parser():
+    """The recipe's command line: `--config FILE`, every dataclass field as `--section.key`,
+    `--output_dir` and `--resume [CHECKPOINT]`."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+    parser = ArgumentParser(prog="finetune.py", exit_on_error=False, allow_abbrev=False,
+                            description="Extend a model's context with hf_posext, fine-tune it, evaluate.")
+    parser._negative_number_matcher = _NEGATIVE_NUMBER
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file from recipes/")
+    parser.add_argument("--resume", nargs="?", const="latest", default=None, type=str | None,
+                        help="resume from the latest checkpoint in output_dir (or the given one)")
     for name, cls in _SECTION_TYPES.items():
-        section = raw.get(name) or {}
-        if not isinstance(section, dict):
-            raise ValueError(f"Config section {name!r} must be a mapping, got {section!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        bad = set(section) - known
-        if bad:
-            raise ValueError(f"Unknown key(s) {sorted(bad)} in section {name!r}; known: {sorted(known)}.")
-        kwargs[name] = cls(**{k: _coerce(cls, k, v) for k, v in section.items()})
-    return RecipeConfig(**kwargs, **({"output_dir": str(raw["output_dir"])} if "output_dir" in raw else {}))
+        parser.add_class_arguments(cls, name)
+    parser.add_argument("--output_dir", type=str, default=RecipeConfig.output_dir)
+    return parser
 
 
-def _coerce(cls, key: str, value):
-    """YAML 1.1 reads `1e-3` as a string: turn numeric strings into floats for float fields."""
-    default = getattr(cls(), key)
-    if isinstance(default, float) and isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            raise ValueError(f"{cls.__name__[:-6].lower()}.{key} must be a number, got {value!r}") from None
-    return value
+def _instantiate(namespace) -> RecipeConfig:
+    d = namespace.as_dict()
+    return RecipeConfig(**{name: cls(**d[name]) for name, cls in _SECTION_TYPES.items()},
+                        output_dir=str(d["output_dir"]))
+
+
+def _one_line(err: Exception) -> ValueError:
+    text = " ".join(str(err).split())
+    return ValueError(f"Bad recipe configuration: {text}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[RecipeConfig, str | None]:
+    """(validated config, resume) from the command line; every problem is a one-line ValueError."""
+    from jsonargparse import ArgumentError
+    parser = build_parser()
+    try:
+        ns = parser.parse_args(list(argv) if argv is not None else None)
+    except (ArgumentError, TypeError, ValueError) as err:
+        raise _one_line(err) from None
+    cfg = _instantiate(ns)
+    validate(cfg)
+    return cfg, ns.resume
+
+
+def config_from_dict(raw: dict) -> RecipeConfig:
+    """A RecipeConfig from a dict shaped like the YAML (unknown sections or keys raise)."""
+    from jsonargparse import ArgumentError
+    parser = build_parser()
+    try:
+        ns = parser.parse_object(dict(raw or {}))
+    except (ArgumentError, TypeError, ValueError) as err:
+        raise _one_line(err) from None
+    return _instantiate(ns)
 
 
 def _is_int(x) -> bool:

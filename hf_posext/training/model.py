@@ -1,0 +1,95 @@
+"""Stage 1b of the recipe: tokenizer, the extended model, LoRA, and the PoSE/plain collator."""
+
+from __future__ import annotations
+
+import torch
+
+import hf_posext
+
+from .pose import PoseCollator
+
+EMBEDDED_PREFIX = "embedded:"
+
+
+def load_tokenizer(name: str):
+    if name.startswith(EMBEDDED_PREFIX):
+        from hf_posext import embedded
+        return embedded.load_tokenizer()
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(name)
+
+
+def load_model(mc, extend: bool = True):
+    """The model of a ModelConfig `mc`, extended with its method and factor (or not, for the
+    unpatched baseline)."""
+    kwargs = {"dtype": getattr(torch, mc.dtype)}
+    if mc.attn_implementation:
+        kwargs["attn_implementation"] = mc.attn_implementation
+    method, factor, knobs = (mc.method, mc.factor, dict(mc.knobs)) if extend else (None, None, {})
+    if mc.name.startswith(EMBEDDED_PREFIX):
+        from hf_posext import embedded
+        if mc.name != embedded.DEFAULT_MODEL:
+            raise ValueError(f"Unknown embedded model {mc.name!r}; the only one is {embedded.DEFAULT_MODEL!r}.")
+        return embedded.load_model(method, factor, **knobs, **kwargs)
+    return hf_posext.from_pretrained(mc.name, method, factor, **knobs, **kwargs)
+
+
+def special_id(tokenizer, setting: str | None, which: str) -> int | None:
+    """data.bos_token / eos_token: None = no token, "auto" = the tokenizer's, else a token string."""
+    if setting is None:
+        return None
+    if setting == "auto":
+        return getattr(tokenizer, f"{which}_token_id")
+    ids = tokenizer.convert_tokens_to_ids(setting)
+    if ids is None or tokenizer.convert_ids_to_tokens(ids) != setting:
+        raise ValueError(f"data.{which}_token {setting!r} is not a token of this tokenizer.")
+    return ids
+
+
+def extended_length(model) -> int:
+    """factor x trained length, read back from the model's rope config."""
+    from hf_posext.compat import get_rope_parameters, text_config
+    mconf = text_config(model.config)
+    spec = hf_posext.RopeExtensionConfig.from_rope_dict(get_rope_parameters(mconf),
+                                                        mconf.max_position_embeddings)
+    return int(round(spec.factor * spec.original_max_position_embeddings))
+
+
+def build_collator(cfg, model, log=print) -> PoseCollator:
+    """PoSE windows spanning the extended length (pose.enabled), else plain positions 0..seq_len-1."""
+    t = cfg.training
+    target = extended_length(model)
+    if cfg.pose.enabled:
+        pose_target = cfg.pose.target or target
+        log(f"PoSE: windows of {t.seq_len} tokens, position ids spanning {pose_target}")
+        return PoseCollator(t.seq_len, pose_target, cfg.pose.num_chunks, t.seed)
+    if t.seq_len < target:
+        log(f"note: training at {t.seq_len} tokens, below the extended length {target} "
+            "(pose.enabled would spread positions over it)")
+    return PoseCollator(t.seq_len, None, 1, t.seed)
+
+
+def apply_lora(model, lc):
+    """Wrap in a peft LoRA adapter; embeddings and norms trained in full (LongLoRA §3.3)."""
+    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [t for t in lc.target_modules if t not in names]
+    if missing:
+        raise ValueError(f"lora.target_modules {missing} are not module names of this model.")
+    model = get_peft_model(model, PeftLoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
+                                                 target_modules=list(lc.target_modules),
+                                                 task_type="CAUSAL_LM"))
+    for name, param in model.named_parameters():
+        if any(key in name for key in lc.trainable):
+            param.requires_grad_(True)
+    return model
+
+
+def prepare_for_training(model, cfg):
+    """Gradient checkpointing (non-reentrant), LoRA, train mode."""
+    if cfg.training.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if cfg.lora.enabled:
+        model = apply_lora(model, cfg.lora)
+    return model.train()

@@ -1,0 +1,152 @@
+"""The fine-tuning recipe as library stages (torchtune style: `recipes/finetune.py` is only the
+command line around `run`):
+
+1. setup    `accel.make_accelerator`, `prepare_data` (documents, hold-out, `packing`), `model`
+2. loop     `loop.train_loop`
+3. save     `outputs.save_final`, the log and the loss plot (main process only)
+4. evaluate `recipe_eval.evaluate_recipe` (main process only)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import data as datalib
+from .accel import load_checkpoint, make_accelerator, resume_path
+from .loop import TrainState, train_loop
+from .model import build_collator, load_model, load_tokenizer, prepare_for_training, special_id
+from .optim import build_optimizer, build_scheduler
+from .outputs import append_log, plot_loss, save_final, write_log
+from .packing import packed_sequences
+
+# Sections whose change would make a resumed run a different run.
+_RESUME_SECTIONS = ("model", "data", "pose", "lora")
+_RESUME_TRAINING_FREE = {"max_steps", "save_every", "keep_checkpoints", "log_with"}
+
+
+@dataclass
+class PreparedData:
+    sequences: object                  # datasets.Dataset, column input_ids [seq_len]
+    train_names: list
+    eval_names: list
+    eval_ids: list                     # token ids of the held-out documents used for evaluation
+
+
+def prepare_data(cfg, tokenizer, accelerator=None, log: Callable[[str], None] = print) -> PreparedData:
+    """Load, split, tokenize and pack; every data problem surfaces here, before the model loads."""
+    import contextlib
+    d, t = cfg.data, cfg.training
+    docs = datalib.load_documents(d.source, text_column=d.text_column, split=d.split, subset=d.subset,
+                                  max_documents=d.max_documents, streaming=d.streaming)
+    train_docs, eval_docs = datalib.split_holdout(docs, d.eval_documents)
+    bos, eos = special_id(tokenizer, d.bos_token, "bos"), special_id(tokenizer, d.eos_token, "eos")
+    first = accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()
+    with first:   # rank 0 tokenizes and writes the cache; the others read it
+        sequences, train_names = packed_sequences(train_docs, tokenizer, t.seq_len, bos, eos)
+    eval_names, eval_ids = [], []
+    if cfg.eval.enabled:
+        # The truncate protocol scores the first L tokens of each document: keep those with at
+        # least max(lengths) tokens (the same documents at every length).
+        need = max(cfg.eval.lengths)
+        ids = [tokenizer(doc.text, add_special_tokens=False)["input_ids"] for doc in eval_docs]
+        long_enough = [(doc.name, x) for doc, x in zip(eval_docs, ids) if len(x) >= need]
+        if not long_enough:
+            short = [(doc.name, len(x)) for doc, x in zip(eval_docs, ids)]
+            raise ValueError(f"Held-out documents {short} are all shorter than the longest evaluation "
+                             f"length {need} (the truncate protocol scores the first L tokens of each "
+                             "document). Choose longer eval_documents or lower eval.lengths.")
+        if len(long_enough) < len(eval_docs):
+            log(f"eval: {len(eval_docs) - len(long_enough)} held-out documents shorter than {need} "
+                "tokens are skipped (they are still never trained on)")
+        long_enough = long_enough[: cfg.eval.max_documents]
+        eval_names, eval_ids = [x[0] for x in long_enough], [x[1] for x in long_enough]
+    log(f"data: {len(train_names)} training documents -> {len(sequences)} sequences of {t.seq_len} "
+        f"tokens; held out for evaluation: {[x.name for x in eval_docs]}")
+    return PreparedData(sequences, train_names, eval_names, eval_ids)
+
+
+def check_resume_config(saved: dict, cfg) -> None:
+    now = cfg.to_dict()
+    diffs = [s for s in _RESUME_SECTIONS if saved.get(s) != now[s]]
+    diffs += [f"training.{k}" for k in now["training"]
+              if k not in _RESUME_TRAINING_FREE and saved.get("training", {}).get(k) != now["training"][k]]
+    if diffs:
+        raise ValueError(f"--resume with a different config: {diffs} changed since the run started. "
+                         "Resume with the same config, or start a new output_dir.")
+
+
+def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = None,
+        on_batch: Callable[[list[int]], None] | None = None) -> dict:
+    """The whole recipe; returns {"final_dir", "log", "eval", "model" (main process)}. Raises
+    SystemExit(128+signal) when stopped by SIGTERM/SIGINT (state saved for --resume)."""
+    from accelerate.utils import set_seed
+
+    t, out = cfg.training, Path(cfg.output_dir)
+    accelerator = make_accelerator(t, out, lora=cfg.lora.enabled)
+    log, main = accelerator.print, accelerator.is_main_process
+    set_seed(t.seed)
+    checkpoint = resume_path(out, resume)
+    if checkpoint is not None:
+        check_resume_config(json.loads((out / "config.json").read_text()), cfg)
+    tokenizer = load_tokenizer(cfg.model.name)
+    data = prepare_data(cfg, tokenizer, accelerator, log)
+    model = load_model(cfg.model)
+    collator = build_collator(cfg, model, log)
+    model = prepare_for_training(model, cfg)
+    optimizer = build_optimizer(model.parameters(), t.learning_rate, tuple(t.adam_betas), t.weight_decay)
+    scheduler = build_scheduler(optimizer, t.lr_schedule, t.warmup_steps, t.max_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    state = TrainState()
+    accelerator.register_for_checkpointing(scheduler)   # stepped by the loop, once per optimizer step
+    accelerator.register_for_checkpointing(state)
+    if checkpoint is not None:
+        load_checkpoint(accelerator, checkpoint)
+        log(f"resumed from {checkpoint} at step {state.step}")
+    log_path = out / "train_log.csv"
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        write_log(log_path, state.rows)   # on resume: drop rows after the checkpoint
+    accelerator.init_trackers("hf_posext_finetune", config=_flat(cfg.to_dict()))
+    code = train_loop(accelerator, model, optimizer, scheduler, data.sequences, collator, t, state,
+                      on_row=(lambda row: append_log(log_path, row)) if main else (lambda row: None),
+                      on_step=on_step, on_batch=on_batch)
+    if code:
+        log(f"stopped at step {state.step}/{t.max_steps}; state saved in {out / 'checkpoints'}. "
+            "Continue with the same command plus --resume.")
+        accelerator.end_training()
+        raise SystemExit(code)
+    final_dir = out / "final"
+    del optimizer
+    saved = save_final(accelerator, model, tokenizer, final_dir, cfg.lora.enabled, t.gradient_checkpointing)
+    result = {"final_dir": str(final_dir), "log": str(log_path), "eval": None, "model": saved}
+    if main:
+        plot_loss(out / "loss_curve.png", state.rows, loss_title(cfg, accelerator.num_processes))
+        log(f"saved {final_dir} (reloads with AutoModelForCausalLM.from_pretrained)")
+        if cfg.eval.enabled:
+            from .recipe_eval import evaluate_recipe
+            result["eval"] = evaluate_recipe(cfg, final_dir, data.eval_ids, data.eval_names,
+                                             out / "eval", state.step, log)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return result
+
+
+def loss_title(cfg, world: int = 1) -> str:
+    t = cfg.training
+    pose = f", PoSE positions to {cfg.pose.target or 'factor x trained'}" if cfg.pose.enabled else ""
+    return (f"{cfg.model.name} {cfg.model.method} s={cfg.model.factor:g}: {t.seq_len}-token windows, "
+            f"{world * t.batch_size * t.gradient_accumulation_steps} per step{pose}, lr {t.learning_rate:g}")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out

@@ -1,0 +1,139 @@
+"""The recipe's configuration: the jsonargparse command line (no abbreviations, negative numbers
+as values), early errors naming the fix, the shipped YAML files, and the accelerate configs parsed
+the way `accelerate launch` parses them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from _recipekit import RECIPES, load_finetune, make_assets, recipe_argv as _argv
+from hf_posext.training.recipe_config import build_parser, config_from_dict, parse_args
+
+finetune = load_finetune()
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return make_assets(tmp_path_factory.mktemp("recipe_config"), archs=("llama",))
+
+
+# ------------------------------------------------------------------------------- command line
+def test_a_flag_is_never_an_abbreviation_of_another():
+    """argparse's default `allow_abbrev` made `--training.lr 3` set `training.lr_schedule`."""
+    with pytest.raises(ValueError, match=r"unrecognized arguments: --training.lr 3"):
+        parse_args(["--training.lr", "3"])
+    cfg, _ = parse_args(["--training.lr_schedule", "cosine"])
+    assert cfg.training.lr_schedule == "cosine" and cfg.training.learning_rate == 2e-5
+
+
+@pytest.mark.parametrize("value,expected", [("-1e-3", -1e-3), ("-0.5", -0.5), ("-2", -2.0), ("-.5", -0.5)])
+def test_negative_numbers_are_values_without_equals(value, expected):
+    """`--training.weight_decay -1e-3` used to fail ('expected one argument') unless written with '='."""
+    cfg = config_from_dict({})
+    parser_value = build_parser().parse_args(["--training.weight_decay", value])
+    assert parser_value.training.weight_decay == pytest.approx(expected)
+    assert cfg.training.weight_decay == 0.0
+    with pytest.raises(ValueError, match=r"training.learning_rate must be > 0, got -0.001"):
+        parse_args(["--training.learning_rate", "-1e-3"])   # parsed as a number, then validated
+
+
+def test_yaml_file_then_flags_override_it(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"training": {"max_steps": 7, "learning_rate": 1e-4},
+                                    "pose": {"enabled": True}, "output_dir": "runs/a"}))
+    cfg, resume = parse_args(["--config", str(path), "--training.max_steps", "3", "--pose.target", "null",
+                              "--data.eval_documents", "[doc7, doc6]", "--model.knobs", "{beta_fast: 16}"])
+    assert (cfg.training.max_steps, cfg.training.learning_rate, cfg.pose.enabled) == (3, 1e-4, True)
+    assert cfg.data.eval_documents == ["doc7", "doc6"] and cfg.model.knobs == {"beta_fast": 16.0}
+    assert cfg.output_dir == "runs/a" and resume is None
+    assert parse_args(["--resume"])[1] == "latest"
+    assert parse_args(["--resume", "runs/a/checkpoints/checkpoint_3"])[1].endswith("checkpoint_3")
+
+
+# --------------------------------------------------------------------------- config errors
+@pytest.mark.parametrize("over,error,match", [
+    ({"model__method": "rope_magic"}, ValueError, "Unknown RoPE extension method 'rope_magic'"),
+    ({"model__factor": "0.5"}, ValueError, "factor must be >= 1"),
+    ({"training__seq_len": "4096"}, ValueError, "window of 4096 tokens is longer than every training document"),
+    ({"eval__lengths": "[64, 5000]"}, ValueError, "shorter than the longest evaluation length 5000"),
+    ({"pose__target": "16"}, ValueError, "must be an integer >= training.seq_len"),
+    ({"data__eval_documents": "[hamlet]"}, ValueError, r"eval documents \['hamlet'\] are not among"),
+    ({"training__learning_rate": "fast"}, ValueError, r'"training.learning_rate": Expected a .*float.* fast'),
+    ({"lora__target_modules": "[q_lin]"}, ValueError, r"lora.target_modules \['q_lin'\] are not module names"),
+])
+def test_bad_config_fails_before_training(assets, tmp_path, over, error, match):
+    out = tmp_path / "bad"
+    if "lora__target_modules" in over:
+        over = {**over, "lora__enabled": "true"}
+    with pytest.raises(error, match=match):
+        finetune.main(_argv(assets, out, **over))
+    assert not (out / "train_log.csv").exists() and not (out / "checkpoints").exists()
+
+
+def test_missing_dataset_column_fails_before_training(assets, tmp_path):
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    (rows / "data.jsonl").write_text("\n".join(json.dumps({"body": "abc " * 100}) for _ in range(4)))
+    out = tmp_path / "bad"
+    with pytest.raises(ValueError, match=r"has no column 'text'; its columns are \['body'\]"):
+        finetune.main(_argv(assets, out, data__source=str(rows), data__eval_documents="1"))
+    assert not (out / "train_log.csv").exists()
+
+
+def test_unknown_yaml_key_is_refused(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"training": {"max_step": 3}}))
+    with pytest.raises(ValueError, match=r"Group 'training' does not accept option 'max_step'"):
+        parse_args(["--config", str(cfg)])
+    with pytest.raises(ValueError, match=r"Option 'trainin.max_steps' is not accepted"):
+        config_from_dict({"trainin": {"max_steps": 3}})
+
+
+# ------------------------------------------------------------------------------ shipped configs
+@pytest.mark.parametrize("path", sorted(p.name for p in RECIPES.glob("*.yaml")))
+def test_recipe_configs_parse_and_validate(path):
+    cfg, _ = parse_args(["--config", str(RECIPES / path)])
+    assert cfg.training.learning_rate > 0 and cfg.model.factor >= 1
+
+
+def test_demo_config_is_the_documented_setting():
+    cfg, _ = parse_args(["--config", str(RECIPES / "cpu-smollm2-demo.yaml")])
+    assert (cfg.model.name, cfg.model.method, cfg.model.factor) == ("embedded:smollm2-135m", "yarn", 2.0)
+    assert cfg.pose.enabled and cfg.training.seq_len <= 2048 and cfg.eval.lengths == [8192, 16384]
+    assert cfg.data.eval_documents == ["hamlet"]
+
+
+@pytest.mark.parametrize("name,kind", [("cpu", "NO"), ("single-gpu", "NO"), ("multi-gpu", "MULTI_GPU"),
+                                       ("fsdp", "FSDP"), ("deepspeed-zero3", "DEEPSPEED")])
+def test_accelerate_configs_are_accepted_by_accelerate(name, kind):
+    """These cannot run here (no GPU): check accelerate parses them and builds the launch env."""
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+    path = str(RECIPES / "accelerate" / f"{name}.yaml")
+    assert load_config_from_file(path).distributed_type.value == kind
+    args = launch_command_parser().parse_args(
+        ["--config_file", path, str(RECIPES / "finetune.py"), "--config", "recipes/yarn-paper.yaml"])
+    args, defaults, mp_from_config = _validate_launch_command(args)
+    assert defaults.distributed_type.value == kind
+    if kind == "FSDP":
+        env = prepare_multi_gpu_env(args)
+        assert env["ACCELERATE_USE_FSDP"] == "true"
+        assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "LlamaDecoderLayer"
+        assert env["FSDP_SHARDING_STRATEGY"] == "FULL_SHARD"
+    elif kind == "MULTI_GPU":
+        assert args.multi_gpu and args.num_processes == 8
+        prepare_multi_gpu_env(args)
+    elif kind == "DEEPSPEED":
+        args.deepspeed_fields_from_accelerate_config = ",".join(
+            list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else []))
+        _, env = prepare_deepspeed_cmd_env(args)
+        assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "3"
+        # the recipe requires DeepSpeed's clipping to be the recipe's max_grad_norm
+        assert float(defaults.deepspeed_config["gradient_clipping"]) == 1.0
+
+
