@@ -98,6 +98,11 @@ def meaning(cfg: dict[str, Any]) -> Meaning:
         raise engines.NotApplicable(rope["rope_type"])
     else:
         spec, theta = RopeExtensionConfig.from_rope_dict(rope, max_pos), float(rope["rope_theta"])
+    return meaning_of(spec, theta, dim, max_pos)
+
+
+def meaning_of(spec: RopeExtensionConfig, theta: float, dim: int, max_pos: int) -> Meaning:
+    """`spec` on base `theta`, compared at L, midway and s·L (where dynamic methods differ)."""
     if spec.factor == 1.0:
         return Meaning(None, theta, dim, (max_pos,))
     L = spec.original_max_position_embeddings or max_pos

@@ -99,12 +99,29 @@ def logical_rope(config, rope: dict[str, Any], dim: int) -> dict[str, Any]:
     base = {"rope_type": "default", "rope_theta": theta,
             **{k: v for k, v in rope.items() if k == "partial_rotary_factor"}}
     expected = saved_rope(spec, base, dim) if spec.factor != 1.0 else base
-    if not _same(expected, rope):
+    if not _same(expected, rope) and not _reads_as(config, rope, spec, theta, dim):
         raise ValueError(f"config.{BLOCK} describes {spec.method!r} (factor {spec.factor:g}) saved "
                          f"as {expected}, but the config's rope is {rope}. Delete config.{BLOCK} "
                          "to use the rope config as it is, or restore the rope config.")
     return {**spec.to_rope_dict(theta), **{k: v for k, v in rope.items()
                                            if k == "partial_rotary_factor"}}
+
+
+def _reads_as(config, rope: dict[str, Any], spec: RopeExtensionConfig, theta: float,
+              dim: int) -> bool:
+    """True when transformers runs `rope` exactly as `spec`: an engine form written by
+    `hf_posext.export` (other keys, same meaning) matches its block too."""
+    from .check import TOLERANCE, errors, meaning_of
+    from .engines import NotApplicable, transformers_reading
+
+    try:
+        reading = transformers_reading(rope, dim, config.max_position_embeddings)
+    except (NotApplicable, KeyError):
+        return False
+    if reading.refused:
+        return False
+    target = meaning_of(spec, theta, dim, config.max_position_embeddings)
+    return max(errors(reading, target)) <= TOLERANCE
 
 
 def set_block(config, spec: RopeExtensionConfig | None, rope_theta: float | None = None) -> None:

@@ -1,0 +1,197 @@
+"""`hf_posext.check` / `export` against independent references.
+
+- transformers' reader (engines.transformers_v5 / _v4) against the rotary module transformers
+  itself builds from the saved checkpoint, in the running version;
+- vLLM's, SGLang's, TGI's and llama.cpp's readers against their formulas written here from
+  their source (docs/portability.md), never against engines.py itself;
+- what a checkpoint means: hf_posext.methods.
+"""
+
+import json
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import TRAINED, tiny_model
+from transformers import AutoModelForCausalLM
+
+import hf_posext
+from hf_posext import engines, methods
+from hf_posext.check import check, load_config
+from hf_posext.compat import IS_V5
+from hf_posext.export import export
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+D, BASE, S = 16, 10_000.0, 4.0  # the tiny models' head dim and theta; the scale used below
+MISTRAL = {"beta_fast": 128, "beta_slow": 2, "mscale_coefficient": 0.07}
+
+
+def saved(tmp_path, method, name="ck", **knobs):
+    model = hf_posext.patch(tiny_model("llama"), method, factor=S, **knobs)
+    model.save_pretrained(tmp_path / name)
+    return tmp_path / name, model
+
+
+def verdicts(path):
+    return {v.reader: v for v in check(path)}
+
+
+def logits(model, n=3 * TRAINED):
+    tokens = torch.arange(n).remainder(100)[None]
+    with torch.no_grad():
+        return model(tokens).logits
+
+
+@pytest.mark.parametrize("method", ["linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn"])
+def test_transformers_reader_matches_the_rotary_module_transformers_builds(tmp_path, method):
+    path, _ = saved(tmp_path, method, **(MISTRAL if method == "yarn" else {}))
+    reader = engines.transformers_v5 if IS_V5 else engines.transformers_v4
+    plain = AutoModelForCausalLM.from_pretrained(path)  # hf_posext's types are not involved
+    rotary = plain.model.rotary_emb
+    for length in (TRAINED, 3 * TRAINED):
+        x = torch.zeros(1, length, D)
+        rotary(x, torch.arange(length)[None])  # dynamic types update inv_freq for this length
+        inv, scale = reader(load_config(path)).freqs(length)
+        torch.testing.assert_close(rotary.inv_freq.double(), inv, rtol=1e-6, atol=0)
+        assert rotary.attention_scaling == pytest.approx(scale, rel=1e-7)
+
+
+def test_static_methods_exact_in_both_transformers_versions(tmp_path):
+    for method in ("linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn"):
+        got = verdicts(saved(tmp_path, method, name=method)[0])
+        assert got["transformers 5.x"].status == got["transformers 4.x"].status == "exact", method
+
+
+def test_vllm_reads_an_old_ntk_checkpoint_with_its_own_formula(tmp_path):
+    """Before portable saving, `ntk` was saved as rope_type ntk, which vLLM has too: written here
+    from ntk_scaling_rope.py, inv_freq_i = (b·s)^(-2i/d) / s^(2/d)."""
+    path, model = saved(tmp_path, "ntk")
+    cfg = json.loads((path / "config.json").read_text())
+    old = {"rope_type": "ntk", "factor": S, "original_max_position_embeddings": TRAINED}
+    cfg.update(rope_parameters={**old, "rope_theta": BASE}, rope_scaling=old, rope_theta=BASE)
+    del cfg["hf_posext"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    vllm = [(BASE * S) ** (-2 * i / D) / S ** (2 / D) for i in range(D // 2)]
+    ours = [(BASE * S ** (D / (D - 2))) ** (-2 * i / D) for i in range(D // 2)]
+    expected = max(abs(v - o) / o for v, o in zip(vllm, ours))
+    got = verdicts(path)["vLLM"]
+    assert got.status == "different" and got.freq_error == pytest.approx(expected, rel=1e-6)
+    assert expected > 0.1  # 1 − 4^(−1/8) at d = 16: far from float noise
+    # the old type still loads (registered for reading) with the same logits as before
+    reloaded = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
+    torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
+
+
+def test_dynamic_ntk_in_static_readers(tmp_path):
+    """vLLM builds `dynamic` once at s·L, where its multiplier (s·L/L) − (s−1) is 1: plain RoPE.
+    SGLang builds it once with b·(s·(s·L)/L − (s−1))^(d/(d−2)): static NTK at s² − s + 1, equal
+    to the dynamic rule only at s·L. llama.cpp's converter writes no scaling for `dynamic`."""
+    path, _ = saved(tmp_path, "dynamic_ntk")
+    got = verdicts(path)
+    assert got["vLLM"].status == "ignored" and got["llama.cpp"].status == "ignored"
+    sglang_base = BASE * (S * S - (S - 1)) ** (D / (D - 2))
+    at_L = methods.default_inv_freq(D, BASE).double()
+    sglang = methods.default_inv_freq(D, sglang_base).double()
+    expected = ((sglang - at_L).abs() / at_L).max().item()  # worst at l = L, where ours is plain
+    assert got["SGLang"].status == "different"
+    assert got["SGLang"].freq_error == pytest.approx(expected, rel=1e-5)
+    assert got["TGI"].status == "exact"  # TGI recomputes transformers' rule at the length
+
+
+@pytest.mark.parametrize("method, knobs, temperature", [
+    ("ntk_by_parts", {}, 1.0),
+    ("yarn", MISTRAL, 0.07 * math.log(S) + 1)])
+def test_yarn_temperature_per_reader(tmp_path, method, knobs, temperature):
+    """vLLM and SGLang scale cos/sin by attn_factor × (0.1·ln s + 1) and read no
+    `attention_factor`; llama.cpp multiplies the checkpoint's attention_factor by it."""
+    path, _ = saved(tmp_path, method, **knobs)
+    got = verdicts(path)
+    own = 0.1 * math.log(S) + 1
+    for reader in ("vLLM", "SGLang"):
+        assert got[reader].scale_error == pytest.approx(abs(own - temperature) / temperature)
+    assert got["llama.cpp"].scale_error == pytest.approx(abs(own * temperature - temperature)
+                                                         / temperature)
+    assert got["llama.cpp"].freq_error < 1e-6  # the frequencies themselves are read right
+
+
+def test_tgi_ignores_linear_and_fixes_betas(tmp_path):
+    """TGI's PositionRotaryEmbedding.static leaves scaling_factor None for linear; yarn there
+    always uses beta_fast=32, beta_slow=1."""
+    assert verdicts(saved(tmp_path, "linear", name="a")[0])["TGI"].status == "ignored"
+    got = verdicts(saved(tmp_path, "yarn", name="b", **MISTRAL)[0])["TGI"]
+    ref, _ = methods.ntk_by_parts(D, BASE, S, TRAINED, 128, 2)
+    tgi, _ = methods.ntk_by_parts(D, BASE, S, TRAINED, 32, 1)
+    expected = ((tgi.double() - ref.double()).abs() / ref.double()).max().item()
+    assert got.status == "different" and got.freq_error == pytest.approx(expected, rel=1e-4)
+
+
+def test_dynamic_yarn_is_refused_loudly(tmp_path):
+    got = verdicts(saved(tmp_path, "dynamic_yarn")[0])
+    assert {got[r].status for r in ("transformers 5.x", "transformers 4.x", "vLLM", "SGLang", "TGI")} \
+        == {"refused"}
+    assert got["llama.cpp"].status == "ignored"
+
+
+@pytest.mark.parametrize("method, knobs, target", [
+    ("ntk_by_parts", {}, "vllm"), ("ntk_by_parts", {}, "sglang"), ("ntk_by_parts", {}, "tgi"),
+    ("ntk_by_parts", {}, "llama.cpp"), ("yarn", MISTRAL, "vllm"), ("yarn", MISTRAL, "llama.cpp"),
+    ("yarn", MISTRAL, "sglang")])
+def test_export_is_exact_for_its_target_and_for_transformers(tmp_path, method, knobs, target):
+    path, model = saved(tmp_path, method, **knobs)
+    got = {v.reader: v.status for v in export(path, tmp_path / "out", target)}
+    reader = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "llama.cpp": "llama.cpp"}[target]
+    assert got[reader] == got["transformers 5.x"] == got["transformers 4.x"] == "exact", got
+    # the weights are untouched and transformers still runs the same model
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
+    torch.testing.assert_close(logits(reloaded), logits(model), rtol=1e-6, atol=1e-6)  # attn scale
+    # hf_posext still reads the method from it: trained length, and re-patching replaces
+    assert hf_posext.trained_length(reloaded) == TRAINED
+    hf_posext.patch(reloaded, "ntk", factor=2.0)
+    fresh = hf_posext.patch(tiny_model("llama"), "ntk", factor=2.0)
+    torch.testing.assert_close(logits(reloaded), logits(fresh), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method, knobs, target, reason", [
+    ("dynamic_ntk", {}, "vllm", "vLLM ignored"), ("dynamic_ntk", {}, "llama.cpp", "plain RoPE"),
+    ("dynamic_ntk", {}, "sglang", "SGLang different"), ("linear", {}, "tgi", "ignores linear"),
+    ("yarn", MISTRAL, "tgi", "beta_fast=32"), ("dynamic_yarn", {}, "vllm", "Unknown RoPE")])
+def test_export_refuses_with_the_reason(tmp_path, method, knobs, target, reason):
+    path, _ = saved(tmp_path, method, **knobs)
+    with pytest.raises(ValueError, match="export refused") as err:
+        export(path, tmp_path / "out", target)
+    assert reason in str(err.value)
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_export_bad_input(tmp_path):
+    path, model = saved(tmp_path, "yarn")
+    with pytest.raises(ValueError, match="Unknown export target"):
+        export(path, tmp_path / "out", "ollama")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    with pytest.raises(FileExistsError, match="not empty"):
+        export(path, tmp_path / "full", "vllm")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        export(tmp_path / "missing", tmp_path / "out", "vllm")
+    # a model in memory works too
+    got = {v.reader: v.status for v in export(model, tmp_path / "from_model", "vllm")}
+    assert got["vLLM"] == "exact"
+
+
+def test_cli_check_and_export(tmp_path):
+    path, _ = saved(tmp_path, "ntk_by_parts")
+    run = [sys.executable, "-m", "hf_posext.cli"]
+    out = subprocess.run(run + ["check", str(path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "ntk_by_parts (factor 4" in out.stdout and "vLLM" in out.stdout
+    assert "different (inv_freq 0.00%, scale 13.86%)" in out.stdout
+    out = subprocess.run(run + ["export", str(path), str(tmp_path / "v"), "--target", "vllm"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and re.search(r"vLLM\s+exact", out.stdout), out.stdout + out.stderr
+    lin, _ = saved(tmp_path, "linear", name="lin")
+    out = subprocess.run(run + ["export", str(lin), str(tmp_path / "t"), "--target", "tgi"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "export refused" in out.stderr
