@@ -9,16 +9,18 @@ Importing registers hf_posext's rope types (`ntk`, `ntk_by_parts`, `dynamic_yarn
 transformers, so checkpoints saved extended reload with `AutoModelForCausalLM.from_pretrained`.
 """
 
-from . import methods
-from .config import METHODS, RopeExtensionConfig
+from . import attention, methods
+from .attention import ATTENTION_METHODS, AttentionExtensionConfig
+from .config import METHODS, ROPE_METHODS, RopeExtensionConfig
 from .generation import fixed_rope_scale, generate
 from .loading import from_pretrained
 from .patcher import is_patched, patch, trained_length, unpatch
 from .registry import SUPPORTED_MODEL_TYPES, compute, register
 
 register()
+attention.register()
 
 __version__ = "0.1.0"
-__all__ = ["METHODS", "RopeExtensionConfig", "SUPPORTED_MODEL_TYPES", "compute", "fixed_rope_scale",
+__all__ = ["ATTENTION_METHODS", "AttentionExtensionConfig", "METHODS", "ROPE_METHODS", "RopeExtensionConfig", "SUPPORTED_MODEL_TYPES", "compute", "fixed_rope_scale",
            "from_pretrained", "generate", "is_patched", "methods", "patch", "trained_length",
            "unpatch"]

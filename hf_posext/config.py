@@ -23,7 +23,10 @@ _METHOD_TABLE: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "yarn": ("yarn", ("beta_fast", "beta_slow", "mscale_coefficient", "attention_factor"), False),
     "dynamic_yarn": ("dynamic_yarn", ("beta_fast", "beta_slow", "mscale_coefficient"), True),
 }
-METHODS: tuple[str, ...] = tuple(_METHOD_TABLE)
+ROPE_METHODS: tuple[str, ...] = tuple(_METHOD_TABLE)
+# + the attention-level methods (hf_posext/attention), so the CLI and patch know every name
+from .attention.config import ATTENTION_METHODS  # noqa: E402
+METHODS: tuple[str, ...] = ROPE_METHODS + ATTENTION_METHODS
 ALIASES = {"dynamic": "dynamic_ntk", "pi": "linear", "ntk_aware": "ntk"}
 # transformers' own rope types that hf_posext passes through untouched (no math of ours).
 PASSTHROUGH_TYPES = {
@@ -41,7 +44,7 @@ def canonical_method(method: str) -> str:
     if not isinstance(method, str):
         raise TypeError(f"method must be a string such as 'yarn', got {type(method).__name__}")
     name = ALIASES.get(method.lower(), method.lower())
-    if name not in _METHOD_TABLE:
+    if name not in METHODS:
         known = ", ".join(METHODS)
         raise ValueError(f"Unknown RoPE extension method {method!r}. Use one of: {known} "
                          f"(aliases: {', '.join(ALIASES)}).")
@@ -103,6 +106,9 @@ class RopeExtensionConfig:
 
     def __post_init__(self) -> None:
         self.method = canonical_method(self.method)
+        if self.method in ATTENTION_METHODS:
+            raise ValueError(f"{self.method!r} is an attention-level method, not a rope config: "
+                             "use hf_posext.patch(model, method) or AttentionExtensionConfig.")
         self.factor = _check_number("factor", self.factor, minimum=1.0)
         if self.original_max_position_embeddings is not None:
             L = self.original_max_position_embeddings

@@ -10,6 +10,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from . import attention
 from .compat import get_rope_parameters, text_config
 from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
 from .patcher import patch
@@ -18,7 +19,7 @@ from .registry import SUPPORTED_MODEL_TYPES, check_supported
 # Keywords that belong to the method, not to transformers.
 METHOD_KNOBS = {"beta_fast", "beta_slow", "mscale_coefficient", "attention_factor",
                 "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
-                "short_factor", "long_factor"}
+                "short_factor", "long_factor", *attention.config.ALL_KNOBS}
 _SPEC_KNOBS = {"beta_fast", "beta_slow", "mscale_coefficient", "attention_factor",
                "original_max_position_embeddings"}
 # The subset of from_pretrained keywords AutoConfig understands, for the early type check.
@@ -26,7 +27,7 @@ _CONFIG_KWARGS = {"revision", "token", "cache_dir", "gguf_file", "local_files_on
                   "trust_remote_code", "force_download", "proxies"}
 
 
-def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]) -> None:
+def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
     """Fail before loading weights when the architecture or its rope type is unsupported."""
     config = text_config(AutoConfig.from_pretrained(
         name_or_path, **{k: v for k, v in hf_kwargs.items() if k in _CONFIG_KWARGS}))
@@ -39,6 +40,7 @@ def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]) -> None:
     rope_type = get_rope_parameters(config).get("rope_type", "default")
     if rope_type not in ("default", *PASSTHROUGH_TYPES) and method_of_rope_type(rope_type) is None:
         raise ValueError(f"{name_or_path}: unknown rope_type {rope_type!r} in its config.")
+    return config
 
 
 def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = None,
@@ -59,13 +61,20 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
             raise ValueError(f"{given} need a method: pass method='yarn' (or another of "
                              "hf_posext.METHODS), or drop them to load the checkpoint as saved.")
     else:
-        if isinstance(method, str) and method.lower() not in PASSTHROUGH_TYPES:
+        if attention.is_attention_method(method):
+            pass  # checked against the checkpoint's trained length below, still before loading
+        elif isinstance(method, str) and method.lower() not in PASSTHROUGH_TYPES:
             # unknown names, bad factors and knobs the method does not use fail before loading
             RopeExtensionConfig(method, 1.0 if factor is None else factor,
                                 **{k: v for k, v in knobs.items() if k in _SPEC_KNOBS})
         knobs["max_position_embeddings"] = kwargs.pop("max_position_embeddings", None)
-    _check_config_early(name_or_path, kwargs)
+    config = _check_config_early(name_or_path, kwargs)
+    if method is not None and (attention.is_attention_method(method) or "logn" in knobs):
+        trained = attention.saved_trained_length(config.__dict__) or config.max_position_embeddings
+        attention.split(method, {k: v for k, v in knobs.items() if k != "max_position_embeddings"},
+                        trained)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    attention.after_load(model, explicit="attn_implementation" in kwargs)
     check_supported(model)
     if kwargs.get("gguf_file"):
         _drop_spent_gguf_quantizer(model)

@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from . import portable
+from . import attention, portable
 from .compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
 from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
 from .registry import check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
 _RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "head_dim",
-             portable.BLOCK)
+             portable.BLOCK, *attention.RAW_KEYS)
 
 
 @dataclass
@@ -89,6 +89,14 @@ def _build_spec(method, factor, target, trained: int, params: dict[str, Any]) ->
         raise TypeError(f"Unknown parameter for method {method!r}: {err}. Known: {known}.") from None
 
 
+def _attention_factor(factor, target, trained: int) -> float:
+    """An attention method's factor only records the target length (s·L); it is optional."""
+    s = 1.0 if factor is None and target is None else _resolve_factor(factor, target, trained)
+    if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s < 1:
+        raise ValueError(f"factor must be a number >= 1 (target length / trained length), got {s!r}")
+    return float(s)
+
+
 def _passthrough_rope(method: str, factor, target, trained: int, base: dict, params: dict) -> dict:
     """transformers' own `llama3` / `longrope`: written as given, validated by transformers."""
     unknown = set(params) - PASSTHROUGH_TYPES[method]
@@ -129,8 +137,14 @@ def patch(model: torch.nn.Module, method, factor: float | None = None, *,
             rope=_logical_rope(config),
             max_position_embeddings=config.max_position_embeddings)
     base, trained = _base_rope(state.rope, state.max_position_embeddings)
+    trained = attention.saved_trained_length(state.raw_config) or trained
+    # attention-level methods (hf_posext/attention): plain RoPE underneath, or log-n on a rope method
+    attn_spec, method, params = attention.split(method, params, trained)
 
-    if isinstance(method, str) and method.lower() in PASSTHROUGH_TYPES:
+    if method is None:
+        new_rope, spec = dict(base), None
+        new_max = round(trained * _attention_factor(factor, max_position_embeddings, trained))
+    elif isinstance(method, str) and method.lower() in PASSTHROUGH_TYPES:
         new_rope = _passthrough_rope(method.lower(), factor, max_position_embeddings, trained, base, params)
         spec = None
         new_max = max_position_embeddings or round(trained * new_rope.get("factor", 1.0))
@@ -151,6 +165,7 @@ def patch(model: torch.nn.Module, method, factor: float | None = None, *,
         config.max_position_embeddings = int(new_max)
         set_rope_parameters(config, new_rope)
         portable.set_block(config, spec, base["rope_theta"])
+        attention.install(config, attn_spec, state.raw_config)
     except Exception:
         config.__dict__.update(copy.deepcopy(state.raw_config))
         raise
@@ -190,6 +205,9 @@ def trained_length(model: torch.nn.Module) -> int:
     config = text_config(model.config)
     rope = state.rope if state else _logical_rope(config)
     max_pos = state.max_position_embeddings if state else config.max_position_embeddings
+    saved = attention.saved_trained_length(state.raw_config if state else config.__dict__)
+    if saved:  # an attention method keeps plain RoPE and records L in its block
+        return saved
     if rope.get("rope_type") in PASSTHROUGH_TYPES:
         return int(rope.get("original_max_position_embeddings") or max_pos)
     return _base_rope(rope, max_pos)[1]

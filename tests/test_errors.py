@@ -114,7 +114,7 @@ def test_invalid_saved_config_fails_on_load(tmp_path):
         AutoConfig.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("method", hf_posext.METHODS)
+@pytest.mark.parametrize("method", hf_posext.ROPE_METHODS)
 def test_config_dict_round_trip(method):
     cfg = RopeExtensionConfig(method, 4.0, 8192)
     assert RopeExtensionConfig.from_dict(cfg.to_dict()) == cfg

@@ -27,7 +27,7 @@ def saved_rope(path):
     return rope, data
 
 
-@pytest.mark.parametrize("method", hf_posext.METHODS)
+@pytest.mark.parametrize("method", hf_posext.ROPE_METHODS)
 def test_save_then_automodel_round_trip(arch, tokens, tmp_path, method):
     model = hf_posext.patch(tiny_model(arch), method, factor=4.0, **(
         {"beta_fast": 64, "beta_slow": 2} if "yarn" in method or method == "ntk_by_parts" else {}))

@@ -135,7 +135,7 @@ def test_dynamic_yarn_is_yarn_at_current_scale(seq_len):
     assert scale == pytest.approx(1.0 if s == 1 else 0.1 * math.log(s) + 1)
 
 
-@pytest.mark.parametrize("method", hf_posext.METHODS)
+@pytest.mark.parametrize("method", hf_posext.ROPE_METHODS)
 def test_every_method_is_identity_at_factor_one(method):
     spec = hf_posext.RopeExtensionConfig(method, 1.0, L)
     inv, scale = hf_posext.compute(spec, 64, 1e4, seq_len=L)

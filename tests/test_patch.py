@@ -18,7 +18,7 @@ def logits(model, tokens):
         return model(tokens).logits
 
 
-@pytest.mark.parametrize("method", hf_posext.METHODS)
+@pytest.mark.parametrize("method", hf_posext.ROPE_METHODS)
 def test_factor_one_equals_unpatched(model, tokens, method):
     before = logits(model, tokens)
     hf_posext.patch(model, method, factor=1.0)
@@ -27,7 +27,7 @@ def test_factor_one_equals_unpatched(model, tokens, method):
     torch.testing.assert_close(logits(model, tokens), before, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("method", hf_posext.METHODS)
+@pytest.mark.parametrize("method", hf_posext.ROPE_METHODS)
 def test_extension_changes_outputs_past_trained_length(model, tokens, method):
     before = logits(model, tokens)
     hf_posext.patch(model, method, factor=4.0)
@@ -56,7 +56,7 @@ def test_config_and_max_position_embeddings(model):
     assert model.config.max_position_embeddings == TRAINED  # transformers reads it as L
 
 
-@pytest.mark.parametrize("method", hf_posext.METHODS)
+@pytest.mark.parametrize("method", hf_posext.ROPE_METHODS)
 def test_patch_twice_replaces(arch, tokens, method):
     fresh = hf_posext.patch(tiny_model(arch), method, factor=2.0)
     twice = hf_posext.patch(hf_posext.patch(tiny_model(arch), "yarn", factor=8.0), method, factor=2.0)
@@ -64,7 +64,7 @@ def test_patch_twice_replaces(arch, tokens, method):
     assert twice.config.to_dict() == fresh.config.to_dict()
 
 
-@pytest.mark.parametrize("method", hf_posext.METHODS)
+@pytest.mark.parametrize("method", hf_posext.ROPE_METHODS)
 def test_unpatch_restores_exactly(model, tokens, method):
     config_before = copy.deepcopy(model.config.to_dict())
     rotary_before = model.model.rotary_emb

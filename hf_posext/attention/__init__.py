@@ -1,0 +1,17 @@
+"""Training-free attention-level context extension: ReRoPE, leaky ReRoPE, Self-Extend, Dual Chunk
+Attention and log-n query scaling, through transformers' `AttentionInterface`.
+
+    positions.py  the position maps (plain functions)
+    config.py     AttentionExtensionConfig (validated, immutable knobs)
+    kernel.py     chunked attention over parts merged by log-sum-exp
+    plans.py      each method's parts of a query chunk
+    interface.py  the registered attention function
+    install.py    what `hf_posext.patch` writes into one model's config
+"""
+
+from .config import ATTENTION_METHODS, AttentionExtensionConfig
+from .install import RAW_KEYS, after_load, install, is_attention_method, saved_trained_length, split
+from .interface import CONFIG_KEY, IMPLEMENTATION, register
+
+__all__ = ["ATTENTION_METHODS", "AttentionExtensionConfig", "CONFIG_KEY", "IMPLEMENTATION", "RAW_KEYS",
+           "after_load", "install", "is_attention_method", "register", "saved_trained_length", "split"]

@@ -1,0 +1,144 @@
+"""`AttentionExtensionConfig`: one validated, immutable description of an attention-level method.
+
+Knobs and defaults follow the authors' code (docs/attention_methods.md):
+- `rerope`, `leaky_rerope` (bojone/rerope): window = L/8 (512 at L = 4096), leak k = 16,
+  log-n scaling on (both patches scale queries by max(1, log n / log L)).
+- `self_extend` (datamllab/LongLM): group_size G = 8, neighbour window W = 1024 (L/2 for models
+  trained on fewer than 2,048 tokens, where 1024 would not fit), log-n off (`scale_base = -1`).
+- `dual_chunk` (HKUNLP/ChunkLlama): chunk_size = 3L/4, local_window = L/16, log-n off.
+- `logn`: plain RoPE, only the log-n query scaling. `logn=True` also combines with any rope method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# method -> its knobs besides trained_length and logn
+KNOBS: dict[str, tuple[str, ...]] = {
+    "rerope": ("window",),
+    "leaky_rerope": ("window", "leak"),
+    "self_extend": ("window", "group_size"),
+    "dual_chunk": ("chunk_size", "local_window"),
+    "logn": (),
+}
+ATTENTION_METHODS: tuple[str, ...] = tuple(KNOBS)
+ALL_KNOBS = ("window", "leak", "group_size", "chunk_size", "local_window", "logn")
+_LOGN_DEFAULT = {"rerope": True, "leaky_rerope": True, "self_extend": False, "dual_chunk": False,
+                 "logn": True}
+
+
+def _defaults(method: str, L: int) -> dict[str, Any]:
+    return {"rerope": {"window": L // 8},
+            "leaky_rerope": {"window": L // 8, "leak": 16.0},
+            "self_extend": {"window": min(1024, L // 2), "group_size": 8},
+            "dual_chunk": {"chunk_size": 3 * L // 4, "local_window": L // 16},
+            "logn": {}}[method]
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or int(value) != value or value < 1:
+        raise ValueError(f"{name} must be a positive integer (a number of tokens), got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class AttentionExtensionConfig:
+    """An attention-level method and its knobs (None = the authors' default for L).
+
+    Args:
+        method: one of ATTENTION_METHODS.
+        trained_length: the trained context L (log-n's base, and the scale of the defaults).
+        window: rerope / leaky_rerope: relative positions below it are exact; self_extend: the
+            neighbour window W. Must be <= L (positions past L were never trained).
+        leak: leaky_rerope's k > 1: beyond the window, relative positions grow with slope 1/k.
+        group_size: self_extend's G >= 1: distant positions are floor(p / G).
+        chunk_size, local_window: dual_chunk's chunk s <= L and its local window l < s.
+        logn: scale each query by max(1, log n / log L) (n = its position + 1).
+    """
+
+    method: str
+    trained_length: int
+    window: int | None = None
+    leak: float | None = None
+    group_size: int | None = None
+    chunk_size: int | None = None
+    local_window: int | None = None
+    logn: bool | None = None
+
+    def __post_init__(self) -> None:
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        if not isinstance(self.method, str) or self.method.lower() not in KNOBS:
+            raise ValueError(f"Unknown attention method {self.method!r}; use one of "
+                             f"{', '.join(ATTENTION_METHODS)}.")
+        set_("method", self.method.lower())
+        L = _positive_int("trained_length", self.trained_length)
+        set_("trained_length", L)
+        used = KNOBS[self.method]
+        for knob in ("window", "leak", "group_size", "chunk_size", "local_window"):
+            value = getattr(self, knob)
+            if knob not in used:
+                if value is not None:
+                    raise ValueError(f"{self.method!r} does not use {knob!r} (it uses: "
+                                     f"{', '.join(used + ('logn',))}). Remove it.")
+                continue
+            set_(knob, _defaults(self.method, L)[knob] if value is None else value)
+        logn = _LOGN_DEFAULT[self.method] if self.logn is None else self.logn
+        if not isinstance(logn, bool):
+            raise TypeError(f"logn must be True or False, got {logn!r}")
+        if self.method == "logn" and not logn:
+            raise ValueError("method 'logn' is the log-n scaling itself; logn=False leaves nothing. "
+                             "Use no method (unpatch) instead.")
+        set_("logn", logn)
+        self._check_knobs(set_)
+
+    def _check_knobs(self, set_) -> None:
+        L = self.trained_length
+        if self.window is not None:
+            set_("window", _positive_int("window", self.window))
+            if self.window > L:
+                raise ValueError(f"window={self.window} exceeds the trained length {L}: relative "
+                                 f"positions up to the window must have been trained. Use <= {L}.")
+        if self.leak is not None:
+            if isinstance(self.leak, bool) or not isinstance(self.leak, (int, float)) \
+                    or not math.isfinite(self.leak) or self.leak <= 1:
+                raise ValueError(f"leak (leaky ReRoPE's k) must be a number > 1 (k = 1 is plain "
+                                 f"RoPE; the authors use 16), got {self.leak!r}")
+            set_("leak", float(self.leak))
+        if self.group_size is not None:
+            set_("group_size", _positive_int("group_size", self.group_size))
+        if self.chunk_size is not None:
+            set_("chunk_size", _positive_int("chunk_size", self.chunk_size))
+            lw = self.local_window
+            set_("local_window", 0 if lw == 0 and not isinstance(lw, bool) else _positive_int("local_window", lw))
+            if self.chunk_size > L:
+                raise ValueError(f"chunk_size={self.chunk_size} exceeds the trained length {L}; "
+                                 f"the authors use 3L/4 = {3 * L // 4}.")
+            if self.local_window >= self.chunk_size:
+                raise ValueError(f"local_window={self.local_window} must be smaller than "
+                                 f"chunk_size={self.chunk_size}; the authors use L/16 = {L // 16}.")
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in KNOBS[self.method] + ("logn",)}
+
+    @property
+    def changes_positions(self) -> bool:
+        """False for `logn` alone: it keeps whatever rope the model has."""
+        return self.method != "logn"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AttentionExtensionConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"Unknown attention-method keys {sorted(unknown)}; expected some of "
+                             f"{sorted(names)}.")
+        return cls(**data)

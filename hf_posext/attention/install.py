@@ -1,0 +1,86 @@
+"""Put an attention method on (or off) one model's config: the patcher's dispatch into this package.
+
+What a patched config carries, and what `save_pretrained` writes to config.json:
+- `hf_posext_attention`: {"method", "trained_length", <knobs>} — read by the attention function;
+- `attn_implementation: "hf_posext"` — transformers' config constructor turns this key into the
+  model's attention implementation on load (4.57 and 5.x), so `AutoModelForCausalLM` reloads the
+  method after `import hf_posext`. Without hf_posext, loading raises transformers' "Specified
+  attn_implementation is not supported" error; passing `attn_implementation="sdpa"` loads the
+  model with plain attention (the method ignored).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import ALL_KNOBS, ATTENTION_METHODS, AttentionExtensionConfig
+from .interface import CONFIG_KEY, IMPLEMENTATION
+
+# config attributes the patcher snapshots and `unpatch` restores
+RAW_KEYS = (CONFIG_KEY, "attn_implementation", "_attn_implementation_internal")
+
+
+def is_attention_method(method) -> bool:
+    return isinstance(method, str) and method.lower() in ATTENTION_METHODS
+
+
+def split(method, params: dict[str, Any], trained: int):
+    """(attention spec or None, the rope method or None, the rope method's params).
+
+    An attention method runs on plain RoPE (rope method None); a rope method with `logn=True`
+    gets the log-n scaling on top. Attention knobs given to a rope method are refused."""
+    params = dict(params)
+    if is_attention_method(method):
+        knobs = {k: params.pop(k) for k in list(params) if k in ALL_KNOBS}
+        if params:
+            raise TypeError(f"{method!r} does not take {sorted(params)}; it takes "
+                            f"{sorted(AttentionExtensionConfig(method, trained).knobs)} and factor.")
+        return AttentionExtensionConfig(method.lower(), trained, **knobs), None, {}
+    stray = sorted(set(params) & (set(ALL_KNOBS) - {"logn"}))
+    if stray:
+        raise TypeError(f"{stray} are knobs of the attention methods ({', '.join(ATTENTION_METHODS)}), "
+                        f"not of {method!r}.")
+    logn = params.pop("logn", False)
+    if not isinstance(logn, bool):
+        raise TypeError(f"logn must be True or False, got {logn!r}")
+    return (AttentionExtensionConfig("logn", trained) if logn else None), method, params
+
+
+def saved_trained_length(raw_config: dict[str, Any]) -> int | None:
+    """L recorded by an attention method in a checkpoint (its max_position_embeddings may be s·L)."""
+    block = raw_config.get(CONFIG_KEY)
+    return int(block["trained_length"]) if isinstance(block, dict) and "trained_length" in block else None
+
+
+def install(config, spec: AttentionExtensionConfig | None, raw_config: dict[str, Any]) -> None:
+    """Switch this config to `spec`, or back to the attention it had before hf_posext (None)."""
+    if spec is not None:
+        setattr(config, CONFIG_KEY, spec.to_dict())
+        config.attn_implementation = IMPLEMENTATION      # what save_pretrained writes
+        config._attn_implementation = IMPLEMENTATION     # what the attention modules read
+        return
+    if CONFIG_KEY not in config.__dict__ and config._attn_implementation != IMPLEMENTATION:
+        return                                           # never had one: leave it untouched
+    config.__dict__.pop(CONFIG_KEY, None)
+    config.__dict__.pop("attn_implementation", None)
+    original = raw_config.get("_attn_implementation_internal")
+    # a checkpoint saved with a method: its "original" attention is the method; go back to SDPA
+    config._attn_implementation = "sdpa" if original in (None, IMPLEMENTATION) else original
+
+
+def after_load(model, explicit: bool = False) -> None:
+    """After `hf_posext.from_pretrained`: a checkpoint saved with a method runs it again, unless
+    the caller chose an attn_implementation. transformers 5.x already did (from config.json's
+    `attn_implementation`); 4.57 drops that key on load. Either way it is written back, so saving
+    the loaded model keeps the method."""
+    from ..compat import text_config
+
+    config = text_config(model.config)
+    block = getattr(config, CONFIG_KEY, None)
+    if not isinstance(block, dict):
+        return
+    if not explicit:
+        AttentionExtensionConfig.from_dict(block)  # a hand-edited block fails here, clearly
+        config._attn_implementation = IMPLEMENTATION
+    if config._attn_implementation == IMPLEMENTATION:
+        config.attn_implementation = IMPLEMENTATION

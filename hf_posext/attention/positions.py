@@ -1,0 +1,98 @@
+"""The position maps of the attention-level methods, as plain functions (docs/attention_methods.md).
+
+Each method replaces the relative position `Δ = i − j` that RoPE gives a query at position i and a
+key at position j (j <= i) by another number r(i, j). Because rotations compose,
+R(a)·R(b) = R(a+b), every map below is written as a *query position* and a *key position* whose
+difference is r: a query already rotated at i, rotated once more by (q_pos − i), and a key rotated
+once more by (k_pos − j), score exactly as RoPE would at relative position q_pos − k_pos.
+
+The maps split the keys of a query into a near part (Δ < window: ordinary RoPE, untouched) and a
+far part (Δ >= window), where the far query/key positions below apply. Dual Chunk Attention
+splits by chunk instead (`dual_chunk_*`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+# --- ReRoPE / leaky ReRoPE (Su 2023, bojone/rerope: rerope_patch.py, leaky_rerope_patch.py) -------
+
+def rerope_relative(delta: torch.Tensor, window: int, leak: float | None = None) -> torch.Tensor:
+    """r = Δ for Δ < w; beyond: w (ReRoPE) or w + (Δ − w)/k (leaky ReRoPE, k = `leak`)."""
+    far = torch.full_like(delta, float(window)) if leak is None else window + (delta - window) / leak
+    return torch.where(delta < window, delta, far)
+
+
+def rerope_far_query(i: torch.Tensor, window: int, leak: float | None) -> torch.Tensor:
+    """ReRoPE: the query sits at w, keys at 0. Leaky: positions scaled by 1/k and the query
+    shifted by w(k−1)/k (the authors' `position_ids + window*(k-1)` under linear scaling k)."""
+    if leak is None:
+        return torch.full_like(i, float(window))
+    return i / leak + window * (1.0 - 1.0 / leak)
+
+
+def rerope_far_key(j: torch.Tensor, leak: float | None) -> torch.Tensor:
+    return torch.zeros_like(j) if leak is None else j / leak
+
+
+# --- Self-Extend (Jin et al. 2024, datamllab/LongLM self_extend_patch/Llama.py) -----------------
+
+def self_extend_far_query(i: torch.Tensor, group_size: int, window: int) -> torch.Tensor:
+    """⌊i/G⌋ + W − W/G: grouped positions shifted so that at Δ = W the grouped relative
+    position ⌊i/G⌋ − ⌊j/G⌋ + W − W/G continues from the neighbour window (LongLM uses the true
+    division W/G here)."""
+    return torch.floor(i / group_size) + window - window / group_size
+
+
+def self_extend_far_key(j: torch.Tensor, group_size: int) -> torch.Tensor:
+    return torch.floor(j / group_size)
+
+
+def self_extend_relative(i: torch.Tensor, j: torch.Tensor, group_size: int, window: int) -> torch.Tensor:
+    delta = i - j
+    far = self_extend_far_query(i, group_size, window) - self_extend_far_key(j, group_size)
+    return torch.where(delta < window, delta, far)
+
+
+# --- Dual Chunk Attention (An et al. 2024, HKUNLP/ChunkLlama chunkllama_attn_replace.py) ----------
+
+def dual_chunk_len(chunk_size: int, local_window: int) -> int:
+    """Keys are placed at j mod c with c = chunk_size − local_window."""
+    return chunk_size - local_window
+
+
+def dual_chunk_key(j: torch.Tensor, chunk_size: int, local_window: int) -> torch.Tensor:
+    return torch.remainder(j, dual_chunk_len(chunk_size, local_window))
+
+
+def dual_chunk_query(i: torch.Tensor, kind: str, chunk_size: int, local_window: int) -> torch.Tensor:
+    """Query position for keys in the same chunk (`intra`: i mod c), the previous chunk
+    (`successive`: min(i mod c + c, chunk_size)) or any earlier chunk (`inter`: the successive
+    position of the chunk's last query, min(2c − 1, chunk_size))."""
+    c = dual_chunk_len(chunk_size, local_window)
+    if kind == "intra":
+        return torch.remainder(i, c)
+    if kind == "successive":
+        return torch.clamp(torch.remainder(i, c) + c, max=chunk_size)
+    if kind == "inter":
+        return torch.full_like(i, float(min(2 * c - 1, chunk_size)))
+    raise ValueError(f"unknown dual chunk part {kind!r}")
+
+
+def dual_chunk_relative(i: torch.Tensor, j: torch.Tensor, chunk_size: int, local_window: int) -> torch.Tensor:
+    c = dual_chunk_len(chunk_size, local_window)
+    qi, kj = torch.div(i, c, rounding_mode="floor"), torch.div(j, c, rounding_mode="floor")
+    kind_q = {k: dual_chunk_query(i, k, chunk_size, local_window) for k in ("intra", "successive", "inter")}
+    q = torch.where(qi == kj, kind_q["intra"], torch.where(qi == kj + 1, kind_q["successive"], kind_q["inter"]))
+    return q - dual_chunk_key(j, chunk_size, local_window)
+
+
+# --- log-n query scaling (Su 2021 entropy invariance; Qwen `logn_attn`; rerope_patch.py) ---------
+
+def logn_scale(positions: torch.Tensor, trained_length: int) -> torch.Tensor:
+    """max(1, log n / log L) with n = position + 1: queries past L sharpen their logits."""
+    n = positions.to(torch.float64) + 1.0
+    return torch.clamp(torch.log(n) / math.log(trained_length), min=1.0)

@@ -1,0 +1,88 @@
+"""Attention-level methods through save_pretrained / from_pretrained (AutoModelForCausalLM after
+`import hf_posext`, and the hook), the config.json they write, and what a reader without
+hf_posext gets."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import TRAINED, tiny_model
+from transformers import AutoModelForCausalLM
+
+import hf_posext
+from hf_posext.compat import IS_V5
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def logits(model, tokens):
+    with torch.no_grad():
+        return model(tokens).logits
+
+
+@pytest.mark.parametrize("method,knobs", [("leaky_rerope", {"window": 16, "leak": 4.0}),
+                                          ("self_extend", {"window": 16, "group_size": 4}),
+                                          ("dual_chunk", {}), ("logn", {})])
+def test_save_reload_round_trip(arch, tokens, tmp_path, method, knobs):
+    model = hf_posext.patch(tiny_model(arch, attn_implementation="sdpa"), method, 2.0, **knobs)
+    expected = logits(model, tokens)
+    model.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    assert data["attn_implementation"] == "hf_posext"
+    assert data["hf_posext_attention"]["method"] == method
+    assert data["hf_posext_attention"]["trained_length"] == TRAINED
+    assert data["max_position_embeddings"] == 2 * TRAINED
+    auto = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    if IS_V5:  # 5.x reads config.json's attn_implementation; 4.57 drops it (see install.py)
+        assert auto.config._attn_implementation == "hf_posext"
+        torch.testing.assert_close(logits(auto, tokens), expected, rtol=0, atol=0)
+    else:
+        assert auto.config._attn_implementation == "sdpa" and auto.config.hf_posext_attention
+    hooked = hf_posext.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(logits(hooked, tokens), expected, rtol=0, atol=0)
+    # saved again from the reloaded model: still the method; re-patching knows L
+    hooked.save_pretrained(tmp_path / "again")
+    again = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert again["attn_implementation"] == "hf_posext"
+    assert hf_posext.trained_length(hooked) == TRAINED
+    hf_posext.patch(hooked, "yarn", 2.0)
+    assert hooked.config._attn_implementation == "sdpa"
+    assert hooked.config.max_position_embeddings == 2 * TRAINED
+
+
+def test_from_pretrained_hook_with_attention_method(tmp_path, tokens):
+    tiny_model("llama", attn_implementation="sdpa").save_pretrained(tmp_path)
+    model = hf_posext.from_pretrained(tmp_path, method="rerope", factor=2.0, window=16).eval()
+    ref = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "rerope", 2.0, window=16)
+    torch.testing.assert_close(logits(model, tokens), logits(ref, tokens), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="exceeds the trained length"):
+        hf_posext.from_pretrained(tmp_path, method="rerope", window=4 * TRAINED)
+
+
+def test_reader_without_hf_posext(tmp_path):
+    hf_posext.patch(tiny_model("llama"), "rerope", 2.0, window=16).save_pretrained(tmp_path)
+    script = textwrap.dedent(f"""
+        import sys
+        from transformers import AutoModelForCausalLM
+        try:
+            AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})
+            print("LOADED")
+        except ValueError as err:
+            print("REFUSED", "hf_posext" in str(err))
+        m = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, attn_implementation="sdpa")
+        assert "hf_posext" not in sys.modules
+        print("EXPLICIT", m.config._attn_implementation)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert ("REFUSED True" if IS_V5 else "LOADED") in out and "EXPLICIT sdpa" in out
+
+
+def test_explicit_attn_implementation_wins(tmp_path, tokens):
+    hf_posext.patch(tiny_model("llama"), "rerope", 2.0, window=16).save_pretrained(tmp_path)
+    plain = hf_posext.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    assert plain.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(logits(plain, tokens), logits(tiny_model("llama"), tokens),
+                               rtol=1e-5, atol=1e-5)
