@@ -115,7 +115,13 @@ def test_eval_end_to_end_and_resume(model_dir, text_file, capsys, tmp_path):
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     rows = json.loads((out / "perplexity.json").read_text())["rows"]
-    assert len(rows) == 2 * 3 * 3 and {r["docs"] for r in rows} == {2}
+    assert len(rows) == 2 * 3 * 3 + 1 and {r["docs"] for r in rows} == {2}
+    # The sliding-window baseline: unpatched, window = trained length 64, over the first 128 tokens.
+    base = [r for r in rows if r["protocol"] == "baseline"]
+    assert [(b["method"], b["length"], b["window"], b["stride"]) for b in base] == [("none", 128, 64, 16)]
+    yarn128 = next(r for r in rows if (r["method"], r["length"], r["protocol"]) == ("yarn", 128, "truncate"))
+    assert yarn128["ratio_to_sliding"] == pytest.approx(yarn128["perplexity"] / base[0]["perplexity"], abs=1e-4)
+    assert "ratio to sliding" in printed
     assert {r["tokens"] for r in rows if r["protocol"] == "sliding"} == {2 * 127}
     assert (out / "perplexity_truncate.png").stat().st_size > 0
     assert (out / "perplexity_sliding.png").stat().st_size > 0
@@ -123,7 +129,7 @@ def test_eval_end_to_end_and_resume(model_dir, text_file, capsys, tmp_path):
     code, err = run(argv, capsys)                       # results exist, no --resume
     assert code == 2 and "--resume" in err
     assert cli.main(argv + ["--resume"]) == 0
-    assert len(json.loads((out / "perplexity.json").read_text())["rows"]) == 18
+    assert len(json.loads((out / "perplexity.json").read_text())["rows"]) == 19
 
 
 def test_passkey_end_to_end(model_dir, capsys, tmp_path):
