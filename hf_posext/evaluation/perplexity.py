@@ -25,9 +25,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from ..config import canonical_method
-from ..patcher import is_patched, patch, trained_length, unpatch
+from ..patcher import is_patched, trained_length, unpatch
 from ..registry import rotary_modules
+from .grid import Cell, apply_method, knobs_for, method_factors
 from .loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
 
 PROTOCOLS = ("truncate", "sliding")
@@ -114,69 +114,12 @@ def rope_signature(model, seq_len: int) -> str:
 
 # --- the grid ----------------------------------------------------------------------------------
 
-def resolve_factor(spec, length: int, trained: int) -> float:
-    """`auto` -> s = max(1, length / trained); a number stays itself."""
-    if spec == "auto":
-        return max(1.0, length / trained)
-    return float(spec)
-
-
-def normalize_methods(methods: Iterable[str]) -> list[str]:
-    """`none` first (always a row), then each method once, canonical names."""
-    out = ["none"]
-    for m in methods:
-        name = "none" if m.lower() in ("none", "default", "original") else canonical_method(m)
-        if name not in out:
-            out.append(name)
-    return out
-
-
-@dataclass
-class Cell:
-    method: str
-    factor_spec: str       # "auto" or the number as given
-    factor: float
-    length: int
-    protocol: str
-
-    def key(self, ctx: dict) -> str:
-        stride = ctx["stride"] if self.protocol == "sliding" else ""
-        tokens = ctx["eval_tokens"] if self.protocol == "sliding" else ""
-        return "|".join(map(str, (ctx["model"], self.method, f"{self.factor:.6g}", self.length,
-                                  self.protocol, stride, tokens, ctx["data_hash"], ctx["dtype"])))
-
-
-def method_factors(methods, factors, length: int, trained: int) -> list[tuple[str, str, float]]:
-    """(method, factor as given, resolved scale s) to run at `length`: `none` once at s = 1,
-    every other method once per distinct s (two specs resolving to the same s run once)."""
-    out = []
-    for method in normalize_methods(methods):
-        specs = ["1"] if method == "none" else [str(f) for f in factors]
-        seen = set()
-        for spec in specs:
-            s = 1.0 if method == "none" else resolve_factor(spec if spec == "auto" else float(spec),
-                                                            length, trained)
-            if s not in seen:
-                seen.add(s)
-                out.append((method, spec, s))
-    return out
-
-
-def plan_cells(methods, lengths, factors, protocols, trained: int) -> list[Cell]:
+def plan_cells(methods, lengths, factors, protocols, trained: int, knobs=None) -> list[Cell]:
     """Cells in run order: by protocol, then length (short first), then method (`none` first)."""
-    return [Cell(method, spec, s, length, protocol)
+    return [Cell(method, spec, s, length, protocol, knobs_for(method, knobs or {}))
             for protocol in protocols
             for length in sorted(set(lengths))
             for method, spec, s in method_factors(methods, factors, length, trained)]
-
-
-def apply_method(model, method: str, factor: float) -> None:
-    """Put the model in the cell's state: unpatched for `none`, else patched (replacing)."""
-    if method == "none":
-        if is_patched(model):
-            unpatch(model)
-    else:
-        patch(model, method, factor)
 
 
 def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[str],
@@ -185,7 +128,7 @@ def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[
                         eval_tokens: int | None = None, store=None, model_name: str = "model",
                         dataset: str = "", data_hash: str | None = None, dtype: str = "",
                         device: str = "cpu", chunk_size: int = 1024, reuse_identical: bool = True,
-                        progress: bool = True) -> list[dict]:
+                        progress: bool = True, knobs: dict | None = None) -> list[dict]:
     """Perplexity of every (method, factor, length, protocol) cell on one loaded model.
 
     Args:
@@ -218,7 +161,7 @@ def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[
         data_hash = h.hexdigest()[:12]
     ctx = {"model": model_name, "stride": stride, "eval_tokens": eval_tokens, "data_hash": data_hash,
            "dtype": dtype}
-    cells = plan_cells(methods, lengths, factors, protocols, trained)
+    cells = plan_cells(methods, lengths, factors, protocols, trained, knobs)
     signatures: dict[tuple, dict] = {}   # (protocol, length, signature) -> the row that computed it
     for row in (store.rows if store is not None else []):
         if row.get("rope_signature") and row.get("data_hash") == data_hash:
@@ -226,13 +169,17 @@ def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[
     rows = []
     bar = tqdm(cells, desc="perplexity cells", unit="cell", disable=not progress)
     for cell in bar:
-        key = cell.key(ctx)
+        stride_k = ctx["stride"] if cell.protocol == "sliding" else ""
+        tokens_k = ctx["eval_tokens"] if cell.protocol == "sliding" else ""
+        key = "|".join(map(str, (ctx["model"], cell.method, f"{cell.factor:.6g}", cell.length,
+                                 cell.protocol, stride_k, tokens_k, ctx["data_hash"], ctx["dtype"],
+                                 sorted(cell.knobs.items()) if cell.knobs else "")))
         bar.set_postfix_str(f"{cell.protocol} {cell.method} s={cell.factor:g} L={cell.length}")
         if store is not None and store.has(key):
             rows.append(store.get(key))
             continue
         try:
-            apply_method(model, cell.method, cell.factor)
+            apply_method(model, cell.method, cell.factor, cell.knobs)
             forward_len = cell.length
             signature = rope_signature(model, forward_len)
             source = signatures.get((cell.protocol, cell.length, signature)) if reuse_identical else None

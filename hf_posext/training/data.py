@@ -11,69 +11,22 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 
-EMBEDDED_PLAYS = "embedded:shakespeare"
-_TEXT_SUFFIXES = {".txt", ".md"}
-_TABLE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
-@dataclass(frozen=True)
-class Document:
-    name: str
-    text: str
-
-
-def _rows_to_documents(rows: Iterable[dict], columns: Sequence[str] | None, text_column: str,
-                       source: str, max_documents: int | None) -> list[Document]:
-    if columns is not None and text_column not in columns:
-        raise ValueError(f"The dataset {source!r} has no column {text_column!r}; its columns are "
-                         f"{list(columns)}. Set data.text_column to the one holding the text.")
-    docs = []
-    for i, row in enumerate(rows):
-        if max_documents is not None and len(docs) >= max_documents:
-            break
-        if text_column not in row:
-            raise ValueError(f"Row {i} of {source!r} has no column {text_column!r} (it has "
-                             f"{sorted(row)}). Set data.text_column to the one holding the text.")
-        name = str(row.get("short_book_title") or row.get("title") or row.get("name") or f"{source}[{i}]")
-        docs.append(Document(name, str(row[text_column])))
-    return docs
+# The loader is shared with the evaluation (hf_posext.documents); these names stay for callers.
+from ..documents import EMBEDDED_TEXT as EMBEDDED_PLAYS
+from ..documents import Document, TextSource, keep_long
+from ..documents import load_documents as _load
 
 
 def load_documents(source: str, *, text_column: str = "text", split: str = "train",
                    subset: str | None = None, max_documents: int | None = None,
                    streaming: bool = False) -> list[Document]:
-    """Load documents from `source`: "embedded:shakespeare", a local file or folder, or a Hub
-    dataset name (e.g. "emozilla/pg19" or "pg19"; needs network, never used by tests)."""
-    if source == EMBEDDED_PLAYS:
-        from ..embedded import play_paths
-        paths = play_paths()[:max_documents] if max_documents else play_paths()
-        return [Document(p.stem, p.read_text(encoding="utf-8")) for p in paths]
-    path = Path(source).expanduser()
-    if path.exists():
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        texts = [p for p in files if p.suffix.lower() in _TEXT_SUFFIXES]
-        tables = [p for p in files if p.suffix.lower() in _TABLE_FORMATS]
-        if not texts and not tables:
-            raise ValueError(f"{source}: no .txt/.md/.json/.jsonl/.csv/.parquet files found.")
-        docs = [Document(p.stem, p.read_text(encoding="utf-8")) for p in texts]
-        if tables:
-            import datasets
-            formats = {_TABLE_FORMATS[p.suffix.lower()] for p in tables}
-            if len(formats) > 1:
-                raise ValueError(f"{source}: mixed table formats {sorted(formats)}; use one.")
-            ds = datasets.load_dataset(formats.pop(), data_files=[str(p) for p in tables], split="train")
-            docs += _rows_to_documents(ds, ds.column_names, text_column, source, None)
-        return docs[:max_documents] if max_documents else docs
-    import datasets  # a Hub name: the real code path (PG19 in the papers)
-    ds = datasets.load_dataset(source, subset, split=split, streaming=streaming)
-    columns = ds.column_names if getattr(ds, "column_names", None) else None
-    return _rows_to_documents(ds, columns, text_column, source, max_documents)
+    """`hf_posext.documents.load_documents` with the recipe's option names, as a list."""
+    return list(_load(TextSource(source, subset, split, text_column, column_flag="data.text_column"),
+                      max_docs=max_documents, streaming=streaming))
 
 
 def split_holdout(docs: Sequence[Document], holdout: Sequence[str] | int
@@ -129,18 +82,9 @@ def pack_documents(token_lists: Sequence[Sequence[int]], seq_len: int, bos_id: i
 
 def keep_long_documents(token_lists: Sequence[Sequence[int]], docs: Sequence[Document],
                         min_tokens: int, what: str) -> tuple[list[list[int]], list[Document]]:
-    """Keep documents of at least `min_tokens` tokens; fail clearly when none is long enough.
-
-    Long-context fine-tuning needs long documents (the papers use PG19 books): a window longer than
-    every document would only ever see several short documents glued together.
-    """
-    kept = [(ids, d) for ids, d in zip(token_lists, docs) if len(ids) >= min_tokens]
-    if not kept:
-        longest = max((len(ids) for ids in token_lists), default=0)
-        raise ValueError(f"The {what} window of {min_tokens} tokens is longer than every {what} "
-                         f"document (the longest has {longest} tokens). Lower the window or use "
-                         "longer documents.")
-    return [list(k[0]) for k in kept], [k[1] for k in kept]
+    """`hf_posext.documents.keep_long` for (token ids, documents) pairs of the recipe."""
+    kept = keep_long(token_lists, min_tokens, purpose=f"{what} window", what=f"{what} document")
+    return [list(ids) for _, ids in kept], [docs[i] for i, _ in kept]
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
