@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Callable
 
-from hf_posext.training.recipe import run
+from hf_posext.training.recipe import end_process_group, run
 from hf_posext.training.recipe_config import parse_args
 
 
@@ -43,4 +43,7 @@ def stop_with_parent() -> None:
 
 if __name__ == "__main__":
     stop_with_parent()
-    main()
+    try:
+        main()
+    finally:
+        end_process_group()

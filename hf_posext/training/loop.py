@@ -111,11 +111,12 @@ def stop_requested(accelerator, stop: StopSignal) -> int:
 def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t, state: TrainState,
                on_row: Callable[[dict], None] = lambda row: None,
                on_step: Callable[[int], None] | None = None,
-               on_batch: Callable[[list[int]], None] | None = None) -> int:
+               on_batch: Callable[[list[int], list[int]], None] | None = None) -> int:
     """Train from `state.step` to `t.max_steps` (a TrainingConfig `t`); checkpoint every
     `t.save_every` steps, at the end and on a signal. Returns 0, or 128+signal when stopped.
     `on_row(row)` receives each log row; `on_step(step)` runs after each optimizer step and
-    `on_batch(indices)` before each micro-batch (tests use them)."""
+    `on_batch(indices, rows)` before each micro-batch with its global example indices and
+    the packed sequences they select (tests use them)."""
     from tqdm.auto import tqdm
 
     world, rank, accum = accelerator.num_processes, accelerator.process_index, t.gradient_accumulation_steps
@@ -130,9 +131,10 @@ def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t,
             step_start, losses, pre, post = time.time(), [], None, float("nan")
             for micro in range(accum):
                 indices = example_indices(state.step, micro, rank, world, t.batch_size, accum)
+                rows = [order(i) for i in indices]
                 if on_batch is not None:
-                    on_batch(indices)
-                batch = collator([sequences[order(i)]["input_ids"] for i in indices], indices)
+                    on_batch(indices, rows)
+                batch = collator([sequences[r]["input_ids"] for r in rows], indices)
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
                 with accelerator.accumulate(model):
                     loss = model(**batch).loss                    # mean over this micro-batch

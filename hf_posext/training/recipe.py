@@ -79,7 +79,7 @@ def check_resume_config(saved: dict, cfg) -> None:
 
 
 def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = None,
-        on_batch: Callable[[list[int]], None] | None = None) -> dict:
+        on_batch: Callable[[list[int], list[int]], None] | None = None) -> dict:
     """The whole recipe; returns {"final_dir", "log", "eval", "model" (main process)}. Raises
     SystemExit(128+signal) when stopped by SIGTERM/SIGINT (state saved for --resume)."""
     from accelerate.utils import set_seed
@@ -117,12 +117,13 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
     if code:
         log(f"stopped at step {state.step}/{t.max_steps}; state saved in {out / 'checkpoints'}. "
             "Continue with the same command plus --resume.")
-        accelerator.end_training()
+        finish_trackers(accelerator)
         raise SystemExit(code)
     final_dir = out / "final"
     del optimizer
     saved = save_final(accelerator, model, tokenizer, final_dir, cfg.lora.enabled, t.gradient_checkpointing)
-    result = {"final_dir": str(final_dir), "log": str(log_path), "eval": None, "model": saved}
+    result = {"final_dir": str(final_dir), "log": str(log_path), "eval": None, "model": saved,
+              "world_size": accelerator.num_processes}
     if main:
         plot_loss(out / "loss_curve.png", state.rows, loss_title(cfg, accelerator.num_processes))
         log(f"saved {final_dir} (reloads with AutoModelForCausalLM.from_pretrained)")
@@ -131,8 +132,21 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
             result["eval"] = evaluate_recipe(cfg, final_dir, data.eval_ids, data.eval_names,
                                              out / "eval", state.step, log)
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    finish_trackers(accelerator)
     return result
+
+
+def finish_trackers(accelerator) -> None:
+    """`accelerator.end_training()` without its `destroy_process_group()`: `run` is a library call
+    (tests run several in the same ranks); the process that launched it ends the group."""
+    for tracker in accelerator.trackers:
+        tracker.finish()
+
+
+def end_process_group() -> None:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def loss_title(cfg, world: int = 1) -> str:
