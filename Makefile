@@ -9,7 +9,7 @@ TRANSFORMERS ?= transformers>=5,<6
 PYTEST_ARGS ?=
 BIN = $(VENV)/bin
 
-.PHONY: install test test-tf4 demo demo-finetune bench clean
+.PHONY: install test test-tf4 demo demo-finetune bench portability-table clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,10 @@ bench: install
 # Fine-tune the embedded SmolLM2-135M with YaRN s=2 + PoSE, then evaluate base vs fine-tuned.
 demo-finetune: install
 	$(BIN)/accelerate launch --config_file recipes/accelerate/cpu.yaml recipes/finetune.py --config recipes/cpu-smollm2-demo.yaml
+
+# The README's method × engine table (how each reader runs every method's checkpoint, ~20 s).
+portability-table: install
+	$(BIN)/hf-posext check --table
 
 clean:
 	rm -rf .venv .venv-tf4 build *.egg-info
