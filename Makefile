@@ -9,7 +9,7 @@ TRANSFORMERS ?= transformers>=5,<6
 PYTEST_ARGS ?=
 BIN = $(VENV)/bin
 
-.PHONY: install test test-tf4 demo demo-finetune ddp-smoke bench clean
+.PHONY: install test test-tf4 demo demo-finetune ddp-smoke bench portability-table clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,10 @@ demo-finetune: install
 # rank prints the world size it saw (~30 s). Why this config is MULTI_GPU: recipes/README.md.
 ddp-smoke: install
 	OMP_NUM_THREADS=1 $(BIN)/accelerate launch --config_file recipes/accelerate/cpu-ddp.yaml recipes/ddp_smoke.py
+
+# The README's method × engine table (how each reader runs every method's checkpoint, ~20 s).
+portability-table: install
+	$(BIN)/hf-posext check --table
 
 clean:
 	rm -rf .venv .venv-tf4 build *.egg-info

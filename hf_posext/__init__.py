@@ -5,22 +5,29 @@
     hf_posext.patch(model, "ntk", factor=2)     # replaces, never compounds
     hf_posext.unpatch(model)                    # back to the original
 
-Importing registers hf_posext's rope types (`ntk`, `ntk_by_parts`, `dynamic_yarn`) with
-transformers, so checkpoints saved extended reload with `AutoModelForCausalLM.from_pretrained`.
+Checkpoints are saved in the form plain transformers (4.x and 5.x) runs exactly, except
+`dynamic_yarn`: importing registers hf_posext's rope types (`dynamic_yarn`, and `ntk` /
+`ntk_by_parts` for older checkpoints) with transformers. `hf_posext.check(path)` says how
+transformers, vLLM, SGLang, TGI and llama.cpp run a checkpoint's rope;
+`hf_posext.export(model_or_path, out, target="vllm")` writes the form one of them runs exactly
+(docs/portability.md).
 """
 
 from . import attention, methods
 from .attention import ATTENTION_METHODS, AttentionExtensionConfig
 from .config import METHODS, ROPE_METHODS, RopeExtensionConfig
+from .exporting import export
 from .generation import fixed_rope_scale, generate
 from .loading import from_pretrained
 from .patcher import is_patched, patch, trained_length, unpatch
 from .registry import SUPPORTED_MODEL_TYPES, compute, register
+from .verdicts import check
 
 register()
 attention.register()
 
 __version__ = "0.1.0"
-__all__ = ["ATTENTION_METHODS", "AttentionExtensionConfig", "METHODS", "ROPE_METHODS", "RopeExtensionConfig", "SUPPORTED_MODEL_TYPES", "compute", "fixed_rope_scale",
-           "from_pretrained", "generate", "is_patched", "methods", "patch", "trained_length",
-           "unpatch"]
+__all__ = ["ATTENTION_METHODS", "AttentionExtensionConfig", "METHODS", "ROPE_METHODS",
+           "RopeExtensionConfig", "SUPPORTED_MODEL_TYPES", "check", "compute", "export",
+           "fixed_rope_scale", "from_pretrained", "generate", "is_patched", "methods", "patch",
+           "trained_length", "unpatch"]

@@ -11,9 +11,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from .check import check, report
+from .verdicts import check, report
 from .engines import READERS
-from .export import TARGETS, export
+from .exporting import TARGETS, export
 
 # reader (column) -> the export target that writes its form
 _TARGET_OF = {"transformers 5.x": "transformers", "transformers 4.x": "transformers",
@@ -84,6 +84,8 @@ def _tiny_checkpoint(folder: Path, method: str, knobs: dict, factor: float = 4.0
 
 
 def _cell(verdict, path: Path, scratch: Path) -> str:
+    if verdict.status == "refused" and "import hf_posext" in verdict.detail:
+        return "refused without hf_posext; exact after `import hf_posext`"
     if verdict.status in ("exact", "n/a", "refused"):
         return verdict.status
     target = _TARGET_OF[verdict.reader]

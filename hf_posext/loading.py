@@ -11,9 +11,10 @@ from typing import Any
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from . import attention
-from .compat import get_rope_parameters, text_config
+from .compat import get_rope_parameters, text_config, write_both_layouts
 from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
 from .patcher import patch
+from .portable import BLOCK
 from .registry import SUPPORTED_MODEL_TYPES, check_supported
 
 # Keywords that belong to the method, not to transformers.
@@ -80,6 +81,11 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
         _drop_spent_gguf_quantizer(model)
     if method is not None:
         patch(model, method, factor, **knobs)
+    elif getattr(text_config(model.config), BLOCK, None) is not None:
+        # transformers 5.x keeps only rope_parameters after loading: restore the 4.x pair so
+        # that re-saving writes both layouts again (docs/portability.md, "Both layouts")
+        config = text_config(model.config)
+        write_both_layouts(config, get_rope_parameters(config))
     return model
 
 

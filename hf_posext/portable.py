@@ -111,7 +111,7 @@ def _reads_as(config, rope: dict[str, Any], spec: RopeExtensionConfig, theta: fl
               dim: int) -> bool:
     """True when transformers runs `rope` exactly as `spec`: an engine form written by
     `hf_posext.export` (other keys, same meaning) matches its block too."""
-    from .check import TOLERANCE, errors, meaning_of
+    from .verdicts import TOLERANCE, errors, meaning_of
     from .engines import NotApplicable, transformers_reading
 
     try:

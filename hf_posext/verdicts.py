@@ -1,4 +1,5 @@
 """`hf_posext.check` / `hf-posext check PATH`: does each reader run the checkpoint's rope as it means?
+(docs/portability.md, "Verdicts")
 
 What a checkpoint *means* is its hf_posext method (the `config.hf_posext` block, or the rope
 config read as an hf_posext method), computed by `hf_posext.methods`. What each reader *runs*
@@ -11,7 +12,7 @@ and at s·L (dynamic methods change with length), each reader gets one verdict:
 - refused: the reader raises on load (unknown rope type);
 - n/a: transformers' own llama3 / longrope, not an hf_posext method.
 
-`export` (hf_posext/export.py) writes the form a named reader runs exactly, or refuses.
+`export` (hf_posext/exporting.py) writes the form a named reader runs exactly, or refuses.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ class Verdict:
 
     def cell(self) -> str:
         if self.status == "different":
-            return f"different (inv_freq {self.freq_error:.2%}, scale {self.scale_error:.2%})"
+            parts = [f"{name} {err:.2%}" for name, err in (("inv_freq", self.freq_error),
+                                                           ("scale", self.scale_error))
+                     if err > TOLERANCE]
+            return f"different ({', '.join(parts)})"
         return self.status
 
     def line(self) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import portable
-from .check import Verdict, check, load_config, meaning, verdict
+from .verdicts import Verdict, check, load_config, meaning, verdict
 from .compat import _v4_scaling
 from .engines import NotApplicable
 from .methods import yarn_mscale
