@@ -9,7 +9,7 @@ TRANSFORMERS ?= transformers>=5,<6
 PYTEST_ARGS ?=
 BIN = $(VENV)/bin
 
-.PHONY: install test test-tf4 demo demo-finetune ddp-smoke bench portability-table clean
+.PHONY: install test test-tf4 demo demo-finetune ddp-smoke bench bench-long portability-table clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,6 +37,15 @@ demo: install
 # Memory and speed of the chunked perplexity path; patched vs native yarn forward (~6 min).
 bench: install
 	$(BIN)/python benchmarks/run.py
+
+# Attention-level methods vs a sliding 8k window at 16k/32k (steps in benchmarks/long_context.py; ~2 h).
+bench-long: install
+	$(BIN)/python benchmarks/long_context.py tune
+	$(BIN)/python benchmarks/long_context.py sliding --text plays
+	$(BIN)/python benchmarks/long_context.py sliding --text code
+	$(BIN)/python benchmarks/long_context.py method --text plays --config $$($(BIN)/python benchmarks/long_context_report.py --chosen)
+	$(BIN)/python benchmarks/long_context.py method --text code --config $$($(BIN)/python benchmarks/long_context_report.py --chosen)
+	$(BIN)/python benchmarks/long_context.py report
 
 # Fine-tune the embedded SmolLM2-135M with YaRN s=2 + PoSE, then evaluate base vs fine-tuned.
 demo-finetune: install

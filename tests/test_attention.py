@@ -224,3 +224,23 @@ def test_attention_methods_are_listed_and_defaults_follow_the_authors():
     assert (spec.chunk_size, spec.local_window) == (3072, 256)            # ChunkLlama
     with pytest.raises(Exception):
         spec.window = 3                                                   # immutable
+
+
+@pytest.mark.parametrize("method,knobs", CASES[:-1])
+@pytest.mark.parametrize("chunk", [5, 16, 33])
+def test_query_chunking_does_not_change_the_result(method, knobs, chunk):
+    """Chunks smaller and larger than the window, not dividing it: same as one chunk."""
+    from hf_posext.attention import AttentionExtensionConfig
+    from hf_posext.attention.kernel import attend
+    from hf_posext.attention.plans import plan_for
+    from hf_posext.methods import default_inv_freq
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4 if t == "q" else 2, 150, 16, generator=g) for t in "qkv")
+    spec = AttentionExtensionConfig(method, TRAINED, **knobs)
+    inv = default_inv_freq(16, 1e4)
+    whole = attend(q, k, v, None, 0.25, plan_for(spec), inv, 0, chunk=1000)
+    torch.testing.assert_close(attend(q, k, v, None, 0.25, plan_for(spec), inv, 0, chunk=chunk),
+                               whole, rtol=1e-5, atol=1e-5)
+    tail = attend(q[:, :, 140:], k, v, None, 0.25, plan_for(spec), inv, 140, chunk=chunk)  # cached
+    torch.testing.assert_close(tail, whole[:, :, 140:], rtol=1e-5, atol=1e-5)

