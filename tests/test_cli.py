@@ -139,3 +139,21 @@ def test_passkey_end_to_end(model_dir, capsys, tmp_path):
     rows = json.loads((out / "passkey.json").read_text())["rows"]
     assert len(rows) == 2 * 2 * 2 and all(r["seeds"] == 2 for r in rows)
     assert (out / "passkey_none.png").exists() and (out / "passkey_ntk.png").exists()
+
+
+def test_version_and_model_keyword_arguments(model_dir, capsys, tmp_path):
+    import hf_posext
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"hf-posext {hf_posext.__version__}"
+    args = cli.build_parser().parse_args(["eval", "--model", "m", "--revision", "v2", "--dtype", "auto",
+                                          "--attn-implementation", "eager", "--device-map", "auto"])
+    assert cli._model_kwargs(args) == {"dtype": "auto", "revision": "v2",
+                                       "attn_implementation": "eager", "device_map": "auto"}
+    # They reach the model: the rows record the attention implementation and the resolved dtype.
+    out = tmp_path / "pk"
+    assert cli.main(["passkey", "--model", str(model_dir), "--lengths", "400", "--methods", "none",
+                     "--depths", "1", "--seeds", "1", "--dtype", "auto", "--attn-implementation",
+                     "eager", "--out", str(out), "--no-progress", "--no-plot"]) == 0
+    row = json.loads((out / "passkey.json").read_text())["rows"][0]
+    assert row["attn_implementation"] == "eager" and row["dtype"] == "float32"

@@ -19,8 +19,13 @@ class Ranks:
         self.state = None
         self.rank, self.size = 0, 1
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            import torch
             from accelerate import PartialState
-            self.state = PartialState()
+            # PartialState only forms a CPU (gloo) group when told `cpu=True`; Accelerator reads
+            # ACCELERATE_USE_CPU for that, and so do we (and on a machine without CUDA).
+            cpu = os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes") \
+                or not torch.cuda.is_available()
+            self.state = PartialState(cpu=cpu)
             self.rank, self.size = self.state.process_index, self.state.num_processes
 
     @property

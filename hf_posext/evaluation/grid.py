@@ -9,6 +9,7 @@ here without a hand-kept list.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -193,6 +194,9 @@ def run_grid(model, cells: Sequence[Cell], *, identity: dict, base_row: dict, co
     owner = ranks.assign([float(j.cell.length) for j in todo])
     mine = [j for j, r in zip(todo, owner) if r == ranks.rank]
     rounds = max([owner.count(r) for r in range(ranks.size)] + [0])
+    if ranks.size > 1:
+        print(f"rank {ranks.rank}/{ranks.size}: computing {len(mine)} of {len(todo)} cells",
+              file=sys.stderr, flush=True)
     bar = tqdm(total=len(mine), desc=desc, unit="cell", disable=not progress)
     for turn in range(rounds):
         job, row, error = (mine[turn] if turn < len(mine) else None), None, None
