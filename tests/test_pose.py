@@ -133,17 +133,6 @@ def test_collator_batch_lets_the_second_chunk_attend_to_the_first():
 
 
 # ------------------------------------------------------------------------------------------ data
-def test_pack_documents_wraps_each_document_in_bos_eos_and_drops_the_tail():
-    docs = [[10, 11, 12], [20, 21], [30, 31, 32, 33]]
-    packed = datalib.pack_documents(docs, 4, bos_id=1, eos_id=2)
-    stream = [1, 10, 11, 12, 2, 1, 20, 21, 2, 1, 30, 31, 32, 33, 2]   # 15 tokens -> 3 x 4
-    assert packed.tolist() == [stream[0:4], stream[4:8], stream[8:12]]
-    no_bos = datalib.pack_documents(docs, 3, bos_id=None, eos_id=0)
-    assert no_bos.tolist() == [[10, 11, 12], [0, 20, 21], [0, 30, 31], [32, 33, 0]]
-    with pytest.raises(ValueError, match="fewer than one window of 99"):
-        datalib.pack_documents(docs, 99, 1, 2)
-
-
 def test_split_holdout_by_name_and_count_never_overlaps():
     docs = [datalib.Document(f"d{i}", f"text {i}") for i in range(5)]
     train, held = datalib.split_holdout(docs, ["d1", "d3"])
@@ -157,15 +146,6 @@ def test_split_holdout_by_name_and_count_never_overlaps():
     dup = docs + [datalib.Document("copy", "text 1")]
     with pytest.raises(ValueError, match="also appear in the training set"):
         datalib.split_holdout(dup, ["d1"])
-
-
-def test_keep_long_documents_and_window_longer_than_documents():
-    docs = [datalib.Document(str(i), "x") for i in range(3)]
-    ids, kept = datalib.keep_long_documents([[1] * 5, [1] * 20, [1] * 9], docs, 9, "training")
-    assert [d.name for d in kept] == ["1", "2"] and [len(x) for x in ids] == [20, 9]
-    with pytest.raises(ValueError, match="window of 50 tokens is longer than every training document "
-                                         r"\(the longest has 20"):
-        datalib.keep_long_documents([[1] * 5, [1] * 20], docs[:2], 50, "training")
 
 
 def test_load_local_documents_and_missing_column(tmp_path):

@@ -59,7 +59,7 @@ def test_yaml_file_then_flags_override_it(tmp_path):
     ({"model__method": "rope_magic"}, ValueError, "Unknown RoPE extension method 'rope_magic'"),
     ({"model__factor": "0.5"}, ValueError, "factor must be >= 1"),
     ({"training__seq_len": "4096"}, ValueError, "window of 4096 tokens is longer than every training document"),
-    ({"eval__lengths": "[64, 5000]"}, ValueError, "shorter than the longest evaluation length 5000"),
+    ({"eval__lengths": "[64, 5000]"}, ValueError, "length of 5000 tokens is longer than every document"),
     ({"pose__target": "16"}, ValueError, "must be an integer >= training.seq_len"),
     ({"data__eval_documents": "[hamlet]"}, ValueError, r"eval documents \['hamlet'\] are not among"),
     ({"training__learning_rate": "fast"}, ValueError, r'"training.learning_rate": Expected a .*float.* fast'),

@@ -4,20 +4,19 @@
   or one per row of .json/.jsonl/.csv/.parquet), or a Hub dataset through `datasets.load_dataset`
   (PG19 as in the PI and YaRN papers). Every path returns `Document(name, text)`.
 - `split_holdout`: documents held out for evaluation are never trained on.
-- `pack_documents`: the YaRN §4.1 recipe packs documents into full-length sequences, each document
-  wrapped in BOS ... EOS, so no compute is spent on padding.
+- `epoch_order`: the seeded order of the packed sequences in each epoch.
+Tokenising and packing: `packing.py`.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
 
 # The loader is shared with the evaluation (hf_posext.documents); these names stay for callers.
 from ..documents import EMBEDDED_TEXT as EMBEDDED_PLAYS
-from ..documents import Document, TextSource, keep_long
+from ..documents import Document, TextSource
 from ..documents import load_documents as _load
 
 
@@ -55,44 +54,8 @@ def split_holdout(docs: Sequence[Document], holdout: Sequence[str] | int
     return train, evals
 
 
-def tokenize(tokenizer, docs: Sequence[Document]) -> list[list[int]]:
-    """Token ids per document, without special tokens (packing adds BOS/EOS itself)."""
-    return [tokenizer(d.text, add_special_tokens=False)["input_ids"] for d in docs]
-
-
-def pack_documents(token_lists: Sequence[Sequence[int]], seq_len: int, bos_id: int | None,
-                   eos_id: int | None) -> torch.Tensor:
-    """Concatenate [BOS] + doc + [EOS] for every document and cut the stream into full sequences.
-
-    Returns a LongTensor [n_sequences, seq_len]; the incomplete tail is dropped (no padding).
-    """
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-    stream: list[int] = []
-    for ids in token_lists:
-        stream += ([bos_id] if bos_id is not None else []) + list(ids) + \
-                  ([eos_id] if eos_id is not None else [])
-    n = len(stream) // seq_len
-    if n == 0:
-        raise ValueError(f"The training documents hold {len(stream)} tokens in all, fewer than one "
-                         f"window of {seq_len}: lower the window (training.seq_len / pose.window) "
-                         "or add longer documents.")
-    return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
-
-
-def keep_long_documents(token_lists: Sequence[Sequence[int]], docs: Sequence[Document],
-                        min_tokens: int, what: str) -> tuple[list[list[int]], list[Document]]:
-    """`hf_posext.documents.keep_long` for (token ids, documents) pairs of the recipe."""
-    kept = keep_long(token_lists, min_tokens, purpose=f"{what} window", what=f"{what} document")
-    return [list(ids) for _, ids in kept], [docs[i] for i, _ in kept]
-
-
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     """The shuffled order of `n` sequences in a given epoch; a pure function of (seed, epoch), so
     a resumed run sees exactly the batches an uninterrupted one would."""
     g = torch.Generator().manual_seed(seed * 7919 + epoch)
     return torch.randperm(n, generator=g).tolist()
-
-
-def num_epochs_needed(n_sequences: int, total_examples: int) -> int:
-    return math.ceil(total_examples / n_sequences)

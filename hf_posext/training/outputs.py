@@ -41,7 +41,7 @@ def plot_loss(path: Path, rows: Sequence[dict], title: str = "") -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = plt.subplots(figsize=(7.2, 4.0))
     steps, losses = [int(r["step"]) for r in rows], [float(r["loss"]) for r in rows]
     k = min(TRAILING, len(losses))
     ax.plot(steps, losses, marker=".", alpha=0.45, label="loss of each optimizer step")

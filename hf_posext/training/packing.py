@@ -36,26 +36,27 @@ def packed_sequences(docs: Sequence, tokenizer, seq_len: int, bos_id: int | None
     import datasets
     from datasets.fingerprint import Hasher
 
+    from ..documents import keep_long
+    from ..evaluation.data import tokenizer_fingerprint
+
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     root.mkdir(parents=True, exist_ok=True)
     texts = [d.text for d in docs]
-    key = Hasher.hash([Hasher.hash(texts), Hasher.hash(tokenizer), seq_len, bos_id, eos_id])
+    key = Hasher.hash([Hasher.hash(texts), tokenizer_fingerprint(tokenizer), seq_len, bos_id, eos_id])
     raw = datasets.Dataset.from_dict({"name": [d.name for d in docs], "text": texts})
 
     def tokenize(batch):
-        return {"ids": tokenizer(batch["text"], add_special_tokens=False)["input_ids"]}
+        ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+        return {"ids": ids, "n": [len(x) for x in ids]}
 
     tokens = raw.map(tokenize, batched=True, remove_columns=["text"], desc="tokenizing",
                      cache_file_name=str(root / f"{key}-tokens.arrow"), new_fingerprint=f"{key}-t")
-    long_docs = tokens.filter(lambda row: len(row["ids"]) >= seq_len, desc="keeping long documents",
-                              cache_file_name=str(root / f"{key}-long.arrow"), new_fingerprint=f"{key}-l")
-    if len(long_docs) == 0:
-        longest = max((len(x) for x in tokens["ids"]), default=0)
-        raise ValueError(f"The training window of {seq_len} tokens is longer than every training "
-                         f"document (the longest has {longest} tokens). Lower the window or use "
-                         "longer documents.")
+    # The shared rule (hf_posext.documents.keep_long) on the lengths only: no token list in Python.
+    kept = keep_long((range(n) for n in tokens["n"]), seq_len, purpose="training window",
+                     what="training document")
+    long_docs = tokens.select([i for i, _ in kept]).remove_columns("n")
     prefix, suffix = [bos_id] if bos_id is not None else [], [eos_id] if eos_id is not None else []
 
     def pack(batch):
@@ -66,7 +67,4 @@ def packed_sequences(docs: Sequence, tokenizer, seq_len: int, bos_id: int | None
     packed = long_docs.map(pack, batched=True, batch_size=PACK_BATCH, remove_columns=["ids", "name"],
                            desc="packing", cache_file_name=str(root / f"{key}-packed.arrow"),
                            new_fingerprint=f"{key}-p")
-    if len(packed) == 0:
-        raise ValueError(f"The training documents hold fewer tokens than one window of {seq_len}: "
-                         "lower the window (training.seq_len) or add longer documents.")
     return packed.with_format("torch"), list(long_docs["name"])

@@ -48,21 +48,12 @@ def prepare_data(cfg, tokenizer, accelerator=None, log: Callable[[str], None] = 
         sequences, train_names = packed_sequences(train_docs, tokenizer, t.seq_len, bos, eos)
     eval_names, eval_ids = [], []
     if cfg.eval.enabled:
-        # The truncate protocol scores the first L tokens of each document: keep those with at
-        # least max(lengths) tokens (the same documents at every length).
-        need = max(cfg.eval.lengths)
-        ids = [tokenizer(doc.text, add_special_tokens=False)["input_ids"] for doc in eval_docs]
-        long_enough = [(doc.name, x) for doc, x in zip(eval_docs, ids) if len(x) >= need]
-        if not long_enough:
-            short = [(doc.name, len(x)) for doc, x in zip(eval_docs, ids)]
-            raise ValueError(f"Held-out documents {short} are all shorter than the longest evaluation "
-                             f"length {need} (the truncate protocol scores the first L tokens of each "
-                             "document). Choose longer eval_documents or lower eval.lengths.")
-        if len(long_enough) < len(eval_docs):
-            log(f"eval: {len(eval_docs) - len(long_enough)} held-out documents shorter than {need} "
-                "tokens are skipped (they are still never trained on)")
-        long_enough = long_enough[: cfg.eval.max_documents]
-        eval_names, eval_ids = [x[0] for x in long_enough], [x[1] for x in long_enough]
+        # The evaluation's own selection (the CLI's): the first eval.max_documents held-out
+        # documents with at least max(lengths) tokens, tokenised through its on-disk cache.
+        from ..evaluation.data import TokenCache, select_documents
+        chosen = select_documents(eval_docs, TokenCache(tokenizer), max(cfg.eval.lengths),
+                                  cfg.eval.max_documents)
+        eval_names, eval_ids = chosen.names, chosen.docs
     log(f"data: {len(train_names)} training documents -> {len(sequences)} sequences of {t.seq_len} "
         f"tokens; held out for evaluation: {[x.name for x in eval_docs]}")
     return PreparedData(sequences, train_names, eval_names, eval_ids)
@@ -151,9 +142,11 @@ def end_process_group() -> None:
 
 def loss_title(cfg, world: int = 1) -> str:
     t = cfg.training
-    pose = f", PoSE positions to {cfg.pose.target or 'factor x trained'}" if cfg.pose.enabled else ""
-    return (f"{cfg.model.name} {cfg.model.method} s={cfg.model.factor:g}: {t.seq_len}-token windows, "
-            f"{world * t.batch_size * t.gradient_accumulation_steps} per step{pose}, lr {t.learning_rate:g}")
+    pose = (f"PoSE positions up to {cfg.pose.target}" if cfg.pose.target else
+            "PoSE positions up to s x trained length") if cfg.pose.enabled else "no PoSE"
+    return (f"{cfg.model.name} {cfg.model.method} s={cfg.model.factor:g}: fine-tuning loss\n"
+            f"{world * t.batch_size * t.gradient_accumulation_steps} x {t.seq_len}-token windows per "
+            f"step, {pose}, lr {t.learning_rate:g}")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
