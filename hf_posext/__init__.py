@@ -1,4 +1,5 @@
-"""hf_posext: extend the context window of Hugging Face Llama / Mistral models through RoPE.
+"""hf_posext: extend the context window of Hugging Face RoPE decoders (Llama, Mistral, Qwen,
+Gemma, OLMo 2, Granite, GPT-NeoX, StableLM: `SUPPORTED_MODEL_TYPES`) through RoPE.
 
     import hf_posext
     model = hf_posext.from_pretrained("meta-llama/Llama-2-7b-hf", method="yarn", factor=4)
@@ -10,6 +11,7 @@ transformers, so checkpoints saved extended reload with `AutoModelForCausalLM.fr
 """
 
 from . import methods
+from .adapters import save_adapter
 from .config import METHODS, RopeExtensionConfig
 from .generation import fixed_rope_scale, generate
 from .loading import from_pretrained
@@ -20,5 +22,5 @@ register()
 
 __version__ = "0.1.0"
 __all__ = ["METHODS", "RopeExtensionConfig", "SUPPORTED_MODEL_TYPES", "compute", "fixed_rope_scale",
-           "from_pretrained", "generate", "is_patched", "methods", "patch", "trained_length",
-           "unpatch"]
+           "from_pretrained", "generate", "is_patched", "methods", "patch", "save_adapter",
+           "trained_length", "unpatch"]
