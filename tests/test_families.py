@@ -162,3 +162,19 @@ def test_multimodal_rope_is_refused_with_the_reason():
     model.config.__dict__[key] = {**rope, "mrope_section": [2, 3, 3]}
     with pytest.raises(ValueError, match="cannot extend it: it uses multimodal RoPE"):
         check_supported(model)
+
+
+def test_fixed_rope_scale_holds_every_family(family):
+    """generation.fixed_rope_scale on one-rope and per-layer-type rotary modules alike."""
+    model = hf_posext.patch(build(family), "dynamic_yarn", 4.0)
+    d = FAMILIES[family][3]
+    with hf_posext.fixed_rope_scale(model, 3 * L):
+        logits(model, 10)  # a short forward must not reset the held frequencies
+        inv, scale = frequencies(model)
+        np.testing.assert_allclose(inv.double().numpy(), ref_ramp_by_parts(d, BASE, 3.0, L, 32.0, 1.0),
+                                   rtol=2e-6)
+        assert scale == pytest.approx(0.1 * math.log(3.0) + 1)
+    logits(model, 10)
+    inv, scale = frequencies(model)
+    np.testing.assert_allclose(inv.double().numpy(), ref_default(d, BASE), rtol=2e-6)
+    assert scale == 1.0
