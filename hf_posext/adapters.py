@@ -35,7 +35,14 @@ def save_adapter(peft_model, adapter_dir, base_dir=None, **save_kwargs) -> Path:
     when you move the adapter, move the base with it and re-point `base_model_name_or_path`.
     `save_kwargs` go to `peft_model.save_pretrained`. Returns the base directory.
     The PEFT model's adapter configs keep pointing at the extended base afterwards."""
-    from peft import PeftModel, get_base_model_state_dict
+    import peft
+    from peft import PeftModel
+
+    get_base_model_state_dict = getattr(peft, "get_base_model_state_dict", None)
+    if get_base_model_state_dict is None:  # added to peft in 2026 (huggingface/peft PR #3000)
+        raise ImportError(f"hf_posext.save_adapter needs peft.get_base_model_state_dict, which "
+                          f"peft {peft.__version__} lacks (tested with peft 0.21.2): "
+                          "pip install -U peft")
 
     if not isinstance(peft_model, PeftModel):
         raise TypeError(f"save_adapter expects a peft PeftModel (from get_peft_model), got "

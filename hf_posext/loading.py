@@ -31,9 +31,10 @@ _CONFIG_KWARGS = {"revision", "token", "cache_dir", "gguf_file", "local_files_on
 def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
     """Fail before loading weights when the architecture or its rope type is unsupported.
     Returns the (text) config."""
-    config = text_config(AutoConfig.from_pretrained(
-        name_or_path, **{k: v for k, v in hf_kwargs.items() if k in _CONFIG_KWARGS}))
-    model_type = getattr(config, "model_type", None)
+    full = AutoConfig.from_pretrained(
+        name_or_path, **{k: v for k, v in hf_kwargs.items() if k in _CONFIG_KWARGS})
+    config = text_config(full)
+    model_type = getattr(full, "model_type", None)  # what the loaded model will report
     if model_type not in SUPPORTED_MODEL_TYPES or model_type in UNSUPPORTED_MODEL_TYPES:
         what = (f"cannot be extended: {UNSUPPORTED_MODEL_TYPES[model_type]}"
                 if model_type in UNSUPPORTED_MODEL_TYPES else
