@@ -134,11 +134,16 @@ def test_patch_unpatch_and_save_reload(family, tmp_path):
     assert hf_posext.trained_length(hooked) == L  # re-extending a saved extension replaces it
 
 
-def test_dynamic_yarn_is_history_free(family):
+def test_dynamic_yarn_is_history_free(family, tmp_path):
     model = hf_posext.patch(build(family), "dynamic_yarn", 4.0)
     fresh = logits(hf_posext.patch(build(family), "dynamic_yarn", 4.0), 2 * L)
     logits(model, 4 * L)
     torch.testing.assert_close(logits(model, 2 * L), fresh, rtol=0, atol=0)
+    model.save_pretrained(tmp_path)  # a plain transformers reload gets the hook too
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert all(dynamic.is_history_free(m) for _, _, m in rotary_modules(reloaded))
+    logits(reloaded, 4 * L)
+    torch.testing.assert_close(logits(reloaded, 2 * L), fresh, rtol=0, atol=0)
     expected = ref_ramp_by_parts(FAMILIES[family][3], BASE, 2.0, L, 32.0, 1.0)
     inv, scale = frequencies(model)
     np.testing.assert_allclose(inv.double().numpy(), expected, rtol=2e-6)
