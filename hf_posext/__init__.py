@@ -1,4 +1,5 @@
-"""hf_posext: extend the context window of Hugging Face Llama / Mistral models through RoPE.
+"""hf_posext: extend the context window of Hugging Face RoPE decoders (Llama, Mistral, Qwen,
+Gemma, OLMo 2, Granite, GPT-NeoX, StableLM: `SUPPORTED_MODEL_TYPES`) through RoPE.
 
     import hf_posext
     model = hf_posext.from_pretrained("meta-llama/Llama-2-7b-hf", method="yarn", factor=4)
@@ -14,6 +15,7 @@ transformers, vLLM, SGLang, TGI and llama.cpp run a checkpoint's rope;
 """
 
 from . import attention, methods
+from .adapters import save_adapter
 from .attention import ATTENTION_METHODS, AttentionExtensionConfig
 from .config import METHODS, ROPE_METHODS, RopeExtensionConfig
 from .exporting import export
@@ -30,4 +32,5 @@ __version__ = "0.1.0"
 __all__ = ["ATTENTION_METHODS", "AttentionExtensionConfig", "METHODS", "ROPE_METHODS",
            "RopeExtensionConfig", "SUPPORTED_MODEL_TYPES", "check", "compute", "export",
            "fixed_rope_scale", "from_pretrained", "generate", "is_patched", "methods", "patch",
+           "save_adapter",
            "trained_length", "unpatch"]

@@ -24,11 +24,29 @@ def text_config(config):
     return get(decoder=True) if get is not None else config
 
 
-def get_rope_parameters(config) -> dict[str, Any]:
+# 5.x models with separate local and global rope settings (Gemma 3) nest the rope dict by
+# layer type; the global layers' entry is the one an extension changes (as Gemma 3's own
+# long-context configs scale only it). In 4.x the same model keeps the global rope flat
+# (`rope_scaling` + `rope_theta`) and the local base apart (`rope_local_base_freq`).
+GLOBAL_LAYER_TYPE = "full_attention"
+
+
+def _nested_key(config, layer_type: str | None = None) -> str | None:
+    params = getattr(config, "rope_parameters", None) if IS_V5 else None
+    if isinstance(params, dict) and isinstance(params.get(GLOBAL_LAYER_TYPE), dict):
+        return layer_type or GLOBAL_LAYER_TYPE
+    return None
+
+
+def get_rope_parameters(config, layer_type: str | None = None) -> dict[str, Any]:
     """A copy of the rope settings as one flat dict with `rope_type` and `rope_theta`;
-    empty for a config without RoPE (GPT-2)."""
+    empty for a config without RoPE (GPT-2). Per-layer-type configs: the global layers' dict
+    (or `layer_type`'s)."""
     if IS_V5:
         params = copy.deepcopy(getattr(config, "rope_parameters", None) or {})
+        nested = _nested_key(config, layer_type)
+        if nested:
+            params = params[nested] or {}
     else:
         params = copy.deepcopy(getattr(config, "rope_scaling", None) or {})
         if getattr(config, "rope_theta", None) is not None:
@@ -46,6 +64,9 @@ def set_rope_parameters(config, params: dict[str, Any]) -> None:
     and run transformers' validation for it (which calls ours for hf_posext's types)."""
     params = copy.deepcopy(params)
     if IS_V5:
+        nested = _nested_key(config)
+        if nested:  # only the global layers' entry changes
+            params = {**copy.deepcopy(config.rope_parameters), nested: params}
         config.rope_parameters = params
         config.validate_rope()
     else:
@@ -87,9 +108,9 @@ def fill_head_dim(config) -> None:
         config.head_dim = config.hidden_size // config.num_attention_heads
 
 
-def rotary_dim(config) -> int:
+def rotary_dim(config, layer_type: str | None = None) -> int:
     """d in the RoPE formulas: head_dim × partial_rotary_factor, as transformers computes it."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    factor = get_rope_parameters(config).get("partial_rotary_factor",
+    factor = get_rope_parameters(config, layer_type).get("partial_rotary_factor",
                                              getattr(config, "partial_rotary_factor", 1.0)) or 1.0
     return int(head_dim * factor)

@@ -21,7 +21,7 @@ _METHOD_TABLE: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "dynamic_ntk": ("dynamic", (), True),
     "ntk_by_parts": ("ntk_by_parts", ("beta_fast", "beta_slow"), False),
     "yarn": ("yarn", ("beta_fast", "beta_slow", "mscale_coefficient", "attention_factor"), False),
-    "dynamic_yarn": ("dynamic_yarn", ("beta_fast", "beta_slow", "mscale_coefficient"), True),
+    "dynamic_yarn": ("dynamic_yarn", ("beta_fast", "beta_slow", "mscale_coefficient", "finetuned"), True),
 }
 ROPE_METHODS: tuple[str, ...] = tuple(_METHOD_TABLE)
 # + the attention-level methods (hf_posext/attention), so the CLI and patch know every name
@@ -35,8 +35,9 @@ PASSTHROUGH_TYPES = {
                  "attention_factor"},
 }
 # YaRN paper defaults for Llama (§3.2): alpha = beta_slow = 1, beta = beta_fast = 32.
-DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale_coefficient": 0.1, "attention_factor": None}
-_KNOBS = ("beta_fast", "beta_slow", "mscale_coefficient", "attention_factor")
+DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale_coefficient": 0.1, "attention_factor": None,
+            "finetuned": False}
+_KNOBS = ("beta_fast", "beta_slow", "mscale_coefficient", "attention_factor", "finetuned")
 
 
 def canonical_method(method: str) -> str:
@@ -79,9 +80,11 @@ def _check_number(name: str, value: Any, *, minimum: float | None = None, strict
     return value
 
 
-@dataclass
+@dataclass(frozen=True)
 class RopeExtensionConfig:
-    """A context-extension method and its parameters.
+    """A context-extension method and its parameters. Immutable, so it can never hold a value
+    that skipped validation: derive a changed copy with `dataclasses.replace(cfg, factor=8.0)`,
+    which validates again.
 
     Args:
         method: one of `hf_posext.METHODS` (`dynamic` is accepted for `dynamic_ntk`).
@@ -93,6 +96,9 @@ class RopeExtensionConfig:
             paper's Llama values; the YaRN authors' Mistral runs used 128 and 2).
         mscale_coefficient: YaRN temperature mscale = c·ln(s) + 1 (0.1; Mistral runs: 0.07).
         attention_factor: `yarn` only; a fixed cos/sin scale replacing the mscale formula.
+        finetuned: `dynamic_yarn` only; the YaRN reference code's fine-tuned dynamic mode for a
+            model fine-tuned with YaRN at `factor`: static YaRN at `factor` up to factor·L, the
+            dynamic rule beyond (`methods.dynamic_yarn_scale`). Default False: s = 1 up to L.
     """
 
     method: str
@@ -102,21 +108,23 @@ class RopeExtensionConfig:
     beta_slow: float | None = None
     mscale_coefficient: float | None = None
     attention_factor: float | None = None
+    finetuned: bool | None = None
     _extra: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.method = canonical_method(self.method)
+        set_ = object.__setattr__  # frozen: the only writes happen here, after each check
+        set_(self, "method", canonical_method(self.method))
         if self.method in ATTENTION_METHODS:
             raise ValueError(f"{self.method!r} is an attention-level method, not a rope config: "
                              "use hf_posext.patch(model, method) or AttentionExtensionConfig.")
-        self.factor = _check_number("factor", self.factor, minimum=1.0)
+        set_(self, "factor", _check_number("factor", self.factor, minimum=1.0))
         if self.original_max_position_embeddings is not None:
             L = self.original_max_position_embeddings
             if isinstance(L, bool) or not isinstance(L, (int, float)) or not math.isfinite(L) \
                     or L <= 0 or int(L) != L:
                 raise ValueError(f"original_max_position_embeddings must be a positive integer "
                                  f"(the trained context length), got {L!r}")
-            self.original_max_position_embeddings = int(L)
+            set_(self, "original_max_position_embeddings", int(L))
         used = _METHOD_TABLE[self.method][1]
         for knob in _KNOBS:
             value = getattr(self, knob)
@@ -124,13 +132,17 @@ class RopeExtensionConfig:
                 if value is not None:
                     raise ValueError(f"{self.method!r} does not use {knob!r} (it uses: "
                                      f"{', '.join(('factor',) + used)}). Remove it, or pick a "
-                                     f"method that takes it, e.g. 'yarn'.")
+                                     f"method that takes it, e.g. "
+                                     f"{'dynamic_yarn' if knob == 'finetuned' else 'yarn'!r}.")
                 continue
             if value is None:
                 value = DEFAULTS[knob]
-            if value is not None:
+            if knob == "finetuned":
+                if not isinstance(value, bool):
+                    raise TypeError(f"finetuned must be True or False, got {value!r}")
+            elif value is not None:
                 value = _check_number(knob, value, minimum=0.0, strict=True)
-            setattr(self, knob, value)
+            set_(self, knob, value)
         if "beta_fast" in used and self.beta_fast <= self.beta_slow:
             raise ValueError(f"beta_fast must be greater than beta_slow (rotations over the trained "
                              f"length: fast > slow), got beta_fast={self.beta_fast}, "
@@ -191,6 +203,8 @@ class RopeExtensionConfig:
                 d["attention_factor"] = float(yarn_mscale(self.factor, self.mscale_coefficient))
         if self.method == "dynamic_yarn":
             d["mscale_coefficient"] = self.mscale_coefficient
+            if self.finetuned:
+                d["finetuned"] = True
         # dynamic_ntk ("dynamic"): transformers reads L from config.max_position_embeddings,
         # which the patcher therefore leaves at the trained length.
         return d
@@ -211,8 +225,14 @@ class RopeExtensionConfig:
         if unsupported:
             raise ValueError(f"rope config keys {sorted(unsupported)} of type {rope_type!r} have no "
                              "hf_posext equivalent; use transformers' own type directly.")
+        # Like transformers' validators for its own types: `factor` is required, and a missing
+        # or mistyped one is an error naming the key (never a silent plain RoPE).
+        if "factor" not in rope:
+            raise ValueError(f"The rope config of rope_type {rope_type!r} is missing the required "
+                             "key 'factor' (the scale s >= 1, e.g. \"factor\": 4.0).")
+        factor = _check_number(f"rope config key 'factor' (rope_type {rope_type!r})",
+                               rope.pop("factor"), minimum=1.0)
         L = rope.pop("original_max_position_embeddings", None)
-        factor = rope.pop("factor", 1.0)
         if L is None and max_position_embeddings is not None:
             # linear: the patcher raised max_position_embeddings to s·L; dynamic: it kept L.
             L = round(max_position_embeddings / factor) if method == "linear" else max_position_embeddings

@@ -13,42 +13,40 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
-from transformers import modeling_rope_utils
 
+from . import dynamic
 from .registry import rotary_modules
-
-# A rope_type without "dynamic" in it: transformers' `dynamic_rope_update` then leaves the
-# frequencies alone (it recomputes only when "dynamic" is in the module's rope_type).
-_FROZEN = "hf_posext_fixed"
 
 
 @contextmanager
 def fixed_rope_scale(model: torch.nn.Module, seq_len: int):
     """Within the block, dynamic rotary modules use the frequencies of length `seq_len`.
 
-    Static methods are unaffected (their frequencies never change)."""
+    Static methods are unaffected (their frequencies never change). The held modules' rope type
+    is renamed for the block (`dynamic.FROZEN`), so neither transformers' dynamic update nor
+    hf_posext's history-free hook recomputes them."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
     saved = []
     try:
         for _, _, module in rotary_modules(model):
-            rope_type = getattr(module, "rope_type", "default")
-            if not isinstance(rope_type, str) or "dynamic" not in rope_type:
-                continue
-            saved.append((module, rope_type, module.inv_freq, module.attention_scaling,
-                          module.max_seq_len_cached))
-            init_fn = modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]
-            inv_freq, scale = init_fn(module.config, module.inv_freq.device, seq_len=seq_len)
-            module.register_buffer("inv_freq", inv_freq.to(module.inv_freq.device), persistent=False)
-            module.attention_scaling = scale
-            module.rope_type = _FROZEN
+            for slot in dynamic.slots(module):
+                rope_type = dynamic.slot_type(module, slot)
+                if not dynamic.is_dynamic_type(rope_type):
+                    continue
+                inv_freq, scale = dynamic.get_frequencies(module, slot)
+                cached = getattr(module, dynamic._name(slot, "max_seq_len_cached"), None)
+                saved.append((module, slot, rope_type, inv_freq, scale, cached))
+                new_inv, new_scale = dynamic.frequencies_at(module, slot, seq_len, inv_freq.device)
+                dynamic.set_frequencies(module, slot, new_inv.to(inv_freq.device), new_scale)
+                dynamic.set_slot_type(module, slot, dynamic.FROZEN)
         yield model
     finally:
-        for module, rope_type, inv_freq, scale, cached in saved:
-            module.register_buffer("inv_freq", inv_freq, persistent=False)
-            module.attention_scaling = scale
-            module.max_seq_len_cached = cached
-            module.rope_type = rope_type
+        for module, slot, rope_type, inv_freq, scale, cached in saved:
+            dynamic.set_frequencies(module, slot, inv_freq, scale)
+            if cached is not None:
+                setattr(module, dynamic._name(slot, "max_seq_len_cached"), cached)
+            dynamic.set_slot_type(module, slot, rope_type)
 
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs):

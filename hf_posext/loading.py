@@ -1,4 +1,4 @@
-"""The `from_pretrained` hook: load a Llama/Mistral checkpoint extended, or already extended.
+"""The `from_pretrained` hook: load a supported RoPE checkpoint extended, or already extended.
 
 Every transformers keyword (dtype, device_map, gguf_file, attn_implementation, revision, ...)
 passes through unchanged; only the method's own knobs are taken out, by name.
@@ -6,35 +6,40 @@ passes through unchanged; only the method's own knobs are taken out, by name.
 
 from __future__ import annotations
 
+import copy
+import difflib
 from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from . import attention
+from . import attention, dynamic
 from .compat import get_rope_parameters, text_config, write_both_layouts
-from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
-from .patcher import patch
+from .config import PASSTHROUGH_TYPES, method_of_rope_type
+from .patcher import apply_to_config, patch, plan_for_config
 from .portable import BLOCK
-from .registry import SUPPORTED_MODEL_TYPES, check_supported
+from .registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, check_supported,
+                       rotary_modules)
 
 # Keywords that belong to the method, not to transformers.
-METHOD_KNOBS = {"beta_fast", "beta_slow", "mscale_coefficient", "attention_factor",
+METHOD_KNOBS = {"beta_fast", "beta_slow", "mscale_coefficient", "attention_factor", "finetuned",
                 "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
                 "short_factor", "long_factor", *attention.config.ALL_KNOBS}
-_SPEC_KNOBS = {"beta_fast", "beta_slow", "mscale_coefficient", "attention_factor",
-               "original_max_position_embeddings"}
 # The subset of from_pretrained keywords AutoConfig understands, for the early type check.
 _CONFIG_KWARGS = {"revision", "token", "cache_dir", "gguf_file", "local_files_only", "subfolder",
                   "trust_remote_code", "force_download", "proxies"}
 
 
 def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
-    """Fail before loading weights when the architecture or its rope type is unsupported."""
-    config = text_config(AutoConfig.from_pretrained(
-        name_or_path, **{k: v for k, v in hf_kwargs.items() if k in _CONFIG_KWARGS}))
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        what = ("uses RoPE but is not supported yet" if get_rope_parameters(config)
+    """Fail before loading weights when the architecture or its rope type is unsupported.
+    Returns the (text) config."""
+    full = AutoConfig.from_pretrained(
+        name_or_path, **{k: v for k, v in hf_kwargs.items() if k in _CONFIG_KWARGS})
+    config = text_config(full)
+    model_type = getattr(full, "model_type", None)  # what the loaded model will report
+    if model_type not in SUPPORTED_MODEL_TYPES or model_type in UNSUPPORTED_MODEL_TYPES:
+        what = (f"cannot be extended: {UNSUPPORTED_MODEL_TYPES[model_type]}"
+                if model_type in UNSUPPORTED_MODEL_TYPES else
+                "uses RoPE but is not supported yet" if get_rope_parameters(config)
                 else "has no rotary position embedding (RoPE) to extend")
         raise ValueError(f"{name_or_path}: model_type {model_type!r} {what}. hf_posext supports "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
@@ -44,6 +49,16 @@ def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
     return config
 
 
+def _refuse_misspelt_knobs(kwargs: dict[str, Any]) -> None:
+    """transformers turns unknown from_pretrained keywords into config attributes without a
+    word, so a misspelt knob (`beta_fst=64`) would be dropped silently: refuse near misses."""
+    names = METHOD_KNOBS | {"max_position_embeddings", "factor", "method"}
+    for key in kwargs:
+        close = difflib.get_close_matches(key, names, n=1, cutoff=0.85)
+        if close and key not in names:
+            raise TypeError(f"Unknown keyword {key!r}; did you mean {close[0]!r}?")
+
+
 def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = None,
                     factor: float | None = None, **kwargs: Any):
     """Load an `AutoModelForCausalLM`, extended with `method` when given.
@@ -51,41 +66,41 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
     With no method, a checkpoint saved extended (by hf_posext or with transformers' own rope
     types) loads as saved. With a method, the model is loaded, then `patch`ed:
     `max_position_embeddings=` is then the target length (instead of `factor`) and the method's
-    knobs (beta_fast, beta_slow, mscale_coefficient, attention_factor,
-    original_max_position_embeddings) are taken by name. Everything else goes to
-    `AutoModelForCausalLM.from_pretrained` unchanged.
+    knobs (beta_fast, beta_slow, mscale_coefficient, attention_factor, finetuned,
+    original_max_position_embeddings; llama3/longrope's own) are taken by name. Everything else
+    goes to `AutoModelForCausalLM.from_pretrained` unchanged. Every argument error is raised
+    before any weight loads (the patch is planned and validated on the config first).
     """
     knobs = {k: kwargs.pop(k) for k in list(kwargs) if k in METHOD_KNOBS}
-    if method is None:
-        if knobs or factor is not None:
-            given = sorted(knobs) + (["factor"] if factor is not None else [])
-            raise ValueError(f"{given} need a method: pass method='yarn' (or another of "
-                             "hf_posext.METHODS), or drop them to load the checkpoint as saved.")
-    else:
-        if attention.is_attention_method(method):
-            pass  # checked against the checkpoint's trained length below, still before loading
-        elif isinstance(method, str) and method.lower() not in PASSTHROUGH_TYPES:
-            # unknown names, bad factors and knobs the method does not use fail before loading
-            RopeExtensionConfig(method, 1.0 if factor is None else factor,
-                                **{k: v for k, v in knobs.items() if k in _SPEC_KNOBS})
-        knobs["max_position_embeddings"] = kwargs.pop("max_position_embeddings", None)
+    target = kwargs.pop("max_position_embeddings", None) if method is not None else None
+    if method is None and (knobs or factor is not None):
+        given = sorted(knobs) + (["factor"] if factor is not None else [])
+        raise ValueError(f"{given} need a method: pass method='yarn' (or another of "
+                         "hf_posext.METHODS), or drop them to load the checkpoint as saved.")
+    _refuse_misspelt_knobs(kwargs)
     config = _check_config_early(name_or_path, kwargs)
-    if method is not None and (attention.is_attention_method(method) or "logn" in knobs):
-        trained = attention.saved_trained_length(config.__dict__) or config.max_position_embeddings
-        attention.split(method, {k: v for k, v in knobs.items() if k != "max_position_embeddings"},
-                        trained)
+    if method is not None:
+        # Every argument error before any weight loads: plan the patch on the config and let
+        # transformers validate the result on a copy (what `patch` will do to the model).
+        probe = copy.deepcopy(config)
+        apply_to_config(probe, plan_for_config(config, method, factor, target, knobs),
+                        dict(config.__dict__))
     model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     attention.after_load(model, explicit="attn_implementation" in kwargs)
     check_supported(model)
     if kwargs.get("gguf_file"):
         _drop_spent_gguf_quantizer(model)
     if method is not None:
-        patch(model, method, factor, **knobs)
-    elif getattr(text_config(model.config), BLOCK, None) is not None:
-        # transformers 5.x keeps only rope_parameters after loading: restore the 4.x pair so
-        # that re-saving writes both layouts again (docs/portability.md, "Both layouts")
+        patch(model, method, factor, max_position_embeddings=target, **knobs)
+    else:  # loaded as saved
         config = text_config(model.config)
-        write_both_layouts(config, get_rope_parameters(config))
+        if getattr(config, BLOCK, None) is not None:
+            # transformers 5.x keeps only rope_parameters after loading: restore the 4.x pair so
+            # that re-saving writes both layouts again (docs/portability.md, "Both layouts")
+            write_both_layouts(config, get_rope_parameters(config))
+        # a dynamic rope (transformers' `dynamic` too) becomes history-free (hf_posext.dynamic)
+        for _, _, module in rotary_modules(model):
+            dynamic.make_history_free(module)
     return model
 
 

@@ -124,10 +124,25 @@ def yarn(dim: int, base: float, factor: float, original_max: int, beta_fast: flo
     return inv_freq, scale
 
 
+def dynamic_yarn_scale(original_max: int, seq_len: int | None, finetuned_factor: float = 1.0) -> float:
+    """The scale dynamic YaRN uses at the current length l: s(l) = max(s_ft, l / L).
+
+    Plain dynamic YaRN (§3.3) has s_ft = 1: no change up to L, then s = l / L. The YaRN reference
+    code's fine-tuned mode (`LlamaDynamicYaRNScaledRotaryEmbedding(finetuned=True)`) is for a
+    model fine-tuned with YaRN at s_ft: it builds static YaRN at s_ft = fine-tuned length / L
+    and recomputes with s = l / L only once l exceeds the fine-tuned length s_ft·L. Both rules
+    are this one maximum, since l / L <= s_ft exactly when l <= s_ft·L."""
+    if seq_len is None:
+        return float(finetuned_factor)
+    return max(float(finetuned_factor), seq_len / original_max)
+
+
 def dynamic_yarn(dim: int, base: float, original_max: int, seq_len: int | None,
                  beta_fast: float = 32.0, beta_slow: float = 1.0, mscale_coefficient: float = 0.1,
-                 device=None) -> Freqs:
-    """Dynamic YaRN (§3.3): YaRN with s = max(1, l / L) at the current length l."""
-    factor = 1.0 if seq_len is None else max(1.0, seq_len / original_max)
+                 finetuned_factor: float = 1.0, device=None) -> Freqs:
+    """Dynamic YaRN (§3.3): YaRN at the scale `dynamic_yarn_scale` gives for the current length l
+    (s = max(1, l / L); fine-tuned mode: s = max(s_ft, l / L)). The ramp stays anchored at the
+    trained L, as in the reference code."""
+    factor = dynamic_yarn_scale(original_max, seq_len, finetuned_factor)
     return yarn(dim, base, factor, original_max, beta_fast, beta_slow, mscale_coefficient,
                 device=device)

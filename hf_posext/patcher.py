@@ -4,25 +4,36 @@ A method is a rope config: patching writes it into the model's config (through `
 rebuilds the model's rotary embedding modules from that config, exactly as transformers builds
 them at load time. So a patched model and the same checkpoint reloaded by `from_pretrained` run
 the same code. Only this model's config and modules change; nothing global is touched.
+
+`patch` is atomic: it first plans the new rope config without touching anything (`plan`, also
+used by `hf_posext.from_pretrained` before any weight loads), then applies it inside a
+transaction that puts the config, the rotary modules and the patch state back exactly as they
+were if anything raises (our validation, transformers' own, or a rotary constructor).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from . import attention, portable
+from . import attention, dynamic, portable
 from .compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
-from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
+from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, _check_number, method_of_rope_type
 from .registry import check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
 _RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "head_dim",
-             portable.BLOCK, *attention.RAW_KEYS)
+             "original_max_position_embeddings", portable.BLOCK, *attention.RAW_KEYS)
+# The knobs transformers' own passthrough types cannot run without (its validators then raise
+# deep inside `patch`; we name them first). Values are Llama 3.1's / Phi-3's published settings.
+_PASSTHROUGH_REQUIRED = {"llama3": ("low_freq_factor", "high_freq_factor"),
+                         "longrope": ("short_factor", "long_factor")}
 
 
 @dataclass
@@ -74,17 +85,18 @@ def _build_spec(method, factor, target, trained: int, params: dict[str, Any]) ->
     if isinstance(method, RopeExtensionConfig):
         if factor is not None or target is not None or params:
             raise ValueError("Pass either a RopeExtensionConfig or method/factor/params, not both.")
-        spec = copy.deepcopy(method)
-        if spec.original_max_position_embeddings is None:
-            spec.original_max_position_embeddings = trained
-        return spec
+        if method.original_max_position_embeddings is None:
+            return dataclasses.replace(method, original_max_position_embeddings=trained)
+        return method  # immutable: safe to share
     L = params.pop("original_max_position_embeddings", None)
     L = trained if L is None else L
     factor = _resolve_factor(factor, target, L)
     try:
         return RopeExtensionConfig(method, factor, L, **params)
     except TypeError as err:  # an unknown keyword: name it rather than drop it
-        known = "beta_fast, beta_slow, mscale_coefficient, attention_factor, " \
+        if "unexpected keyword" not in str(err):
+            raise
+        known = "beta_fast, beta_slow, mscale_coefficient, attention_factor, finetuned, " \
                 "original_max_position_embeddings, max_position_embeddings"
         raise TypeError(f"Unknown parameter for method {method!r}: {err}. Known: {known}.") from None
 
@@ -98,21 +110,122 @@ def _attention_factor(factor, target, trained: int) -> float:
 
 
 def _passthrough_rope(method: str, factor, target, trained: int, base: dict, params: dict) -> dict:
-    """transformers' own `llama3` / `longrope`: written as given, validated by transformers."""
+    """transformers' own `llama3` / `longrope`, with the same guards as our methods: known and
+    required knobs, factor >= 1, target >= the trained length (so max_position_embeddings can
+    never drop below L). The frequencies themselves are transformers' own."""
     unknown = set(params) - PASSTHROUGH_TYPES[method]
     if unknown:
         raise TypeError(f"{method!r} does not take {sorted(unknown)}; it takes "
                         f"{sorted(PASSTHROUGH_TYPES[method])}.")
-    rope = {**base, "rope_type": method, **params}
+    missing = [k for k in _PASSTHROUGH_REQUIRED[method] if k not in params]
+    if missing:
+        raise ValueError(f"{method!r} needs {missing} (transformers' {method} has no defaults for "
+                         f"them; Llama 3.1 uses low_freq_factor=1.0, high_freq_factor=4.0)."
+                         if method == "llama3" else
+                         f"{method!r} needs {missing}: one rescale factor per rotary frequency.")
+    L = params.get("original_max_position_embeddings", trained)
+    if isinstance(L, bool) or not isinstance(L, int) or L <= 0:
+        raise ValueError(f"original_max_position_embeddings must be a positive integer (the trained "
+                         f"context length), got {L!r}")
+    rope = {**base, "rope_type": method, **params, "original_max_position_embeddings": L}
     if factor is not None or target is not None:
-        rope["factor"] = float(_resolve_factor(factor, target, trained))
-    rope.setdefault("original_max_position_embeddings", trained)
+        rope["factor"] = _check_number("factor", _resolve_factor(factor, target, L), minimum=1.0)
     return rope
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `patch` writes: the rope dict (in its portable saved form), max_position_embeddings,
+    the method's spec for the `config.hf_posext` block (None for plain RoPE and transformers'
+    own llama3/longrope) and the attention-level method (hf_posext/attention), if any."""
+    rope: dict[str, Any]
+    max_position_embeddings: int
+    spec: RopeExtensionConfig | None
+    attention: Any
+    rope_theta: float
+
+
+def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
+         params: dict[str, Any] | None = None, *, dim: int, saved_trained: int | None = None) -> Plan:
+    """What `patch` would write, from the model's original rope dict and max_position_embeddings.
+    Pure: touches no model, raises on any bad argument, so `from_pretrained` can run it on the
+    config before loading weights."""
+    base, trained = _base_rope(rope, max_pos)
+    trained = saved_trained or trained
+    # attention-level methods run on plain RoPE, or add log-n on top of a rope method
+    attn_spec, method, params = attention.split(method, dict(params or {}), trained)
+    theta = base["rope_theta"]
+    if method is None:
+        s = _attention_factor(factor, target, trained)
+        return Plan(dict(base), round(trained * s), None, attn_spec, theta)
+    if isinstance(method, str) and method.lower() in PASSTHROUGH_TYPES:
+        new_rope = _passthrough_rope(method.lower(), factor, target, trained, base, params)
+        L = new_rope["original_max_position_embeddings"]
+        return Plan(new_rope, target or round(L * new_rope.get("factor", 1.0)), None, attn_spec, theta)
+    spec = _build_spec(method, factor, target, trained, params)
+    L = spec.original_max_position_embeddings
+    if spec.factor == 1.0:
+        # s = 1 is no extension: write plain RoPE. (Every static formula reduces to it; the
+        # dynamic rules would still grow with length, which is an extension of its own.)
+        return Plan(dict(base), L, None, attn_spec, theta)
+    new_rope = portable.saved_rope(spec, base, dim)  # the form most readers run exactly
+    if spec.is_dynamic and not spec.finetuned:
+        # transformers' dynamic update reads max_position_embeddings as the length up to
+        # which the construction-time frequencies hold: L here, s·L in fine-tuned mode.
+        return Plan(new_rope, L, spec, attn_spec, theta)
+    return Plan(new_rope, target or round(L * spec.factor), spec, attn_spec, theta)
+
+
+def plan_for_config(config, method, factor=None, target=None, params=None) -> Plan:
+    """`plan` for an unpatched (text) config, e.g. a checkpoint's before its weights load."""
+    return plan(_logical_rope(config), config.max_position_embeddings, method, factor, target,
+                params, dim=rotary_dim(config),
+                saved_trained=attention.saved_trained_length(config.__dict__))
+
+
+def apply_to_config(config, new: Plan, raw_config: dict[str, Any]) -> None:
+    """Write a plan into a (text) config and run transformers' validation on it. `raw_config`
+    holds the attributes the config had before hf_posext touched it."""
+    fill_head_dim(config)
+    config.max_position_embeddings = int(new.max_position_embeddings)
+    if "original_max_position_embeddings" in config.__dict__ \
+            and "original_max_position_embeddings" in new.rope:
+        # Phi-3 keeps L beside the rope dict and transformers 5.x prefers that copy.
+        config.original_max_position_embeddings = new.rope["original_max_position_embeddings"]
+    set_rope_parameters(config, new.rope)
+    portable.set_block(config, new.spec, new.rope_theta)
+    attention.install(config, new.attention, raw_config)
+
+
+@contextmanager
+def _atomic(model: torch.nn.Module, config):
+    """Undo every change to `config`, the rotary modules and the patch state if the block raises."""
+    saved = {k: (v, copy.deepcopy(v)) for k, v in config.__dict__.items()}
+    modules = [(parent, name, child) for parent, name, child in rotary_modules(model)]
+    state = model.__dict__.get(_STATE_ATTR)
+    try:
+        yield
+    except BaseException:
+        for key in set(config.__dict__) - set(saved):
+            del config.__dict__[key]
+        for key, (original, snapshot) in saved.items():
+            try:  # the original object back, unless it was mutated in place
+                intact = bool(original == snapshot)
+            except Exception:  # values without a plain truth value
+                intact = False
+            config.__dict__[key] = original if intact else snapshot
+        for parent, name, child in modules:
+            setattr(parent, name, child)
+        if state is None:
+            model.__dict__.pop(_STATE_ATTR, None)
+        else:
+            model.__dict__[_STATE_ATTR] = state
+        raise
 
 
 def patch(model: torch.nn.Module, method, factor: float | None = None, *,
           max_position_embeddings: int | None = None, **params: Any) -> torch.nn.Module:
-    """Extend a loaded Llama/Mistral model in place and return it.
+    """Extend a loaded model in place and return it.
 
     Args:
         model: a transformers causal LM (or base model) of a type in SUPPORTED_MODEL_TYPES.
@@ -121,11 +234,14 @@ def patch(model: torch.nn.Module, method, factor: float | None = None, *,
         factor: the scale s >= 1. May be omitted when `max_position_embeddings` is given.
         max_position_embeddings: the target context length; factor = target / trained length.
         **params: the method's knobs (beta_fast, beta_slow, mscale_coefficient,
-            attention_factor, original_max_position_embeddings). Unknown ones raise.
+            attention_factor, finetuned, original_max_position_embeddings). Unknown ones raise.
 
-    Patching again replaces the previous extension; `unpatch` restores the original.
+    Patching again replaces the previous extension; `unpatch` restores the original. Any error
+    leaves the model exactly as it was before the call.
     Static methods raise `config.max_position_embeddings` to the target length. Dynamic ones
-    leave it at the trained length: transformers' dynamic update reads it as L.
+    leave it at the trained length (transformers' dynamic update reads it as L), and their
+    rotary modules get a per-module hook that makes each forward's frequencies and attention
+    scale depend on that forward's length only (`hf_posext.dynamic`).
     """
     check_supported(model)
     config = text_config(model.config)
@@ -136,49 +252,24 @@ def patch(model: torch.nn.Module, method, factor: float | None = None, *,
             modules=rotary_modules(model),
             rope=_logical_rope(config),
             max_position_embeddings=config.max_position_embeddings)
-    base, trained = _base_rope(state.rope, state.max_position_embeddings)
-    trained = attention.saved_trained_length(state.raw_config) or trained
-    # attention-level methods (hf_posext/attention): plain RoPE underneath, or log-n on a rope method
-    attn_spec, method, params = attention.split(method, params, trained)
-
-    if method is None:
-        new_rope, spec = dict(base), None
-        new_max = round(trained * _attention_factor(factor, max_position_embeddings, trained))
-    elif isinstance(method, str) and method.lower() in PASSTHROUGH_TYPES:
-        new_rope = _passthrough_rope(method.lower(), factor, max_position_embeddings, trained, base, params)
-        spec = None
-        new_max = max_position_embeddings or round(trained * new_rope.get("factor", 1.0))
-    else:
-        spec = _build_spec(method, factor, max_position_embeddings, trained, dict(params))
-        new_rope = portable.saved_rope(spec, base, rotary_dim(config))  # the portable form
-        if spec.factor == 1.0:
-            # s = 1 is no extension: write plain RoPE. (Every static formula reduces to it; the
-            # dynamic rules would still grow with length, which is an extension of its own.)
-            new_rope, new_max = dict(base), spec.original_max_position_embeddings
-        elif spec.is_dynamic:
-            new_max = spec.original_max_position_embeddings
-        else:
-            new_max = max_position_embeddings or round(spec.original_max_position_embeddings * spec.factor)
-
-    try:
-        fill_head_dim(config)
-        config.max_position_embeddings = int(new_max)
-        set_rope_parameters(config, new_rope)
-        portable.set_block(config, spec, base["rope_theta"])
-        attention.install(config, attn_spec, state.raw_config)
-    except Exception:
-        config.__dict__.update(copy.deepcopy(state.raw_config))
-        raise
-    _install_rotary(model, state, config)
-    setattr(model, _STATE_ATTR, state)
+    new = plan(state.rope, state.max_position_embeddings, method, factor, max_position_embeddings,
+               params, dim=rotary_dim(config),
+               saved_trained=attention.saved_trained_length(state.raw_config))
+    with _atomic(model, config):
+        apply_to_config(config, new, state.raw_config)
+        _install_rotary(model, state, config)
+        setattr(model, _STATE_ATTR, state)
     return model
 
 
 def _install_rotary(model, state: _PatchState, config) -> None:
-    """Rebuild every rotary module from the (patched) config, as transformers does at load."""
+    """Rebuild every extended rotary module from the (patched) config, as transformers does at
+    load, and give dynamic ones the history-free hook."""
     for parent, name, original in state.modules:
         new = type(original)(config=config)
-        new.to(original.inv_freq.device)  # device only: inv_freq stays float32
+        new.to(original.inv_freq.device if hasattr(original, "inv_freq") else
+               next(original.buffers()).device)  # device only: frequencies stay float32
+        dynamic.make_history_free(new)
         setattr(parent, name, new)
 
 

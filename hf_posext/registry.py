@@ -13,15 +13,42 @@ from typing import Any, Callable
 import torch
 from transformers import modeling_rope_utils
 
-from . import methods
+from . import dynamic, methods
 from .compat import IS_V5, get_rope_parameters, rotary_dim
 from .config import RopeExtensionConfig, method_of_rope_type
 
-# model_type -> name of its rotary embedding class in transformers.
+# model_type -> name of its rotary embedding class in transformers. Every one builds its rotary
+# module from ROPE_INIT_FUNCTIONS and config's rope dict (4.57 and 5.23), and each is tested
+# with a tiny random config (tests/test_families.py).
 SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "llama": "LlamaRotaryEmbedding",
     "mistral": "MistralRotaryEmbedding",
+    "qwen2": "Qwen2RotaryEmbedding",
+    "qwen3": "Qwen3RotaryEmbedding",
+    "gemma2": "Gemma2RotaryEmbedding",
+    "gemma3_text": "Gemma3RotaryEmbedding",
+    "olmo2": "Olmo2RotaryEmbedding",
+    "granite": "GraniteRotaryEmbedding",
+    "gpt_neox": "GPTNeoXRotaryEmbedding",  # partial rotary: d = head_dim · rotary_pct
+    "stablelm": "StableLmRotaryEmbedding",  # partial rotary, one rotary module per layer too
 }
+# Rotary modules that keep their own rope: Gemma 3's sliding-window layers use a local base
+# (rope_local_base_freq) that its long-context configs never scale. In 4.57 that is a second
+# module built from a private config copy (`rotary_emb_local`); in 5.x it is the
+# "sliding_attention" entry of the per-layer-type rope dict, which `compat` leaves alone.
+LOCAL_ROTARY: dict[str, tuple[str, ...]] = {"gemma3_text": ("rotary_emb_local",)}
+# RoPE families that use the shared machinery but cannot be extended, and why.
+UNSUPPORTED_MODEL_TYPES: dict[str, str] = {
+    "phi3": ("transformers' Phi3Config accepts only rope_type 'longrope' (5.x refuses any other "
+             "type; 4.57 and 5.x rewrite a saved 'yarn' to 'longrope' on load), so a Phi-3 "
+             "checkpoint extended with another method could not be saved and reloaded. Use "
+             "Phi-3's own longrope checkpoints (e.g. the -128k models) instead"),
+}
+if not IS_V5:
+    UNSUPPORTED_MODEL_TYPES["olmo2"] = (
+        "transformers 4.57's Olmo2Config accepts only rope_scaling {'type': 'linear' or "
+        "'dynamic', 'factor'} and refuses any other rope config on load, so an extended OLMo 2 "
+        "checkpoint could not be reloaded. Use transformers 5.x, where OLMo 2 is supported")
 
 # method -> f(spec, dim, base, seq_len, device) -> (inv_freq, attention_scale)
 METHOD_FUNCTIONS: dict[str, Callable[..., methods.Freqs]] = {
@@ -36,7 +63,7 @@ METHOD_FUNCTIONS: dict[str, Callable[..., methods.Freqs]] = {
         c.mscale_coefficient, c.attention_factor, dev),
     "dynamic_yarn": lambda c, d, b, n, dev: methods.dynamic_yarn(
         d, b, c.original_max_position_embeddings, n, c.beta_fast, c.beta_slow,
-        c.mscale_coefficient, dev),
+        c.mscale_coefficient, c.factor if c.finetuned else 1.0, dev),
 }
 
 # The rope types hf_posext adds to transformers (the others are transformers' own).
@@ -52,10 +79,13 @@ def compute(spec: RopeExtensionConfig, dim: int, base: float, seq_len: int | Non
 
 
 def _rope_init_fn(config, device=None, seq_len=None, layer_type=None, **_: Any):
-    """transformers' ROPE_INIT_FUNCTIONS contract: (config, device, seq_len) -> (inv_freq, scale)."""
-    rope = get_rope_parameters(config)
+    """transformers' ROPE_INIT_FUNCTIONS contract: (config, device, seq_len) -> (inv_freq, scale).
+    5.x per-layer-type modules (Gemma 3) pass the layer type whose rope dict to read."""
+    rope = get_rope_parameters(config, layer_type)
     spec = RopeExtensionConfig.from_rope_dict(rope, config.max_position_embeddings)
-    return compute(spec, rotary_dim(config), float(rope["rope_theta"]), seq_len, device)
+    if seq_len is None and spec.is_dynamic:
+        dynamic.hook_module_under_construction()
+    return compute(spec, rotary_dim(config, layer_type), float(rope["rope_theta"]), seq_len, device)
 
 
 def _validate_v5(self, rope_parameters: dict, ignore_keys=None) -> None:
@@ -87,13 +117,32 @@ def register() -> None:
 
 
 def rotary_modules(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
-    """Every (parent, attribute name, rotary embedding module) inside `model`."""
+    """Every (parent, attribute name, rotary embedding module) inside `model` that an extension
+    applies to (for a supported type: its rotary class, without the local ones)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    wanted = SUPPORTED_MODEL_TYPES.get(model_type)
+    local = LOCAL_ROTARY.get(model_type, ())
     found = []
     for parent in model.modules():
         for name, child in parent.named_children():
-            if type(child).__name__.endswith("RotaryEmbedding"):
+            kind = type(child).__name__
+            if (kind == wanted if wanted else kind.endswith("RotaryEmbedding")) and name not in local:
                 found.append((parent, name, child))
     return found
+
+
+def _unsupported_reason(model: torch.nn.Module, rope: dict) -> str | None:
+    """Why a RoPE model cannot be extended by hf_posext, when that can be told from the model."""
+    if "mrope_section" in rope or "mrope_section" in (rope.get("rope_scaling") or {}):
+        return ("it uses multimodal RoPE (mrope_section): frequencies are split across temporal, "
+                "height and width position axes, and the scaling rules here are defined for one "
+                "text position axis")
+    for _, _, module in rotary_modules(model):
+        if not dynamic.slots(module) or not hasattr(module, "config"):
+            return (f"its rotary module {type(module).__name__} does not build its frequencies "
+                    "from transformers' shared rope functions (ROPE_INIT_FUNCTIONS and the "
+                    "config's rope dict), which is how hf_posext extends a model")
+    return None
 
 
 def check_supported(model: torch.nn.Module) -> None:
@@ -104,7 +153,7 @@ def check_supported(model: torch.nn.Module) -> None:
         raise TypeError(f"hf_posext.patch expects a transformers model with a .config, got "
                         f"{type(model).__name__}")
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
-    if model_type in SUPPORTED_MODEL_TYPES:
+    if model_type in SUPPORTED_MODEL_TYPES and model_type not in UNSUPPORTED_MODEL_TYPES:
         if not rotary_modules(model):
             raise ValueError(f"{type(model).__name__} ({model_type}) has no rotary embedding "
                              "module; was it built by a transformers version hf_posext supports?")
@@ -113,6 +162,10 @@ def check_supported(model: torch.nn.Module) -> None:
         raise ValueError(f"model_type {model_type!r} ({type(model).__name__}) has no rotary position "
                          "embedding (RoPE) to extend: it uses another kind of position encoding. "
                          f"hf_posext extends RoPE models of these types: {supported}.")
+    reason = UNSUPPORTED_MODEL_TYPES.get(model_type) or _unsupported_reason(model, get_rope_parameters(config))
+    if reason:
+        raise ValueError(f"model_type {model_type!r} uses RoPE but hf_posext cannot extend it: "
+                         f"{reason}. Supported: {supported}.")
     raise ValueError(f"model_type {model_type!r} uses RoPE but is not supported by hf_posext yet "
                      f"(supported: {supported}). Add it to "
                      "hf_posext.registry.SUPPORTED_MODEL_TYPES once its rotary module is tested.")

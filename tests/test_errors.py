@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from conftest import TRAINED, tiny_model
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, Starcoder2Config, Starcoder2ForCausalLM
 
 import hf_posext
 from hf_posext import RopeExtensionConfig
@@ -68,10 +68,11 @@ def test_model_without_rope_is_refused():
 
 
 def test_unsupported_rope_architecture_is_refused():
-    qwen = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1, vocab_size=64))
-    with pytest.raises(ValueError, match="'qwen2' uses RoPE but is not supported"):
-        hf_posext.patch(qwen, "yarn", factor=2)
+    other = Starcoder2ForCausalLM(Starcoder2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=64))
+    with pytest.raises(ValueError, match="'starcoder2' uses RoPE but is not supported"):
+        hf_posext.patch(other, "yarn", factor=2)
 
 
 def test_not_a_model():
