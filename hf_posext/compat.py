@@ -94,8 +94,14 @@ def write_both_layouts(config, params: dict[str, Any]) -> None:
     goes through the property); in 4.x `rope_parameters` is an attribute it does not use."""
     params = copy.deepcopy(params)
     if IS_V5:
-        config.__dict__["rope_theta"] = params["rope_theta"]
-        config.__dict__["rope_scaling"] = _v4_scaling(params)
+        # per-layer-type dicts (Gemma 3): 4.x keeps the global rope flat and the local base apart
+        flat = params.get(GLOBAL_LAYER_TYPE, params) if isinstance(params.get(GLOBAL_LAYER_TYPE),
+                                                                   dict) else params
+        local = params.get("sliding_attention") if flat is not params else None
+        config.__dict__["rope_theta"] = flat["rope_theta"]
+        config.__dict__["rope_scaling"] = _v4_scaling(flat)
+        if isinstance(local, dict) and "rope_theta" in local:
+            config.__dict__["rope_local_base_freq"] = local["rope_theta"]
     else:
         config.rope_parameters = params
 

@@ -29,7 +29,8 @@ from .registry import check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
 _RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "head_dim",
-             "original_max_position_embeddings", portable.BLOCK, *attention.RAW_KEYS)
+             "original_max_position_embeddings", "rope_local_base_freq", portable.BLOCK,
+             *attention.RAW_KEYS)
 # The knobs transformers' own passthrough types cannot run without (its validators then raise
 # deep inside `patch`; we name them first). Values are Llama 3.1's / Phi-3's published settings.
 _PASSTHROUGH_REQUIRED = {"llama3": ("low_freq_factor", "high_freq_factor"),
