@@ -12,6 +12,7 @@ Each step appends rows to benchmarks/results/long_context.json, so steps can run
     python benchmarks/long_context.py tune                 # knobs tried on the tune text, 16k
     python benchmarks/long_context.py sliding --text plays # baseline at 16k and 32k, one pass
     python benchmarks/long_context.py method --text plays --config NAME --lengths 16384 32768
+    python benchmarks/long_context.py cost --config NAME    # 16k time ratio, 32k peak memory
     python benchmarks/long_context.py passkey --config NAME --lengths 8192 16384 32768
     python benchmarks/long_context.py report
 """
@@ -126,6 +127,44 @@ def sliding_cells(text: str, lengths: list[int]) -> None:
                 perplexity=math.exp(s / c), window=WINDOW, stride=STRIDE) for n, (s, c) in sums.items()])
 
 
+def cost_cells(config: str, layers: int, reps: int) -> None:
+    """Forward time at 16k (patched / unpatched SDPA, interleaved, median) and peak RSS increase
+    of a 32k forward, on the model cut to its first `layers` decoder layers: layers are identical
+    and run one after another (inference frees each layer's activations), so the time ratio and
+    the transient memory of one layer are those of the full model at a fraction of the cost."""
+    import statistics
+
+    from hf_posext.evaluation.loss import decoder_and_head
+
+    model, tok = load("none"), embedded.load_tokenizer()
+    decoder, _ = decoder_and_head(model)
+    decoder.layers = decoder.layers[:layers]
+    ids = torch.tensor(text_tokens("tune", tok))
+    method, knobs = CONFIGS[config]
+
+    def forward(n, patched):
+        if patched:
+            hf_posext.patch(model, method, **knobs)
+        elif hf_posext.is_patched(model):
+            hf_posext.unpatch(model)
+        with torch.inference_mode(), PeakMemory("cpu") as peak:
+            start = time.perf_counter()
+            decoder(input_ids=ids[None, :n], use_cache=False)
+            return time.perf_counter() - start, peak.increase_mb
+
+    times = {False: [], True: []}
+    for _ in range(reps):
+        for patched in (False, True):
+            times[patched].append(forward(16384, patched)[0])
+    mem = {patched: forward(32768, patched)[1] for patched in (False, True)}
+    ratio = statistics.median(times[True]) / statistics.median(times[False])
+    append([row(step="cost", config=config, layers=layers, reps=reps,
+                sdpa_seconds_16k=[round(t, 2) for t in times[False]],
+                method_seconds_16k=[round(t, 2) for t in times[True]], time_ratio_16k=round(ratio, 3),
+                sdpa_peak_increase_mb_32k=round(mem[False]), method_peak_increase_mb_32k=round(mem[True]))])
+    print("cost", config, ratio, mem, flush=True)
+
+
 def passkey_cells(config: str, lengths: list[int], seeds: list[int], depths: list[float]) -> None:
     model, tok = load(config), embedded.load_tokenizer()
     for n in lengths:
@@ -141,7 +180,7 @@ def passkey_cells(config: str, lengths: list[int], seeds: list[int], depths: lis
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["tune", "sliding", "method", "passkey", "report"])
+    p.add_argument("step", choices=["tune", "sliding", "method", "cost", "passkey", "report"])
     p.add_argument("--text", default="plays", choices=["tune", "plays", "code"])
     p.add_argument("--config", default="leaky_rerope_w4096_k3", choices=list(CONFIGS))
     p.add_argument("--configs", nargs="*", default=["none", "leaky_rerope_w4096_k3",
@@ -150,6 +189,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
     p.add_argument("--depths", type=float, nargs="*", default=[0.5])
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--layers", type=int, default=2, help="cost: decoder layers kept")
+    p.add_argument("--reps", type=int, default=3, help="cost: interleaved repetitions")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.step == "tune":
@@ -160,6 +201,8 @@ def main(argv=None) -> int:
         sliding_cells(args.text, args.lengths)
     elif args.step == "method":
         truncate_cells(args.config, args.text, args.lengths)
+    elif args.step == "cost":
+        cost_cells(args.config, args.layers, args.reps)
     elif args.step == "passkey":
         passkey_cells(args.config, args.lengths, args.seeds, args.depths)
     else:

@@ -21,6 +21,11 @@ def chosen_config(rows) -> str | None:
 def write_report(src: Path, dst: Path) -> str:
     rows = json.loads(src.read_text())
     best = chosen_config(rows)
+    tuned = best is not None
+    if best is None:  # no tune rows: the configuration the evaluation texts were run with
+        evals = [r["config"] for r in rows if r["step"] == "truncate" and r["text"] != "tune"
+                 and r["config"] != "none"]
+        best = evals[-1] if evals else None
     out = ["# Long context, training-free: attention-level methods vs a sliding 8k window", "",
            "SmolLM2-135M (embedded, trained at 8,192), float32. Perplexity over the first N tokens "
            "(one forward, truncate protocol) against the unpatched model scoring the same tokens with "
@@ -37,7 +42,9 @@ def write_report(src: Path, dst: Path) -> str:
                    f"{r['perplexity']:.2f} | {ratio} | {r['seconds']} | {t} |")
     if slide_tune:
         out.append(f"| sliding 8k (unpatched) | — | — | {slide_tune['perplexity']:.2f} | 1.000 | — | — |")
-    out += ["", f"Chosen (lowest perplexity on the tune text): **{best}**.", "",
+    out += ["", (f"Chosen (lowest perplexity on the tune text): **{best}**." if tuned else
+                 f"**Not tuned**: no tune rows; the evaluation texts were run with **{best}**, fixed "
+                 "beforehand."), "",
             "## Evaluation texts", "",
             "| text | tokens | sliding 8k | chosen method | ratio | target | forward s | peak RSS increase MB |",
             "|---|---|---|---|---|---|---|---|"]
@@ -52,6 +59,13 @@ def write_report(src: Path, dst: Path) -> str:
             out.append(f"| {text} | {n:,} | {s['perplexity']:.2f} | " if s else f"| {text} | {n:,} | not run | ")
             out[-1] += (f"{m['perplexity']:.2f} | {ratio} | {target} | {m['seconds']} | {m['peak_increase_mb']} |"
                         if m else f"not run | {ratio} | {target} | — | — |")
+    for r in [r for r in rows if r["step"] == "cost"]:
+        out += ["", f"## Cost ({r['config']}, decoder cut to {r['layers']} layers, float32, {r['threads']} threads)", "",
+                "| | unpatched SDPA | method | ratio | target |", "|---|---|---|---|---|",
+                f"| forward s at 16,384 (each of {r['reps']} interleaved runs) | {r['sdpa_seconds_16k']} | "
+                f"{r['method_seconds_16k']} | {r['time_ratio_16k']} (medians) | ≤ 3 |",
+                f"| peak RSS increase MB, 32,768-token forward | {r['sdpa_peak_increase_mb_32k']} | "
+                f"{r['method_peak_increase_mb_32k']} | — | ≤ 4,096 |"]
     keys = [r for r in rows if r["step"] == "passkey"]
     if keys:
         out += ["", "## Passkey (depth 0.5, greedy)", "", "| config | tokens | correct / seeds |", "|---|---|---|"]
