@@ -11,7 +11,8 @@ import hf_posext
 from _evalkit import TINY, char_tokenizer
 from hf_posext.evaluation.passkey import (FILLER, build_prompt, evaluate_passkey, first_number,
                                           passkey_for_seed)
-from hf_posext.evaluation.results import ResultsStore, plot_passkey_heatmap
+from hf_posext.evaluation.results import plot_passkey_heatmap
+from hf_posext.evaluation.store import ResultsStore
 
 
 class KeyModel(LlamaForCausalLM):
@@ -87,9 +88,11 @@ def test_real_tiny_model_runs_and_is_deterministic(tmp_path):
 def test_results_resume_and_heatmap(tmp_path):
     model = _stub(True)
     kw = dict(methods=[], lengths=[400, 800], depths=[0.0, 1.0], seeds=[0], progress=False)
-    rows = evaluate_passkey(model, model.tok, store=ResultsStore(tmp_path, "passkey"), **kw)
+    with ResultsStore(tmp_path, "passkey") as store:
+        rows = evaluate_passkey(model, model.tok, store=store, **kw)
     calls = len(model.seen)
-    again = evaluate_passkey(model, model.tok, store=ResultsStore(tmp_path, "passkey", resume=True), **kw)
+    with ResultsStore(tmp_path, "passkey", resume=True) as store:
+        again = evaluate_passkey(model, model.tok, store=store, **kw)
     assert len(model.seen) == calls and again == rows
     path = plot_passkey_heatmap(rows, tmp_path / "h.png", "none")
     assert path.read_bytes()[:4] == b"\x89PNG"
@@ -108,3 +111,10 @@ def test_cells_with_identical_rope_reuse_answers():
     fresh = evaluate_passkey(model, model.tok, reuse_identical=False, **kw)
     assert len(model.seen) == 2 + 6
     assert [r["answers"] for r in rows] == [r["answers"] for r in fresh]
+
+
+def test_repeated_seeds_are_refused():
+    model = _stub(True)
+    with pytest.raises(ValueError, match="repeat a seed"):
+        evaluate_passkey(model, model.tok, methods=[], lengths=[400], depths=[0.5], seeds=[1, 1],
+                         progress=False)

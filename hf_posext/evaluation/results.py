@@ -88,13 +88,22 @@ def print_table(rows: Sequence[dict], value: str = "perplexity", title: str = ""
 
 
 def log_ticks(lo: float, hi: float, most: int = 8) -> list[float]:
-    """Round tick values (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10^k) spanning [lo, hi] on a log
-    axis, at most `most` of them, always including one at or below lo and one at or above hi."""
-    mantissas = (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
-    k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
-    nice = sorted(m * 10.0 ** k for k in range(k0, k1 + 1) for m in mantissas)
-    below = max(v for v in nice if v <= lo * (1 + 1e-9))
-    above = min(v for v in nice if v >= hi * (1 - 1e-9))
+    """Round tick values spanning [lo, hi] (one at or below lo, one at or above hi), at most
+    about `most`: evenly stepped (matplotlib's MaxNLocator) when the data span less than a factor
+    of 3, else 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10^k, so the ticks sit where the data are."""
+    from matplotlib.ticker import MaxNLocator
+
+    if hi <= lo:
+        lo, hi = lo * 0.99, hi * 1.01
+    if hi / lo < 3:
+        nice = [float(t) for t in MaxNLocator(nbins=most - 2, steps=[1, 2, 2.5, 5, 10])
+                .tick_values(lo, hi) if t > 0]
+    else:
+        mantissas = (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
+        k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+        nice = sorted(m * 10.0 ** k for k in range(k0, k1 + 1) for m in mantissas)
+    below = max([v for v in nice if v <= lo * (1 + 1e-9)] or [min(nice)])
+    above = min([v for v in nice if v >= hi * (1 - 1e-9)] or [max(nice)])
     inside = [v for v in nice if below <= v <= above]
     step = max(1, math.ceil((len(inside) - 1) / (most - 1)))
     ticks = inside[::step]
@@ -135,9 +144,10 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
     values = [r["perplexity"] for r in rows if r.get("perplexity")]
     ax.set_yscale("log")
     ticks = log_ticks(min(values), max(values))
-    ax.set_yticks(ticks, [f"{v:g}" for v in ticks])
+    ax.set_yticks(ticks, [f"{v:.4g}" for v in ticks])
     ax.yaxis.set_minor_locator(NullLocator())
-    ax.set_ylim(ticks[0] / 1.03, ticks[-1] * 1.03)
+    pad = (ticks[-1] / ticks[0]) ** 0.04       # 4 % of the ticked span (log axis) each side
+    ax.set_ylim(ticks[0] / pad, ticks[-1] * pad)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity (log scale)")
     ax.set_title(title, fontsize=10)
@@ -169,7 +179,7 @@ def plot_passkey_heatmap(rows: Sequence[dict], path: str | Path, title: str = ""
     for i in range(len(depths)):
         for j in range(len(lengths)):
             if not math.isnan(grid[i][j]):
-                r, g, b, _ = cmap(grid[i][j])
+                r, g, b, _ = cmap(float(grid[i][j]))   # an int would index the colour table
                 dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
                 ax.text(j, i, f"{grid[i][j]:.0%}", ha="center", va="center", fontsize=11,
                         color="white" if dark else "black", fontweight="bold")
