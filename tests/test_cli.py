@@ -115,7 +115,13 @@ def test_eval_end_to_end_and_resume(model_dir, text_file, capsys, tmp_path):
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     rows = json.loads((out / "perplexity.json").read_text())["rows"]
-    assert len(rows) == 2 * 3 * 3 and {r["docs"] for r in rows} == {2}
+    assert len(rows) == 2 * 3 * 3 + 1 and {r["docs"] for r in rows} == {2}
+    # The sliding-window baseline: unpatched, window = trained length 64, over the first 128 tokens.
+    base = [r for r in rows if r["protocol"] == "baseline"]
+    assert [(b["method"], b["length"], b["window"], b["stride"]) for b in base] == [("none", 128, 64, 16)]
+    yarn128 = next(r for r in rows if (r["method"], r["length"], r["protocol"]) == ("yarn", 128, "truncate"))
+    assert yarn128["ratio_to_sliding"] == pytest.approx(yarn128["perplexity"] / base[0]["perplexity"], abs=1e-4)
+    assert "ratio to sliding" in printed
     assert {r["tokens"] for r in rows if r["protocol"] == "sliding"} == {2 * 127}
     assert (out / "perplexity_truncate.png").stat().st_size > 0
     assert (out / "perplexity_sliding.png").stat().st_size > 0
@@ -123,7 +129,7 @@ def test_eval_end_to_end_and_resume(model_dir, text_file, capsys, tmp_path):
     code, err = run(argv, capsys)                       # results exist, no --resume
     assert code == 2 and "--resume" in err
     assert cli.main(argv + ["--resume"]) == 0
-    assert len(json.loads((out / "perplexity.json").read_text())["rows"]) == 18
+    assert len(json.loads((out / "perplexity.json").read_text())["rows"]) == 19
 
 
 def test_passkey_end_to_end(model_dir, capsys, tmp_path):
@@ -133,3 +139,21 @@ def test_passkey_end_to_end(model_dir, capsys, tmp_path):
     rows = json.loads((out / "passkey.json").read_text())["rows"]
     assert len(rows) == 2 * 2 * 2 and all(r["seeds"] == 2 for r in rows)
     assert (out / "passkey_none.png").exists() and (out / "passkey_ntk.png").exists()
+
+
+def test_version_and_model_keyword_arguments(model_dir, capsys, tmp_path):
+    import hf_posext
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"hf-posext {hf_posext.__version__}"
+    args = cli.build_parser().parse_args(["eval", "--model", "m", "--revision", "v2", "--dtype", "auto",
+                                          "--attn-implementation", "eager", "--device-map", "auto"])
+    assert cli._model_kwargs(args) == {"dtype": "auto", "revision": "v2",
+                                       "attn_implementation": "eager", "device_map": "auto"}
+    # They reach the model: the rows record the attention implementation and the resolved dtype.
+    out = tmp_path / "pk"
+    assert cli.main(["passkey", "--model", str(model_dir), "--lengths", "400", "--methods", "none",
+                     "--depths", "1", "--seeds", "1", "--dtype", "auto", "--attn-implementation",
+                     "eager", "--out", str(out), "--no-progress", "--no-plot"]) == 0
+    row = json.loads((out / "passkey.json").read_text())["rows"][0]
+    assert row["attn_implementation"] == "eager" and row["dtype"] == "float32"

@@ -26,7 +26,7 @@ def test_grid_rows_match_direct_patched_evaluation():
     model = tiny_model()   # trained length 64
     rows = evaluate_perplexity(model, DOCS, methods=["linear", "yarn"], lengths=[32, 128],
                                progress=False)
-    got = {(r["method"], r["length"]): r for r in rows}
+    got = {(r["method"], r["length"]): r for r in rows if r["protocol"] == "truncate"}
     assert set(got) == {(m, n) for m in ("none", "linear", "yarn") for n in (32, 128)}
     assert got[("yarn", 128)]["factor"] == 2.0 and got[("yarn", 32)]["factor"] == 1.0
     # Independent: patch by hand, score by hand.
@@ -45,6 +45,7 @@ def test_identical_rope_cells_are_reused_and_equal_a_recompute():
     model = tiny_model()
     reused = evaluate_perplexity(model, DOCS, methods=["linear", "ntk", "yarn", "dynamic_ntk"],
                                  lengths=[48], progress=False)
+    assert all(r["protocol"] == "truncate" for r in reused)   # no baseline within the trained length
     fresh = evaluate_perplexity(model, DOCS, methods=["linear", "ntk", "yarn", "dynamic_ntk"],
                                 lengths=[48], reuse_identical=False, progress=False)
     for a, b in zip(reused, fresh):
@@ -67,26 +68,29 @@ def test_plan_cells_order_auto_and_numeric_factors():
 
 def test_results_files_resume_and_refusal(tmp_path, monkeypatch):
     model = tiny_model()
-    store = ResultsStore(tmp_path, "perplexity")
-    first = evaluate_perplexity(model, DOCS, methods=["linear"], lengths=[32, 128], store=store,
-                                progress=False)
+    with ResultsStore(tmp_path, "perplexity") as store:
+        first = evaluate_perplexity(model, DOCS, methods=["linear"], lengths=[32, 128], store=store,
+                                    baseline=False, progress=False)
     on_disk = json.loads((tmp_path / "perplexity.json").read_text())["rows"]
     assert [r["key"] for r in on_disk] == [r["key"] for r in first]
     with open(tmp_path / "perplexity.csv") as f:
         table = list(csv.DictReader(f))
     assert [float(r["perplexity"]) for r in table] == pytest.approx([r["perplexity"] for r in first])
-    with pytest.raises(FileExistsError, match="--resume"):
+    with pytest.raises(ValueError, match="--resume"):
         ResultsStore(tmp_path, "perplexity")
     # Resume: finished cells are not recomputed; only the new length is.
     calls = []
     real = ppl_mod.truncate_nll
     monkeypatch.setattr(ppl_mod, "truncate_nll", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
-    store = ResultsStore(tmp_path, "perplexity", resume=True)
-    again = evaluate_perplexity(model, DOCS, methods=["linear"], lengths=[32, 128, 96], store=store,
-                                progress=False)
+    with ResultsStore(tmp_path, "perplexity", resume=True) as store:
+        again = evaluate_perplexity(model, DOCS, methods=["linear"], lengths=[32, 128, 96],
+                                    store=store, baseline=False, progress=False)
     assert calls == [96, 96]   # none and linear at 96 (s = 1.5); 32 and 128 came from the files
     assert len(json.loads((tmp_path / "perplexity.json").read_text())["rows"]) == 6
     assert [r["perplexity"] for r in again if r["length"] != 96] == [r["perplexity"] for r in first]
+    # The file lists the rows in cell order (lengths ascending), whatever order they finished in.
+    assert [r["length"] for r in json.loads((tmp_path / "perplexity.json").read_text())["rows"]] == \
+        [32, 32, 96, 96, 128, 128]
 
 
 def test_table_and_plot(tmp_path):
@@ -94,11 +98,23 @@ def test_table_and_plot(tmp_path):
     rows = evaluate_perplexity(model, DOCS, methods=["linear", "ntk"], lengths=[32, 64, 128],
                                progress=False)
     text = format_table(rows)
-    assert text.splitlines()[0].split() == ["method", "32", "64", "128"]
+    assert text.splitlines()[0].split() == ["method", "32", "64", "128", "ratio", "to", "sliding", "@128"]
+    assert "none, sliding 64 window (stride 16)" in text     # the baseline is a row of the table
     none128 = next(r for r in rows if r["method"] == "none" and r["length"] == 128)
-    assert f"{none128['perplexity']:.2f}" in text.splitlines()[2]
+    base128 = next(r for r in rows if r["protocol"] == "baseline")
+    assert text.splitlines()[2].split()[-2:] == [f"{none128['perplexity']:.2f}",
+                                                  f"{none128['perplexity'] / base128['perplexity']:.3f}"]
     path = plot_perplexity(rows, tmp_path / "p.png", "test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+@pytest.mark.parametrize("lo,hi", [(24.4, 80.0), (30.3, 33.0), (2.0, 5000.0), (1.01, 1.02)])
+def test_log_ticks_span_the_data(lo, hi):
+    from hf_posext.evaluation.results import log_ticks
+    ticks = log_ticks(lo, hi)
+    assert ticks[0] <= lo and ticks[-1] >= hi and 2 <= len(ticks) <= 9
+    assert ticks == sorted(set(ticks))
+    assert ticks[-1] / ticks[0] < 2.5 * hi / lo   # no decade of empty axis around the data
 
 
 KILLED_RUN = textwrap.dedent("""
@@ -131,9 +147,10 @@ def test_killed_run_keeps_finished_rows_and_resume_completes(tmp_path):
     with open(tmp_path / "perplexity.csv") as f:
         assert len(list(csv.DictReader(f))) == 3
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
-    store = ResultsStore(tmp_path, "perplexity", resume=True)
-    done = evaluate_perplexity(tiny_model(), DOCS, methods=["linear"], lengths=[64, 128],
-                               store=store, progress=False)
-    assert [(r["method"], r["length"]) for r in done] == [("none", 64), ("linear", 64), ("none", 128),
-                                                          ("linear", 128)]
-    assert len(json.loads((tmp_path / "perplexity.json").read_text())["rows"]) == 4
+    with ResultsStore(tmp_path, "perplexity", resume=True) as store:
+        done = evaluate_perplexity(tiny_model(), DOCS, methods=["linear"], lengths=[64, 128],
+                                   store=store, progress=False)
+    assert [(r["method"], r["length"], r["protocol"]) for r in done] == [
+        ("none", 64, "truncate"), ("linear", 64, "truncate"), ("none", 128, "truncate"),
+        ("linear", 128, "truncate"), ("none", 128, "baseline")]
+    assert len(json.loads((tmp_path / "perplexity.json").read_text())["rows"]) == 5

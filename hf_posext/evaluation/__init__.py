@@ -1,20 +1,25 @@
 """Long-context evaluation: perplexity across context lengths (truncate and sliding-window
-protocols) and passkey retrieval, with results files, tables and plots. The `hf-posext` CLI
-(`hf_posext.cli`) drives these functions; they also work on any loaded model:
+protocols, with the sliding-window baseline) and passkey retrieval, with results files, tables
+and plots. The `hf-posext` CLI (`hf_posext.cli`) drives these functions; they also work on any
+loaded model (docs/evaluation.md):
 
     from hf_posext.evaluation import evaluate_perplexity, ResultsStore
     rows = evaluate_perplexity(model, docs, methods=["linear", "yarn"], lengths=[4096, 16384])
 """
 
 from .data import TextSource, TokenCache, load_documents, select_documents
+from .distributed import Ranks
+from .grid import Cell, knob_names, method_factors, run_grid
 from .loss import PeakMemory, causal_targets, chunked_nll
 from .passkey import build_prompt, evaluate_passkey, passkey_for_seed
-from .perplexity import (DEFAULT_STRIDE, PROTOCOLS, evaluate_perplexity, plan_cells, sliding_nll,
-                         sliding_windows, truncate_nll)
-from .results import ResultsStore, format_table, plot_passkey_heatmap, plot_perplexity, print_table
+from .perplexity import (DEFAULT_STRIDE, PROTOCOLS, cell_nll, evaluate_perplexity,
+                         plan_cells, sliding_nll, sliding_windows, truncate_nll)
+from .results import format_table, plot_passkey_heatmap, plot_perplexity, print_table
+from .store import ResultsError, ResultsStore
 
-__all__ = ["DEFAULT_STRIDE", "PROTOCOLS", "PeakMemory", "ResultsStore", "TextSource", "TokenCache",
-           "build_prompt", "causal_targets", "chunked_nll", "evaluate_passkey", "evaluate_perplexity",
-           "format_table", "load_documents", "passkey_for_seed", "plan_cells", "plot_passkey_heatmap",
-           "plot_perplexity", "print_table", "select_documents", "sliding_nll", "sliding_windows",
-           "truncate_nll"]
+__all__ = ["Cell", "DEFAULT_STRIDE", "PROTOCOLS", "PeakMemory", "Ranks",
+           "ResultsError", "ResultsStore", "TextSource", "TokenCache", "build_prompt",
+           "causal_targets", "cell_nll", "chunked_nll", "evaluate_passkey", "evaluate_perplexity",
+           "format_table", "knob_names", "load_documents", "method_factors", "passkey_for_seed",
+           "plan_cells", "plot_passkey_heatmap", "plot_perplexity", "print_table", "run_grid",
+           "select_documents", "sliding_nll", "sliding_windows", "truncate_nll"]

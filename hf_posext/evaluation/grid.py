@@ -9,11 +9,16 @@ here without a hand-kept list.
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Callable, Iterable, Mapping, Sequence
 
 from ..config import METHODS, RopeExtensionConfig, canonical_method
 from ..patcher import is_patched, patch, unpatch
+from .distributed import Ranks
+from .identity import computation_signature, config_state, digest
 
 NONE_ALIASES = ("none", "default", "original")
 # Fields of RopeExtensionConfig that are not knobs: the method itself and its scale.
@@ -102,6 +107,7 @@ class Cell:
     protocol: str
     knobs: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)   # protocol settings: window, stride, depth, ...
+    as_is: bool = False    # run the model in the state it was given (no patch, no unpatch)
 
     @property
     def label(self) -> str:
@@ -115,3 +121,142 @@ def apply_method(model, method: str, factor: float, knobs: Mapping | None = None
             unpatch(model)
     else:
         patch(model, method, factor, **dict(knobs or {}))
+
+
+# --- running a grid: resume, reuse of identical cells, ranks -------------------------------------
+
+@dataclass
+class Job:
+    index: int
+    cell: Cell
+    key: str
+    signature: str
+
+
+def _enter(model, cell: Cell) -> None:
+    if not cell.as_is:
+        apply_method(model, cell.method, cell.factor, cell.knobs)
+
+
+def _leave(model, cell: Cell) -> None:
+    if not cell.as_is and is_patched(model):
+        unpatch(model)
+
+
+def plan_jobs(model, cells: Sequence[Cell], identity: dict, forward_lengths: Callable) -> list[Job]:
+    """Each cell's key and signature (see `identity`), computed with the model in its state."""
+    jobs = []
+    for i, cell in enumerate(cells):
+        _enter(model, cell)
+        try:
+            where = {"length": cell.length, "protocol": cell.protocol, **cell.extra}
+            key = digest({**identity, **where, "method": cell.method, "factor": cell.factor,
+                          "knobs": cell.knobs, "config": config_state(model)})
+            signature = digest({**identity, **where,
+                                **computation_signature(model, forward_lengths(cell))})
+        finally:
+            _leave(model, cell)
+        jobs.append(Job(i, cell, key, signature))
+    return jobs
+
+
+def run_grid(model, cells: Sequence[Cell], *, identity: dict, base_row: dict, compute: Callable,
+             result_fields: Sequence[str], forward_lengths: Callable, store=None,
+             reuse: bool = True, ranks: Ranks | None = None, progress: bool = True,
+             desc: str = "cells", annotate: Callable | None = None) -> list[dict]:
+    """Run `compute(cell) -> result dict` for every cell that needs it and return one row per
+    cell, in cell order. Rows come from, in this order: the store (same key: resume), an earlier
+    cell with the same signature (its `result_fields` copied, `same_as` names it), or a forward.
+    Under several ranks the cells to compute are shared out (each signature group on one rank),
+    and rank 0 alone writes the store, after every round. `annotate(rows)` may add derived
+    columns at the end (before the final write, which puts the rows in cell order)."""
+    from tqdm.auto import tqdm
+
+    ranks = ranks or Ranks()
+    jobs = plan_jobs(model, cells, identity, forward_lengths)
+    stored = {r.get("signature"): r for r in (store.rows if store is not None else [])
+              if r.get("signature")}
+    rows: dict[int, dict] = {}
+    leaders: dict[str, Job] = {}
+    followers: dict[int, list[Job]] = {}
+    for job in jobs:
+        if store is not None and store.has(job.key):
+            rows[job.index] = store.get(job.key)
+        elif reuse and job.signature in stored:
+            rows[job.index] = _row(job, base_row, identity, stored[job.signature], result_fields)
+            _save(store, ranks, rows[job.index])
+        elif reuse and job.signature in leaders:
+            followers[leaders[job.signature].index].append(job)
+        else:
+            leaders.setdefault(job.signature if reuse else job.key, job)
+            followers[job.index] = []
+    todo = list(leaders.values())
+    owner = ranks.assign([float(j.cell.length) for j in todo])
+    mine = [j for j, r in zip(todo, owner) if r == ranks.rank]
+    rounds = max([owner.count(r) for r in range(ranks.size)] + [0])
+    if ranks.size > 1:
+        print(f"rank {ranks.rank}/{ranks.size}: computing {len(mine)} of {len(todo)} cells",
+              file=sys.stderr, flush=True)
+    bar = tqdm(total=len(mine), desc=desc, unit="cell", disable=not progress)
+    for turn in range(rounds):
+        job, row, error = (mine[turn] if turn < len(mine) else None), None, None
+        if job is not None:
+            bar.set_postfix_str(job.cell.label)
+            try:
+                row = _compute(model, job, base_row, identity, compute)
+            except Exception as err:  # noqa: BLE001 - every rank must hear of it
+                error = err
+            bar.update(1)
+        if ranks.size == 1 and error is not None:
+            raise error
+        ranks.check_all(error)
+        for done in ranks.gather(row):
+            if done is None:
+                continue
+            lead = next(j for j in todo if j.key == done["key"])
+            rows[lead.index] = done
+            _save(store, ranks, done)
+            for f in followers[lead.index]:
+                rows[f.index] = _row(f, base_row, identity, done, result_fields)
+                _save(store, ranks, rows[f.index])
+    bar.close()
+    out = [rows[j.index] for j in jobs]
+    if annotate is not None:
+        annotate(out)
+    if store is not None and ranks.is_main and hasattr(store, "reorder"):
+        store.reorder([j.key for j in jobs])
+    return out
+
+
+def _compute(model, job: Job, base_row: dict, identity: dict, compute: Callable) -> dict:
+    started = time.perf_counter()
+    _enter(model, job.cell)
+    try:
+        result = compute(job.cell)
+    finally:
+        _leave(model, job.cell)
+    return _row(job, base_row, identity, result, None, time.perf_counter() - started)
+
+
+def _row(job: Job, base_row: dict, identity: dict, result: dict, copied: Sequence[str] | None,
+         seconds: float = 0.0) -> dict:
+    """One tidy row: what the cell is, the run's identity, the result, and where it came from."""
+    cell = job.cell
+    values = {k: result[k] for k in copied} if copied is not None else result
+    source = f"{result['method']} s={result['factor']:g}" if copied is not None else ""
+    return {**base_row, "method": cell.method, "factor": cell.factor,
+            "factor_spec": cell.factor_spec, "knobs": _knob_text(cell.knobs),
+            "length": cell.length, "protocol": cell.protocol, **cell.extra, **values,
+            "seconds": round(seconds, 3), **identity, "signature": job.signature,
+            "same_as": source, "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "key": job.key}
+
+
+def _knob_text(knobs: Mapping) -> str:
+    return ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
+                    for k, v in sorted(knobs.items()))
+
+
+def _save(store, ranks: Ranks, row: dict) -> None:
+    if store is not None and ranks.is_main and hasattr(store, "add") and not store.has(row["key"]):
+        store.add(row)

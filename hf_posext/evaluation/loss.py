@@ -2,7 +2,7 @@
 
 At long lengths the logits dominate memory: 32k tokens × 49,152 vocab in float32 is 6.4 GB, and
 the plain `model(input_ids, labels=...)` loss path allocates a log-softmax copy of the same size
-(REFERENCE.md §3). So we run the decoder to hidden states once, then apply the LM head and the
+(docs/evaluation.md, "Memory"). So we run the decoder to hidden states once, then apply the LM head and the
 cross-entropy to chunks of scored positions, in float32, and only keep the running sum.
 """
 
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -151,14 +149,3 @@ class PeakMemory:
         self.peak_mb = peak / 2**20
         self.increase_mb = (peak - self._start) / 2**20
         return False
-
-
-@contextmanager
-def timed():
-    """Yields a dict whose 'seconds' is filled in when the block ends."""
-    out = {"seconds": float("nan")}
-    start = time.perf_counter()
-    try:
-        yield out
-    finally:
-        out["seconds"] = time.perf_counter() - start

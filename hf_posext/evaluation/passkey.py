@@ -9,21 +9,19 @@ Keys come from `random.Random(seed)`, so a rerun gives the same prompts and the 
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
-import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Callable, Sequence
 
 import torch
 
 from ..generation import generate as fixed_scale_generate
-from ..patcher import is_patched, unpatch
-from .loss import PeakMemory
 from ..patcher import trained_length
-from .grid import apply_method, knobs_for, method_factors
-from .perplexity import rope_signature
+from .grid import Cell, knobs_for, method_factors, run_grid
+from .identity import model_dtype, run_identity
+from .loss import PeakMemory
 
 PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
           "memorize it. I will quiz you about the important information there.\n")
@@ -78,81 +76,66 @@ def greedy_answer(model, tokenizer, input_ids: list[int]) -> str:
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
+def passkey_cells(methods, lengths, depths, seeds, factors, trained: int, knobs=None) -> list[Cell]:
+    """Cells in run order: by length, then method (`none` first), then depth."""
+    seeds_text = ",".join(map(str, seeds))
+    return [Cell(method, spec, s, length, "passkey", knobs_for(method, knobs or {}),
+                 {"depth": float(d), "seeds_list": seeds_text, "seeds": len(seeds),
+                  "max_new_tokens": MAX_NEW_TOKENS})
+            for length in sorted(set(lengths))
+            for method, spec, s in method_factors(methods, factors, length, trained)
+            for d in depths]
+
+
 def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Sequence[int],
                      depths: Sequence[float], seeds: Sequence[int], factors: Sequence = ("auto",),
-                     store=None, model_name: str = "model", dtype: str = "", device: str = "cpu",
-                     answer_fn: Callable | None = None, reuse_identical: bool = True,
-                     progress: bool = True, knobs: dict | None = None) -> list[dict]:
+                     store=None, model_name: str = "model", dtype: str | None = None,
+                     device: str = "cpu", answer_fn: Callable | None = None,
+                     reuse_identical: bool = True, progress: bool = True,
+                     knobs: dict | None = None, fingerprint: str | None = None,
+                     ranks=None) -> list[dict]:
     """Passkey accuracy for every (method, factor, length, depth), over `seeds`.
 
     answer_fn(model, tokenizer, input_ids) -> decoded answer text; defaults to greedy decoding.
-    Rows are written to `store` as each cell finishes; cells it holds are skipped (resume).
-    reuse_identical: a cell whose rotary cos/sin over prompt + answer positions equal an earlier
-    cell's (same length, depth, seeds) would decode the same tokens: its answers are copied and
-    the row says so in `same_as` (see `perplexity.rope_signature`)."""
-    from tqdm.auto import tqdm
-
+    Rows are written to `store` as each cell finishes; cells whose key it holds are skipped
+    (resume). reuse_identical: a cell whose rotary cos/sin over prompt + answer positions and
+    attention equal an earlier cell's (same length, depth, seeds) would decode the same tokens:
+    its answers are copied and the row says so in `same_as` (see `grid.run_grid`)."""
+    seeds = list(seeds)
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds {seeds} repeat a seed; each seed must count once.")
+    if dtype not in (None, "", "auto") and model_dtype(model) != dtype:
+        raise ValueError(f"dtype={dtype!r} but the model runs in {model_dtype(model)}.")
     answer_fn = answer_fn or greedy_answer
-    trained = trained_length(model) if hasattr(model, "config") else max(lengths)
-    cells = [(method, spec, s, length, float(d))
-             for length in sorted(set(lengths))
-             for method, spec, s in method_factors(methods, factors, length, trained)
-             for d in depths]
-    rows, seeds = [], list(seeds)
-    done: dict[tuple, dict] = {}   # (length, depth, signature) -> the row that computed it
-    for row in (store.rows if store is not None else []):
-        if row.get("rope_signature"):
-            done.setdefault((int(row["length"]), float(row["depth"]), row["seeds_list"],
-                             row["rope_signature"]), row)
-    bar = tqdm(cells, desc="passkey cells", unit="cell", disable=not progress)
-    for method, spec, s, length, depth in bar:
-        key = "|".join(map(str, (model_name, method, f"{s:.6g}", length, f"{depth:g}",
-                                 ",".join(map(str, seeds)), dtype)))
-        bar.set_postfix_str(f"{method} s={s:g} L={length} depth={depth:g}")
-        if store is not None and store.has(key):
-            rows.append(store.get(key))
-            continue
-        answers, outputs, correct, signature, source, peak = [], [], 0, "", None, None
-        seeds_list = ",".join(map(str, seeds))
-        started = time.perf_counter()
-        try:
-            prompts = [build_prompt(tokenizer, length, depth, passkey_for_seed(seed)) for seed in seeds]
-            if hasattr(model, "config"):
-                apply_method(model, method, s, knobs_for(method, knobs or {}))
-                # Every total length decoded (prompts may differ by a token across keys), so a
-                # dynamic method's frequencies are compared at each length it will really use.
-                totals = sorted({len(p.input_ids) + MAX_NEW_TOKENS for p in prompts})
-                signature = "+".join(rope_signature(model, n) for n in totals)
-            if reuse_identical and signature:
-                source = done.get((length, depth, seeds_list, signature))
-            if source is not None:
-                correct, answers = source["correct"], source["answers"].split()
-                outputs = source.get("outputs", "").split(" | ")
-            else:
-                with PeakMemory(device) as peak:
-                    for prompt in prompts:
-                        text = answer_fn(model, tokenizer, prompt.input_ids)
-                        outputs.append(" ".join(text.split())[:40])   # the raw answer, one line
-                        got = first_number(text)
-                        correct += int(got == prompt.key)
-                        answers.append(f"{prompt.key}:{'' if got is None else got}")
-        finally:
-            if hasattr(model, "config") and is_patched(model):
-                unpatch(model)
-        prompt_tokens = max(len(p.input_ids) for p in prompts)
-        row = {"model": model_name, "method": method, "factor": s, "factor_spec": spec,
-               "length": length, "prompt_tokens": prompt_tokens, "depth": depth,
-               "seeds": len(seeds), "seeds_list": seeds_list, "correct": correct,
-               "accuracy": correct / len(seeds), "answers": " ".join(answers),
-               "outputs": " | ".join(outputs),
-               "seconds": round(time.perf_counter() - started, 3),
-               "peak_rss_mb": round(peak.peak_mb, 1) if peak else None, "trained_length": trained,
-               "dtype": dtype, "device": str(device), "rope_signature": signature,
-               "same_as": f"{source['method']} s={source['factor']:g}" if source else "",
-               "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "key": key}
-        if signature:
-            done.setdefault((length, depth, seeds_list, signature), row)
-        if store is not None:
-            store.add(row)
-        rows.append(row)
-    return rows
+    trained = trained_length(model)
+    cells = passkey_cells(methods, lengths, depths, seeds, factors, trained, knobs)
+    prompts = {(n, d): [build_prompt(tokenizer, n, d, passkey_for_seed(seed)) for seed in seeds]
+               for n in set(lengths) for d in {c.extra["depth"] for c in cells}}
+    h = hashlib.sha256(repr([(k, [p.input_ids for p in v]) for k, v in sorted(prompts.items())]).encode())
+    identity = run_identity(model, fingerprint=fingerprint, device=device,
+                            data_hash=h.hexdigest()[:12])
+    base_row = {"model": model_name, "trained_length": trained}
+
+    def forward_lengths(cell: Cell) -> list[int]:
+        # Every total length decoded (prompts may differ by a token across keys), so a dynamic
+        # method's frequencies are compared at each length it will really use.
+        return [len(p.input_ids) + MAX_NEW_TOKENS for p in prompts[(cell.length, cell.extra["depth"])]]
+
+    def compute(cell: Cell) -> dict:
+        answers, outputs, correct = [], [], 0
+        cell_prompts = prompts[(cell.length, cell.extra["depth"])]
+        with PeakMemory(device) as peak:
+            for prompt in cell_prompts:
+                text = answer_fn(model, tokenizer, prompt.input_ids)
+                outputs.append(" ".join(text.split())[:40])   # the raw answer, one line
+                got = first_number(text)
+                correct += int(got == prompt.key)
+                answers.append(f"{prompt.key}:{'' if got is None else got}")
+        return {"prompt_tokens": max(len(p.input_ids) for p in cell_prompts), "correct": correct,
+                "accuracy": correct / len(seeds), "answers": " ".join(answers),
+                "outputs": " | ".join(outputs), "peak_rss_mb": round(peak.peak_mb, 1)}
+
+    return run_grid(model, cells, identity=identity, base_row=base_row, compute=compute,
+                    result_fields=("prompt_tokens", "correct", "accuracy", "answers", "outputs"),
+                    forward_lengths=forward_lengths, store=store, reuse=reuse_identical,
+                    ranks=ranks, progress=progress, desc="passkey cells")

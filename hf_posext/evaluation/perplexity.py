@@ -1,6 +1,6 @@
 """Perplexity across context lengths: the truncate and sliding-window protocols, and the grid.
 
-Protocols (REFERENCE.md §3):
+Protocols (docs/evaluation.md, "What is measured"):
 - truncate (PI and YaRN papers): the first L tokens of each document that has at least the
   largest L tokens (the same documents at every L), one forward per document; L-1 tokens scored.
 - sliding (Press et al.; Hugging Face "Perplexity of fixed-length models"): windows of W tokens
@@ -15,19 +15,17 @@ windows, never a mean of per-window perplexities.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
-import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from ..patcher import is_patched, trained_length, unpatch
-from ..registry import rotary_modules
-from .grid import Cell, apply_method, knobs_for, method_factors
+from ..patcher import trained_length
+from .grid import Cell, knobs_for, method_factors, run_grid
+from .identity import model_dtype, run_identity
 from .loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
 
 PROTOCOLS = ("truncate", "sliding")
@@ -93,61 +91,92 @@ def sliding_nll(model, docs: Sequence[np.ndarray], window: int, stride: int,
     return total, count
 
 
-# --- rope signature: skip cells whose positions are encoded exactly as an earlier cell's ------
-
-@torch.inference_mode()
-def rope_signature(model, seq_len: int) -> str:
-    """A hash of the cos/sin every rotary module produces for positions 0..seq_len-1.
-
-    A patch changes only the rotary modules, so two cells with equal signatures at the forward
-    length compute bit-identical logits (e.g. a static method at factor 1 and the unpatched
-    model). Dynamic modules are run at seq_len, exactly as the forward will run them."""
-    h = hashlib.sha256()
-    for _, _, module in rotary_modules(model):
-        x = torch.zeros(1, dtype=torch.float32, device=module.inv_freq.device)
-        pos = torch.arange(seq_len, device=module.inv_freq.device)[None]  # [1, n]
-        cos, sin = module(x, pos)                                           # [1, n, d] each
-        h.update(cos.float().cpu().numpy().tobytes())
-        h.update(sin.float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 # --- the grid ----------------------------------------------------------------------------------
 
-def plan_cells(methods, lengths, factors, protocols, trained: int, knobs=None) -> list[Cell]:
-    """Cells in run order: by protocol, then length (short first), then method (`none` first)."""
-    return [Cell(method, spec, s, length, protocol, knobs_for(method, knobs or {}))
-            for protocol in protocols
-            for length in sorted(set(lengths))
-            for method, spec, s in method_factors(methods, factors, length, trained)]
+def plan_cells(methods, lengths, factors, protocols, trained: int, knobs=None, *, stride: int =
+               DEFAULT_STRIDE, eval_tokens: int | None = None, chunk_size: int = 1024,
+               baseline_window: int | None = None, baseline_stride: int | None = None
+               ) -> list[Cell]:
+    """Cells in run order: by protocol, then length (short first), then method (`none` first).
+    With `baseline_window`, the truncate protocol gains at each length above the trained one a
+    `baseline` cell: the unpatched model over the same tokens with a sliding window of that
+    size and `baseline_stride` (default a quarter window: 2,048 for 8k), docs/evaluation.md,
+    "The sliding-window baseline"."""
+    eval_tokens = eval_tokens or max(lengths)
+    cells = []
+    for protocol in protocols:
+        extra = {"chunk_size": chunk_size}
+        if protocol == "sliding":
+            extra.update(stride=stride, eval_tokens=eval_tokens)
+        for length in sorted(set(lengths)):
+            cells += [Cell(m, spec, s, length, protocol, knobs_for(m, knobs or {}),
+                           {"window": length, **extra})
+                      for m, spec, s in method_factors(methods, factors, length, trained)]
+            if protocol == "truncate" and baseline_window and length > baseline_window:
+                cells.append(Cell("none", "1", 1.0, length, "baseline", {},
+                                  {"window": baseline_window, "chunk_size": chunk_size,
+                                   "stride": baseline_stride or max(1, baseline_window // 4),
+                                   "eval_tokens": length}))
+    return cells
 
 
-def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[str],
+def cell_nll(model, docs: Sequence[np.ndarray], cell: Cell, progress: bool = False) -> tuple[float, int]:
+    """The one cell evaluator: (sum of NLL, scored tokens) of the model, as it is, for a cell."""
+    chunk = cell.extra.get("chunk_size", 1024)
+    if cell.protocol == "truncate":
+        return truncate_nll(model, docs, cell.length, chunk, progress)
+    return sliding_nll(model, docs, cell.extra["window"], cell.extra["stride"],
+                       cell.extra["eval_tokens"], chunk, progress)
+
+
+def add_ratio_to_sliding(rows: list[dict]) -> None:
+    """`ratio_to_sliding` = perplexity / the sliding baseline's over the same tokens (< 1: the
+    longer context helps), on truncate rows whose length has a baseline row."""
+    base = {(r["length"], r.get("data_hash")): r["perplexity"] for r in rows if r["protocol"] == "baseline"}
+    for r in rows:
+        b = base.get((r["length"], r.get("data_hash"))) if r["protocol"] == "truncate" else None
+        r["ratio_to_sliding"] = round(r["perplexity"] / b, 4) if b else None
+
+
+def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[str] | None,
                         lengths: Sequence[int], factors: Sequence = ("auto",),
                         protocols: Sequence[str] = ("truncate",), stride: int = DEFAULT_STRIDE,
                         eval_tokens: int | None = None, store=None, model_name: str = "model",
-                        dataset: str = "", data_hash: str | None = None, dtype: str = "",
+                        dataset: str = "", data_hash: str | None = None, dtype: str | None = None,
                         device: str = "cpu", chunk_size: int = 1024, reuse_identical: bool = True,
-                        progress: bool = True, knobs: dict | None = None) -> list[dict]:
+                        progress: bool = True, knobs: dict | None = None,
+                        baseline: bool = True, baseline_window: int | None = None,
+                        baseline_stride: int | None = None, fingerprint: str | None = None,
+                        label: str | None = None, ranks=None, extra_columns: dict | None = None
+                        ) -> list[dict]:
     """Perplexity of every (method, factor, length, protocol) cell on one loaded model.
 
     Args:
         docs: token ids per document (each [n_i]); for truncate each must have >= max(lengths)
             tokens, for sliding >= eval_tokens (default max(lengths)).
-        methods: names from hf_posext.METHODS; `none` (unpatched) is always added.
+        methods: names from hf_posext.METHODS; `none` (unpatched) is always added. None: run
+            the model exactly as given (e.g. just fine-tuned), rows labelled `label`.
         factors: numbers >= 1 and/or "auto" (s = max(1, length / trained length)).
-        store: a `ResultsStore`; each row is written to it as soon as its cell finishes, and
-            cells it already holds are skipped (resume).
-        reuse_identical: a cell whose rotary cos/sin at its forward length equal an earlier
-            cell's (same data, length, protocol) copies that result instead of recomputing;
-            the row says so in `same_as`.
+        knobs: {"*" or method: {knob: value}} (see `grid.check_knobs`).
+        store: a `ResultsStore`; each row is written as soon as its cell finishes, and cells
+            whose key it holds are skipped (resume). The key covers the model's content
+            (`fingerprint`, else a hash of its weights), dtype, device, attention, data and
+            every cell setting (docs/evaluation.md, "Identity, resume and reuse").
+        reuse_identical: a cell computing the same logits as an earlier one (same rotary
+            cos/sin, attention and data) copies its result; the row says so in `same_as`.
+        baseline: with `methods`, add the unpatched sliding-window baseline at truncate lengths
+            above `baseline_window` (default the trained length), stride `baseline_stride`,
+            and a `ratio_to_sliding` column.
+        dtype: if given, must match the model's dtype (a check; the model's own is recorded).
+        ranks: a `distributed.Ranks` (default: from the launcher's environment).
+        extra_columns: constant columns added to every row (e.g. the recipe's step).
     Returns the rows of this run (computed, reused and resumed), in cell order.
     """
-    from tqdm.auto import tqdm
-
     for p in protocols:
         if p not in PROTOCOLS:
             raise ValueError(f"Unknown protocol {p!r}; use one of {', '.join(PROTOCOLS)}.")
+    if dtype not in (None, "", "auto") and model_dtype(model) != dtype:
+        raise ValueError(f"dtype={dtype!r} but the model runs in {model_dtype(model)}.")
     trained = trained_length(model)
     eval_tokens = eval_tokens or max(lengths)
     need = max(max(lengths) if "truncate" in protocols else 0, eval_tokens if "sliding" in protocols else 0)
@@ -159,61 +188,27 @@ def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[
         for d in docs:
             h.update(np.asarray(d, dtype=np.int32).tobytes())
         data_hash = h.hexdigest()[:12]
-    ctx = {"model": model_name, "stride": stride, "eval_tokens": eval_tokens, "data_hash": data_hash,
-           "dtype": dtype}
-    cells = plan_cells(methods, lengths, factors, protocols, trained, knobs)
-    signatures: dict[tuple, dict] = {}   # (protocol, length, signature) -> the row that computed it
-    for row in (store.rows if store is not None else []):
-        if row.get("rope_signature") and row.get("data_hash") == data_hash:
-            signatures.setdefault((row["protocol"], int(row["length"]), row["rope_signature"]), row)
-    rows = []
-    bar = tqdm(cells, desc="perplexity cells", unit="cell", disable=not progress)
-    for cell in bar:
-        stride_k = ctx["stride"] if cell.protocol == "sliding" else ""
-        tokens_k = ctx["eval_tokens"] if cell.protocol == "sliding" else ""
-        key = "|".join(map(str, (ctx["model"], cell.method, f"{cell.factor:.6g}", cell.length,
-                                 cell.protocol, stride_k, tokens_k, ctx["data_hash"], ctx["dtype"],
-                                 sorted(cell.knobs.items()) if cell.knobs else "")))
-        bar.set_postfix_str(f"{cell.protocol} {cell.method} s={cell.factor:g} L={cell.length}")
-        if store is not None and store.has(key):
-            rows.append(store.get(key))
-            continue
-        try:
-            apply_method(model, cell.method, cell.factor, cell.knobs)
-            forward_len = cell.length
-            signature = rope_signature(model, forward_len)
-            source = signatures.get((cell.protocol, cell.length, signature)) if reuse_identical else None
-            started = time.perf_counter()
-            if source is not None:
-                nll, count, peak = source["nll"], source["tokens"], None
-            else:
-                with PeakMemory(device) as peak:
-                    if cell.protocol == "truncate":
-                        nll, count = truncate_nll(model, docs, cell.length, chunk_size, progress)
-                    else:
-                        nll, count = sliding_nll(model, docs, cell.length, stride, eval_tokens,
-                                                 chunk_size, progress)
-            seconds = time.perf_counter() - started
-        finally:
-            if is_patched(model):
-                unpatch(model)
-        row = {
-            "model": model_name, "method": cell.method, "factor": cell.factor,
-            "factor_spec": cell.factor_spec, "length": cell.length, "protocol": cell.protocol,
-            "stride": stride if cell.protocol == "sliding" else None,
-            "eval_tokens": eval_tokens if cell.protocol == "sliding" else None,
-            "perplexity": math.exp(nll / count), "nll": nll, "tokens": count, "docs": len(docs),
-            "seconds": round(seconds, 3),
-            "peak_rss_mb": round(peak.peak_mb, 1) if peak else None,
-            "peak_increase_mb": round(peak.increase_mb, 1) if peak else None,
-            "trained_length": trained, "dataset": dataset, "data_hash": data_hash, "dtype": dtype,
-            "device": str(device), "rope_signature": signature,
-            "same_as": (f"{source['method']} s={source['factor']:g}" if source is not None else ""),
-            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "key": key,
-        }
-        signatures.setdefault((cell.protocol, cell.length, signature), row)
-        if store is not None:
-            store.add(row)
-        rows.append(row)
-    return rows
+    window = (baseline_window or trained) if baseline and methods is not None else None
+    if methods is None:
+        cells = [dataclasses.replace(c, method=label or "model", as_is=True)
+                 for c in plan_cells(["none"], lengths, [1.0], protocols, trained, stride=stride,
+                                     eval_tokens=eval_tokens, chunk_size=chunk_size)]
+    else:
+        cells = plan_cells(methods, lengths, factors, protocols, trained, knobs, stride=stride,
+                           eval_tokens=eval_tokens, chunk_size=chunk_size, baseline_window=window,
+                           baseline_stride=baseline_stride)
+    identity = run_identity(model, fingerprint=fingerprint, device=device, data_hash=data_hash)
+    base_row = {"model": model_name, "dataset": dataset, "docs": len(docs), "trained_length": trained,
+                **(extra_columns or {})}
+
+    def compute(cell: Cell) -> dict:
+        with PeakMemory(device) as peak:
+            nll, count = cell_nll(model, docs, cell, progress)
+        return {"perplexity": math.exp(nll / count), "nll": nll, "tokens": count,
+                "peak_rss_mb": round(peak.peak_mb, 1), "peak_increase_mb": round(peak.increase_mb, 1)}
+
+    return run_grid(model, cells, identity=identity, base_row=base_row, compute=compute,
+                    result_fields=("perplexity", "nll", "tokens"),
+                    forward_lengths=lambda c: [c.extra["window"]], store=store,
+                    reuse=reuse_identical, ranks=ranks, progress=progress,
+                    desc="perplexity cells", annotate=add_ratio_to_sliding)

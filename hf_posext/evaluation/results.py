@@ -1,74 +1,12 @@
-"""Results files (CSV + JSON, written after every cell), the end-of-run table, and the plots.
-
-Each finished cell rewrites `<name>.json` and `<name>.csv` atomically (temporary file, then
-`os.replace`), so a run killed at any moment leaves complete files holding every finished row,
-and `resume=True` skips the cells they hold.
-"""
+"""The end-of-run tables and the plots (the results files are `store.ResultsStore`)."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
-import os
 from pathlib import Path
 from typing import Sequence
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class ResultsStore:
-    """Tidy rows keyed by `row["key"]`, persisted to `<out>/<name>.json` and `.csv`."""
-
-    def __init__(self, out_dir: str | Path, name: str, resume: bool = False):
-        self.out = Path(out_dir)
-        self.json_path = self.out / f"{name}.json"
-        self.csv_path = self.out / f"{name}.csv"
-        self.rows: list[dict] = []
-        if self.json_path.exists():
-            if not resume:
-                raise FileExistsError(f"{self.json_path} already holds results. Pass --resume to "
-                                      "skip its finished cells, or choose another --out.")
-            try:
-                self.rows = json.loads(self.json_path.read_text(encoding="utf-8"))["rows"]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{self.json_path} is not a hf_posext results file ({err}); move it "
-                                 "away or choose another --out.") from None
-        self._index = {r["key"]: r for r in self.rows}
-
-    def has(self, key: str) -> bool:
-        return key in self._index
-
-    def get(self, key: str) -> dict:
-        return self._index[key]
-
-    def add(self, row: dict) -> None:
-        if row["key"] in self._index:
-            raise KeyError(f"duplicate result for {row['key']}")
-        self.rows.append(row)
-        self._index[row["key"]] = row
-        self.flush()
-
-    def flush(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.json_path, json.dumps({"rows": self.rows}, indent=1, default=str) + "\n")
-        fields: list[str] = []
-        for r in self.rows:
-            fields += [k for k in r if k not in fields]
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        for r in self.rows:
-            writer.writerow({k: ("" if v is None else v) for k, v in r.items()})
-        _atomic_write(self.csv_path, buf.getvalue())
+from .store import ResultsStore  # noqa: F401  (its historical home; kept importable from here)
 
 
 def _fmt_len(n: int) -> str:
@@ -76,6 +14,8 @@ def _fmt_len(n: int) -> str:
 
 
 def _series_label(row: dict) -> str:
+    if row.get("protocol") == "baseline":
+        return f"none, sliding {_fmt_len(int(row['window']))} window (stride {_fmt_len(int(row['stride']))})"
     if row["method"] == "none":
         return "none"
     spec = row.get("factor_spec", "")
@@ -95,18 +35,31 @@ def pivot(rows: Sequence[dict], value: str) -> tuple[list[str], list[int], dict]
     return labels, sorted(lengths), cells
 
 
-def format_table(rows: Sequence[dict], value: str = "perplexity", title: str = "") -> str:
-    """A plain-text table: one line per method, one column per length."""
+def _grid(rows: Sequence[dict], value: str) -> tuple[list[str], list[list[str]]]:
+    """(header, body) of the method × length table, values formatted for reading."""
     labels, lengths, cells = pivot(rows, value)
-    head = ["method"] + [_fmt_len(n) for n in lengths]
+    # The ratio to the sliding-window baseline at the longest length that has one (< 1: the
+    # longer context helps), as a last column of the perplexity table.
+    ratio_at = max((n for (_, n), r in cells.items() if r.get("ratio_to_sliding")), default=None)
     body = []
     for label in labels:
         line = [label]
         for n in lengths:
-            r = cells.get((label, n))
-            v = None if r is None else r[value]
-            line.append("—" if v is None else (f"{v:.3g}" if v >= 1000 else f"{v:.2f}"))
+            v = cells[(label, n)].get(value) if (label, n) in cells else None
+            line.append("—" if v is None else f"{v:.3g}" if v >= 1000 else f"{v:.2f}")
+        if ratio_at is not None and value == "perplexity":
+            ratio = cells.get((label, ratio_at), {}).get("ratio_to_sliding")
+            line.append("—" if ratio is None else f"{ratio:.3f}")
         body.append(line)
+    head = ["method"] + [_fmt_len(n) for n in lengths]
+    if ratio_at is not None and value == "perplexity":
+        head.append(f"ratio to sliding @{_fmt_len(ratio_at)}")
+    return head, body
+
+
+def format_table(rows: Sequence[dict], value: str = "perplexity", title: str = "") -> str:
+    """A plain-text table: one line per method, one column per length."""
+    head, body = _grid(rows, value)
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     fmt = lambda cols: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cols, widths)))
     lines = ([title] if title else []) + [fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body]
@@ -122,61 +75,74 @@ def print_table(rows: Sequence[dict], value: str = "perplexity", title: str = ""
     except ImportError:
         print(format_table(rows, value, title) + (f"\n{caption}" if caption else ""))
         return
-    labels, lengths, cells = pivot(rows, value)
+    head, body = _grid(rows, value)
     table = Table(title=title or None)
-    table.add_column("method")
-    for n in lengths:
-        table.add_column(_fmt_len(n), justify="right")
-    for label in labels:
-        vals = []
-        for n in lengths:
-            r = cells.get((label, n))
-            v = None if r is None else r[value]
-            vals.append("—" if v is None else (f"{v:.3g}" if v >= 1000 else f"{v:.2f}"))
-        table.add_row(label, *vals)
+    for i, name in enumerate(head):
+        table.add_column(name, justify="right" if i else "left")
+    for line in body:
+        table.add_row(*line)
     console = Console()
     console.print(table)
     if caption:
         console.print(caption, style="dim", soft_wrap=True)
 
 
+def log_ticks(lo: float, hi: float, most: int = 8) -> list[float]:
+    """Round tick values (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10^k) spanning [lo, hi] on a log
+    axis, at most `most` of them, always including one at or below lo and one at or above hi."""
+    mantissas = (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
+    k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    nice = sorted(m * 10.0 ** k for k in range(k0, k1 + 1) for m in mantissas)
+    below = max(v for v in nice if v <= lo * (1 + 1e-9))
+    above = min(v for v in nice if v >= hi * (1 - 1e-9))
+    inside = [v for v in nice if below <= v <= above]
+    step = max(1, math.ceil((len(inside) - 1) / (most - 1)))
+    ticks = inside[::step]
+    if ticks[-1] != above:
+        ticks.append(above)
+    return ticks
+
+
 def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
-    """Perplexity vs length: log2 x-axis, log y-axis, one line per method, a dashed vertical
-    line at the trained length."""
+    """Perplexity vs length: log2 x-axis, log y-axis with round ticks spanning the data, one
+    line per method, the sliding-window baseline dashed in black, a dashed vertical line at
+    the trained length."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     labels, lengths, cells = pivot(rows, "perplexity")
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5))
     markers = "osD^vP*Xh<>"
     for i, label in enumerate(labels):
         pts = [(n, cells[(label, n)]["perplexity"]) for n in lengths if (label, n) in cells]
+        if cells[next((label, n) for n in lengths if (label, n) in cells)].get("protocol") == "baseline":
+            ax.plot(*zip(*pts), color="black", linestyle="--", marker="_", markersize=14,
+                    linewidth=1.8, label=label, zorder=5)
+            continue
         # Distinct markers and a small size step, so lines that coincide (every method is the
         # unpatched model at s = 1) stay visible on top of each other.
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[i % len(markers)],
-                markersize=9 - 1.2 * (i % 5), linewidth=1.6, label=label, alpha=0.9)
-    trained = {int(r["trained_length"]) for r in rows if r.get("trained_length")}
-    for t in trained:
-        ax.axvline(t, color="grey", linestyle="--", linewidth=1)
+        ax.plot(*zip(*pts), marker=markers[i % len(markers)], markersize=9 - 1.2 * (i % 5),
+                linewidth=1.6, label=label, alpha=0.9)
+    for t in {int(r["trained_length"]) for r in rows if r.get("trained_length")}:
+        ax.axvline(t, color="grey", linestyle=":", linewidth=1)
         ax.text(t, 0.98, f" trained {_fmt_len(t)}", transform=ax.get_xaxis_transform(),
-                va="top", color="grey", fontsize=8)
+                va="top", color="grey", fontsize=9)
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [_fmt_len(n) for n in lengths])
-    ax.set_yscale("log")
-    # Plain numbers on the log axis; label the minor ticks too when the data span under two
-    # decades (otherwise there may be no labelled tick at all).
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    ax.yaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_locator(NullLocator())
     values = [r["perplexity"] for r in rows if r.get("perplexity")]
-    ax.yaxis.set_minor_formatter(plain if values and max(values) / min(values) < 100 else NullFormatter())
+    ax.set_yscale("log")
+    ticks = log_ticks(min(values), max(values))
+    ax.set_yticks(ticks, [f"{v:g}" for v in ticks])
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_ylim(ticks[0] / 1.03, ticks[-1] * 1.03)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity (log scale)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
@@ -185,7 +151,9 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
 
 
 def plot_passkey_heatmap(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
-    """Depth × length heat map of passkey accuracy for one method."""
+    """Depth × length heat map of passkey accuracy for one method, in `cividis` (designed to
+    read the same for colour-blind readers and in greyscale), each cell labelled in the colour
+    that contrasts with its background."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -195,17 +163,21 @@ def plot_passkey_heatmap(rows: Sequence[dict], path: str | Path, title: str = ""
     grid = [[math.nan] * len(lengths) for _ in depths]
     for r in rows:
         grid[depths.index(float(r["depth"]))][lengths.index(int(r["length"]))] = r["accuracy"]
-    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 2, 0.6 * len(depths) + 1.5))
-    im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    fig, ax = plt.subplots(figsize=(1.3 * len(lengths) + 2.6, 0.6 * len(depths) + 1.8))
+    cmap = plt.get_cmap("cividis")
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap=cmap, aspect="auto")
     for i in range(len(depths)):
         for j in range(len(lengths)):
             if not math.isnan(grid[i][j]):
-                ax.text(j, i, f"{grid[i][j]:.0%}", ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(lengths)), [_fmt_len(n) for n in lengths])
-    ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("key depth")
-    ax.set_title(title)
+                r, g, b, _ = cmap(grid[i][j])
+                dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
+                ax.text(j, i, f"{grid[i][j]:.0%}", ha="center", va="center", fontsize=11,
+                        color="white" if dark else "black", fontweight="bold")
+    ax.set_xticks(range(len(lengths)), [_fmt_len(n) for n in lengths], fontsize=10)
+    ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=10)
+    ax.set_xlabel("context length (tokens)", fontsize=10)
+    ax.set_ylabel("key depth (0% = start)", fontsize=10)
+    ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
     path = Path(path)

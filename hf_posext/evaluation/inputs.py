@@ -1,0 +1,172 @@
+"""Command-line inputs of `hf-posext`: parsing and every check that can run before a model
+loads. Each error names the flag and the fix, and is reported as `hf-posext <cmd>: error: ...`
+with exit status 2."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+
+class InputError(ValueError):
+    """Bad command-line input, reported as `hf-posext <cmd>: error: ...` (exit status 2)."""
+
+
+# --- argument types: each names the flag and the fix --------------------------------------------
+
+def parse_length(text: str) -> int:
+    """`4k` -> 4096 (k = 1024, as context lengths are quoted), `16384` -> 16384."""
+    m = re.fullmatch(r"\s*([+-]?\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
+    if not m:
+        raise InputError(f"--lengths: {text!r} is not a length; write e.g. 4k, 16k or 16384.")
+    value = float(m.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2}[m.group(2).lower()]
+    if value != int(value) or value <= 0:
+        raise InputError(f"--lengths: {text!r} must be a positive whole number of tokens.")
+    return int(value)
+
+
+def parse_lengths(text: str) -> list[int]:
+    items = [t for t in text.split(",") if t.strip()]
+    if not items:
+        raise InputError("--lengths is empty; give e.g. 4k,8k,16k.")
+    return sorted({parse_length(t) for t in items})
+
+
+def parse_methods(text: str) -> list[str]:
+    """Names from `hf_posext.config.METHODS` (aliases resolved), `none`, or `all`."""
+    from ..config import METHODS
+    from .grid import canonical
+
+    out = []
+    for name in [t.strip() for t in text.split(",") if t.strip()]:
+        try:
+            names = list(METHODS) if name.lower() == "all" else [canonical(name)]
+        except ValueError:
+            raise InputError(f"--methods: unknown method {name!r}; use none or any of "
+                             f"{', '.join(METHODS)} (or all).") from None
+        out += [n for n in names if n not in out]
+    if not out:
+        raise InputError("--methods is empty; give e.g. none,linear,ntk,yarn.")
+    return out
+
+
+def parse_knobs(text: str | None, methods: list[str]) -> dict:
+    """`beta_fast=64,yarn:mscale_coefficient=0.07` -> {"*": {...}, "yarn": {...}}; names from
+    the fields of `RopeExtensionConfig`, values checked by it for every method of the grid."""
+    from .grid import check_knobs, knob_names
+
+    knobs: dict = {}
+    for item in [t.strip() for t in (text or "").split(",") if t.strip()]:
+        target, _, assignment = item.rpartition(":") if ":" in item.split("=")[0] else ("", "", item)
+        name, eq, value = assignment.partition("=")
+        if not eq:
+            raise InputError(f"--knobs: {item!r} is not NAME=VALUE (knobs: {', '.join(knob_names())}).")
+        try:
+            number = float(value)
+        except ValueError:
+            raise InputError(f"--knobs: {item!r}: {value!r} is not a number.") from None
+        knobs.setdefault(target or "*", {})[name.strip()] = int(number) if number.is_integer() \
+            and name.strip() == "original_max_position_embeddings" else number
+    try:
+        check_knobs(methods, knobs)
+    except ValueError as err:
+        raise InputError(f"--knobs: {err}") from None
+    return knobs
+
+
+def parse_factors(text: str) -> list:
+    out = []
+    for item in [t.strip() for t in text.split(",") if t.strip()]:
+        if item.lower() == "auto":
+            out.append("auto")
+            continue
+        try:
+            value = float(item)
+        except ValueError:
+            raise InputError(f"--factor: {item!r} is neither a number nor auto.") from None
+        if not value >= 1.0 or value == float("inf"):
+            raise InputError(f"--factor: {item} must be a finite scale >= 1 (or auto).")
+        out.append(value)
+    if not out:
+        raise InputError("--factor is empty; give auto or numbers such as 2,4.")
+    return out
+
+
+def parse_floats01(text: str, flag: str) -> list[float]:
+    out = []
+    for item in [t.strip() for t in text.split(",") if t.strip()]:
+        try:
+            value = float(item.rstrip("%")) / (100 if item.endswith("%") else 1)
+        except ValueError:
+            raise InputError(f"{flag}: {item!r} is not a number.") from None
+        if not 0.0 <= value <= 1.0:
+            raise InputError(f"{flag}: {item} must be between 0 and 1 (or 0%..100%).")
+        out.append(value)
+    if not out:
+        raise InputError(f"{flag} is empty.")
+    return sorted(set(out))
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`5` -> seeds 0..4; `3,7,11` -> those seeds (each once: a repeated seed would count twice)."""
+    try:
+        items = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise InputError(f"--seeds: {text!r} must be a count (5) or a list of integers (1,2,3).") from None
+    if len(items) == 1 and "," not in text:
+        if items[0] <= 0:
+            raise InputError("--seeds: the number of seeds must be positive.")
+        return list(range(items[0]))
+    repeated = sorted({i for i in items if items.count(i) > 1})
+    if repeated:
+        raise InputError(f"--seeds: seed(s) {', '.join(map(str, repeated))} given twice; each seed "
+                         "counts once.")
+    if not items:
+        raise InputError("--seeds is empty.")
+    return items
+
+
+def positive_int(flag: str, value) -> int | None:
+    if value is None:
+        return None
+    if value <= 0:
+        raise InputError(f"{flag} must be a positive integer, got {value}.")
+    return value
+
+
+def check_device(device: str) -> None:
+    """A device string torch accepts and this machine has (checked before loading)."""
+    import torch
+
+    m = re.fullmatch(r"(cpu|mps|cuda|xpu)(?::(\d+))?", device)
+    if not m:
+        raise InputError(f"--device {device!r}: use cpu, cuda, cuda:N or mps.")
+    kind, index = m.group(1), int(m.group(2) or 0)
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"--device {device}: CUDA is not available on this machine (torch "
+                             f"{torch.__version__}); use --device cpu.")
+        if index >= torch.cuda.device_count():
+            raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} "
+                             "CUDA device(s).")
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise InputError(f"--device {device}: MPS is not available here; use --device cpu.")
+    if kind == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        raise InputError(f"--device {device}: XPU is not available here; use --device cpu.")
+
+
+def check_model_arg(model: str, gguf_file: str | None, default_model: str) -> None:
+    from ..documents import looks_like_path
+
+    if model == default_model:
+        if gguf_file:
+            raise InputError(f"--gguf-file is for your own GGUF checkpoint; {default_model} "
+                             "already names its file.")
+        return
+    if looks_like_path(model) or os.path.exists(model):
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise InputError(f"--model {model!r}: no such folder.")
+        if gguf_file and not (path / gguf_file).is_file():
+            raise InputError(f"--gguf-file {gguf_file!r} is not in {path}.")

@@ -1,0 +1,188 @@
+"""Results files: `<out>/<name>.json` (the source of truth) and `<out>/<name>.csv` (a view).
+
+- One writer per folder: `<out>/.<name>.lock` is held (with `filelock`, the lock library
+  transformers and huggingface_hub already use) for the store's life; a second run on the same
+  `--out` is refused at once, naming the holder's pid.
+- Every write is atomic (temporary file, fsync, `os.replace`), after every finished cell, so a
+  run killed at any moment leaves complete files holding every finished row.
+- Damaged files are refused or repaired with a one-line message: a JSON that does not parse, or
+  a row without `key`, is refused (nothing is guessed); a CSV that disagrees with the JSON (e.g.
+  cut mid-line) is rewritten from the JSON.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+_IDENTITY_FIELDS = ("model_fingerprint", "dtype", "device", "attn_implementation", "data_hash",
+                    "versions")
+
+
+class ResultsError(ValueError):
+    """A results folder that cannot be used as asked; the message says why and what to do."""
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def check_out_dir(out: str | Path) -> Path:
+    """Create `out` (and its parents) and prove it writable, before anything expensive runs."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ResultsError(f"--out {out} is a file, not a folder; choose a folder.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ResultsError(f"--out {out}: cannot write there ({err.strerror or err}); choose a "
+                           "writable folder.") from None
+    return out
+
+
+def csv_text(rows: list[dict]) -> str:
+    fields: list[str] = []
+    for r in rows:
+        fields += [k for k in r if k not in fields]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+class ResultsStore:
+    """Rows keyed by `row["key"]`, persisted to `<out>/<name>.json` and `.csv`.
+
+    `resume=False` refuses a folder that already holds results; `resume=True` loads them. The
+    lock is taken in the constructor and released by `close()` (or at process exit)."""
+
+    def __init__(self, out_dir: str | Path, name: str, resume: bool = False, lock: bool = True):
+        self.out = check_out_dir(out_dir)
+        self.json_path = self.out / f"{name}.json"
+        self.csv_path = self.out / f"{name}.csv"
+        self.rows: list[dict] = []
+        self._lock = None
+        if lock:
+            pid_file = self.out / f".{name}.lock.pid"
+            self._lock = FileLock(str(self.out / f".{name}.lock"), timeout=0)
+            try:
+                self._lock.acquire()
+            except Timeout:
+                holder = pid_file.read_text().strip() if pid_file.exists() else "?"
+                raise ResultsError(f"another run (pid {holder}) is writing to {self.out}; wait "
+                                   "for it to finish or choose another --out.") from None
+            pid_file.write_text(str(os.getpid()))
+        try:
+            self._load(resume)
+        except Exception:
+            self.close()
+            raise
+        self._index = {r["key"]: r for r in self.rows}
+
+    def _load(self, resume: bool) -> None:
+        if not (self.json_path.exists() or self.csv_path.exists()):
+            return
+        if not resume:
+            raise ResultsError(f"{self.out} already holds {self.json_path.stem} results. Pass "
+                               "--resume to keep its finished cells, or choose another --out.")
+        if not self.json_path.exists():
+            raise ResultsError(f"{self.csv_path} has no {self.json_path.name} beside it (the JSON "
+                               "is the source of truth); move the CSV away to start afresh.")
+        try:
+            rows = json.loads(self.json_path.read_text(encoding="utf-8"))["rows"]
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ResultsError(f"{self.json_path} is damaged ({err}); move it away or choose "
+                               "another --out.") from None
+        except (KeyError, TypeError):
+            raise ResultsError(f"{self.json_path} is not a hf_posext results file (no 'rows'); "
+                               "move it away or choose another --out.") from None
+        for i, row in enumerate(rows if isinstance(rows, list) else [None]):
+            if not isinstance(row, dict) or not row.get("key"):
+                raise ResultsError(f"{self.json_path}: row {i} has no 'key' (edited by hand?); "
+                                   "fix or remove that row, or choose another --out.")
+        self.rows = rows
+        if _read(self.csv_path) != csv_text(rows):
+            atomic_write(self.csv_path, csv_text(rows))
+            print(f"note: {self.csv_path.name} was missing or damaged; rewritten from "
+                  f"{self.json_path.name}.", file=sys.stderr)
+
+    def close(self) -> None:
+        if self._lock is not None and self._lock.is_locked:
+            (self.out / f".{self.json_path.stem}.lock.pid").unlink(missing_ok=True)
+            self._lock.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def has(self, key: str) -> bool:
+        return key in self._index
+
+    def get(self, key: str) -> dict:
+        return self._index[key]
+
+    def add(self, row: dict, flush: bool = True) -> None:
+        if row["key"] in self._index:
+            raise KeyError(f"duplicate result for {row['key']}")
+        self.rows.append(row)
+        self._index[row["key"]] = row
+        if flush:
+            self.flush()
+
+    def reorder(self, keys: list[str]) -> None:
+        """Rows of `keys` in that order, after the rows of earlier runs that are not among them."""
+        wanted = set(keys)
+        self.rows = [r for r in self.rows if r["key"] not in wanted] + \
+                    [self._index[k] for k in keys if k in self._index]
+        self.flush()
+
+    def flush(self) -> None:
+        atomic_write(self.json_path, json.dumps({"rows": self.rows}, indent=1, default=str) + "\n")
+        atomic_write(self.csv_path, csv_text(self.rows))
+
+    def identity_conflicts(self, identity: dict) -> list[str]:
+        """Run-identity fields on which stored rows differ from `identity` (the CLI refuses to
+        resume into a folder holding another run's results)."""
+        return [f for f in _IDENTITY_FIELDS if f in identity and
+                any(f in r and r[f] != identity[f] for r in self.rows)]
+
+
+class RowsView:
+    """The rows of a store as seen by a rank that does not write (distributed evaluation)."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+        self._index = {r["key"]: r for r in rows}
+
+    def has(self, key: str) -> bool:
+        return key in self._index
+
+    def get(self, key: str) -> dict:
+        return self._index[key]
