@@ -107,10 +107,12 @@ def test_demo_config_is_the_documented_setting():
     assert cfg.data.eval_documents == ["hamlet"]
 
 
-@pytest.mark.parametrize("name,kind", [("cpu", "NO"), ("single-gpu", "NO"), ("multi-gpu", "MULTI_GPU"),
-                                       ("fsdp", "FSDP"), ("deepspeed-zero3", "DEEPSPEED")])
-def test_accelerate_configs_are_accepted_by_accelerate(name, kind):
-    """These cannot run here (no GPU): check accelerate parses them and builds the launch env."""
+@pytest.mark.parametrize("name,kind", [("cpu", "NO"), ("cpu-ddp", "MULTI_GPU"), ("single-gpu", "NO"),
+                                       ("multi-gpu", "MULTI_GPU"), ("fsdp2", "FSDP"),
+                                       ("fsdp2-context-parallel", "FSDP"), ("deepspeed-zero3", "DEEPSPEED")])
+def test_accelerate_configs_are_accepted_by_accelerate(name, kind, monkeypatch):
+    """Most cannot run here (no GPU): parse each the way `accelerate launch` does, build its launch
+    environment, and build accelerate's plugins from that environment."""
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
@@ -121,13 +123,23 @@ def test_accelerate_configs_are_accepted_by_accelerate(name, kind):
     args, defaults, mp_from_config = _validate_launch_command(args)
     assert defaults.distributed_type.value == kind
     if kind == "FSDP":
+        from accelerate import FullyShardedDataParallelPlugin, ParallelismConfig
         env = prepare_multi_gpu_env(args)
-        assert env["ACCELERATE_USE_FSDP"] == "true"
+        assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
         assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "LlamaDecoderLayer"
-        assert env["FSDP_SHARDING_STRATEGY"] == "FULL_SHARD"
-    elif kind == "MULTI_GPU":
-        assert args.multi_gpu and args.num_processes == 8
-        prepare_multi_gpu_env(args)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        assert FullyShardedDataParallelPlugin().fsdp_version == 2
+        pc = ParallelismConfig()
+        if name == "fsdp2-context-parallel":
+            assert pc.cp_enabled and pc.cp_backend == "torch" and pc.cp_size == 4
+            assert pc.total_size == args.num_processes == 8       # 2 FSDP shards x 4-way CP
+        else:
+            assert not pc.cp_enabled
+    elif kind == "MULTI_GPU":   # torchrun-based launcher: really num_processes ranks
+        assert args.multi_gpu and args.num_processes == (2 if name == "cpu-ddp" else 8)
+        env = prepare_multi_gpu_env(args)
+        assert env.get("ACCELERATE_USE_FSDP", "false") == "false"
     elif kind == "DEEPSPEED":
         args.deepspeed_fields_from_accelerate_config = ",".join(
             list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else []))
@@ -137,3 +149,13 @@ def test_accelerate_configs_are_accepted_by_accelerate(name, kind):
         assert float(defaults.deepspeed_config["gradient_clipping"]) == 1.0
 
 
+def test_multi_cpu_config_starts_one_process_without_mpirun():
+    """Why recipes/accelerate/cpu-ddp.yaml is MULTI_GPU: accelerate launches a MULTI_CPU config with
+    its simple launcher, one process, which expects mpirun (--mpirun_hostfile) to start the rest."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+    args = launch_command_parser().parse_args(["--cpu", "--num_processes", "2", "train.py"])
+    args, _, _ = _validate_launch_command(args)
+    assert not args.multi_gpu and args.mpirun_hostfile is None
+    cmd, _ = prepare_simple_launcher_cmd_env(args)
+    assert cmd[1:] == ["train.py"]                     # one python process, no launcher of N ranks

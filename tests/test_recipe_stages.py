@@ -109,3 +109,39 @@ def test_committed_loss_curves_are_the_current_drawing(run_dir, tmp_path):
     from hf_posext.training.recipe import loss_title
     fresh = plot_loss(tmp_path / "loss.png", read_log(folder / "train_log.csv"), loss_title(cfg))
     np.testing.assert_array_equal(mpimg.imread(fresh), mpimg.imread(folder / "loss_curve.png"))
+
+
+# -------------------------------------------------------------------------------- accelerator
+def test_fsdp_config_on_the_cpu_is_refused_not_run_as_ddp(assets, tmp_path, monkeypatch):
+    """accelerate turns an FSDP launch on CPU processes into plain DDP (or single processes): the
+    recipe says so instead of training something else than the config asks."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    cfg, _ = parse_args(recipe_argv(assets, tmp_path / "run", eval__enabled="false"))
+    with pytest.raises(ValueError, match="accelerate runs FSDP only on GPUs/accelerators"):
+        run(cfg)
+    assert not (tmp_path / "run" / "train_log.csv").exists()
+
+
+def test_data_parallel_rank_without_a_device_mesh():
+    from types import SimpleNamespace
+    from hf_posext.training.accel import data_parallel_rank
+    assert data_parallel_rank(SimpleNamespace(torch_device_mesh=None, process_index=1, num_processes=2)) == (1, 2)
+
+
+def test_data_parallel_rank_with_context_parallel_mesh():
+    """fsdp2-context-parallel.yaml's mesh (dp_shard 2 x cp 4): ranks 0-3 share batch 0, 4-7 batch 1,
+    as accelerate's prepare_data_loader assigns them (accelerate/data_loader.py)."""
+    from types import SimpleNamespace
+    from hf_posext.training.accel import data_parallel_rank
+    sizes = {"dp_shard": 2, "cp": 4}
+
+    class Mesh:
+        mesh_dim_names = tuple(sizes)
+
+        def __getitem__(self, name):
+            return SimpleNamespace(size=lambda: sizes[name])
+
+    got = [data_parallel_rank(SimpleNamespace(torch_device_mesh=Mesh(), process_index=r, num_processes=8))
+           for r in range(8)]
+    assert got == [(0, 2)] * 4 + [(1, 2)] * 4

@@ -34,7 +34,7 @@ def resolve_mixed_precision(setting: str) -> str:
     return "no"   # CPU: fp32 (bf16 autocast on CPU is slow and imprecise for RoPE angles)
 
 
-def make_accelerator(t, output_dir: str | Path, lora: bool = False):
+def make_accelerator(t, output_dir: str | Path, lora: bool = False, pose: bool = False):
     """The Accelerator for a TrainingConfig `t`; raises before training on unsupported setups."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, ProjectConfiguration
@@ -51,6 +51,18 @@ def make_accelerator(t, output_dir: str | Path, lora: bool = False):
                            f"{accelerator.num_processes}: each would train alone and overwrite the "
                            "others' files. See recipes/README.md, 'Distributed'.")
     kind = accelerator.distributed_type
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and kind != DistributedType.FSDP:
+        # accelerate/state.py (AcceleratorState.__init__) switches to FSDP only from the
+        # MULTI_<device> types (MULTI_GPU, MULTI_XPU, ...), never from MULTI_CPU: on the CPU an
+        # FSDP config would silently train as plain DDP.
+        raise ValueError(f"An FSDP config was launched but accelerate set up {kind}: accelerate runs "
+                         "FSDP only on GPUs/accelerators, not on CPU processes. Use "
+                         "recipes/accelerate/cpu-ddp.yaml on the CPU.")
+    if context_parallel(accelerator) and pose:
+        raise ValueError("pose.enabled with context parallelism is not supported: torch's context "
+                         "parallel attention is causal-only, and transformers turns PoSE's position "
+                         "jumps without an attention mask into packed-sequence masks. Train full-length "
+                         "sequences (pose.enabled false) with recipes/accelerate/fsdp2-context-parallel.yaml.")
     if lora and kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         raise ValueError("lora.enabled with FSDP/DeepSpeed is not supported: merging the adapter at "
                          "save time needs the whole model on one device. Use LoRA with one GPU or "
@@ -65,6 +77,26 @@ def make_accelerator(t, output_dir: str | Path, lora: bool = False):
                              f" differs from training.gradient_accumulation_steps="
                              f"{t.gradient_accumulation_steps}; set them equal.")
     return accelerator
+
+
+def context_parallel(accelerator) -> bool:
+    """Whether the sequence of each batch is split across ranks (accelerate's ParallelismConfig
+    with cp_size > 1, torch backend, FSDP2)."""
+    pc = getattr(accelerator, "parallelism_config", None)
+    return bool(pc is not None and pc.cp_enabled)
+
+
+def data_parallel_rank(accelerator) -> tuple[int, int]:
+    """(rank, number of ranks) among the ranks that receive different batches. Ranks of one
+    context-parallel (or tensor-parallel) group share a batch; the mapping is the one accelerate's
+    own `prepare_data_loader` uses (accelerate/data_loader.py): rank // (tp x cp), over
+    dp_replicate x dp_shard ranks."""
+    mesh = getattr(accelerator, "torch_device_mesh", None)
+    if mesh is None:
+        return accelerator.process_index, accelerator.num_processes
+    size = lambda name: mesh[name].size() if name in mesh.mesh_dim_names else 1
+    return (accelerator.process_index // (size("tp") * size("cp")),
+            size("dp_replicate") * size("dp_shard"))
 
 
 def full_gradients(accelerator) -> bool:

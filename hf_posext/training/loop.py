@@ -11,6 +11,7 @@ micro-batch; `accelerator.backward` divides by the number of micro-batches).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -20,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .accel import full_gradients
+from .accel import context_parallel, data_parallel_rank, full_gradients
 from .data import epoch_order
 from .optim import grad_norm
 
@@ -108,6 +109,22 @@ def stop_requested(accelerator, stop: StopSignal) -> int:
     return int(accelerator.reduce(flag, "max").item())
 
 
+def sequence_parallel(accelerator, batch: dict, enabled: bool):
+    """Context parallelism (accelerate's `maybe_context_parallel`, FSDP2 + torch ring attention):
+    each rank of a CP group keeps 1/cp of the sequence. The labels are shifted here, before the
+    split (transformers' loss would shift inside each shard and lose the tokens at the shard
+    boundaries), and the attention mask is dropped (torch's CP attention is causal-only; plain
+    0..n-1 positions need no mask). Not run on this CPU machine: see recipes/README.md."""
+    if not enabled:
+        return contextlib.nullcontext()
+    labels = batch.pop("labels")
+    batch.pop("attention_mask", None)
+    batch["shift_labels"] = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)   # [b, n]
+    buffers = [batch["input_ids"], batch["shift_labels"], batch["position_ids"]]
+    return accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1],
+                                              no_restore_buffers=set(buffers))
+
+
 def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t, state: TrainState,
                on_row: Callable[[dict], None] = lambda row: None,
                on_step: Callable[[int], None] | None = None,
@@ -119,7 +136,8 @@ def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t,
     the packed sequences they select (tests use them)."""
     from tqdm.auto import tqdm
 
-    world, rank, accum = accelerator.num_processes, accelerator.process_index, t.gradient_accumulation_steps
+    (rank, world), accum = data_parallel_rank(accelerator), t.gradient_accumulation_steps
+    split_sequence = context_parallel(accelerator)
     order = ExampleOrder(len(sequences), t.seed)
     tokens_per_step = world * t.batch_size * accum * t.seq_len
     bar = tqdm(total=t.max_steps, initial=state.step, desc="fine-tune",
@@ -136,7 +154,7 @@ def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t,
                     on_batch(indices, rows)
                 batch = collator([sequences[r]["input_ids"] for r in rows], indices)
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-                with accelerator.accumulate(model):
+                with accelerator.accumulate(model), sequence_parallel(accelerator, batch, split_sequence):
                     loss = model(**batch).loss                    # mean over this micro-batch
                     accelerator.backward(loss)
                     losses.append(loss.detach())

@@ -76,7 +76,7 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
     from accelerate.utils import set_seed
 
     t, out = cfg.training, Path(cfg.output_dir)
-    accelerator = make_accelerator(t, out, lora=cfg.lora.enabled)
+    accelerator = make_accelerator(t, out, lora=cfg.lora.enabled, pose=cfg.pose.enabled)
     log, main = accelerator.print, accelerator.is_main_process
     set_seed(t.seed)
     checkpoint = resume_path(out, resume)

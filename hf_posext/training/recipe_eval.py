@@ -32,6 +32,19 @@ def weights_fingerprint(final_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def draw_results(labelled, out: Path, model_name: str, method: str, s: float, doc_names) -> tuple[Path, str]:
+    """`out/perplexity.png` and `out/table.txt` from (series label, row) pairs; the title says what
+    the plot shows."""
+    from ..evaluation import format_table, plot_perplexity
+    shown = [{**r, "method": label, "factor_spec": ""} for label, r in labelled]
+    title = (f"{model_name}: perplexity of the first L tokens of held-out {', '.join(doc_names)}\n"
+             f"unpatched vs {method} s={s:g} training-free vs fine-tuned")
+    plot = plot_perplexity(shown, Path(out) / "perplexity.png", title)
+    table = format_table(shown, "perplexity", title.replace("\n", "; "))
+    (Path(out) / "table.txt").write_text(table + "\n")
+    return plot, table
+
+
 def evaluate_recipe(cfg, final_dir: Path, eval_ids, doc_names, out: Path, steps: int,
                     log=print) -> dict:
     """Evaluate and write `out/results.{csv,json}`, `out/perplexity.png`, `out/table.txt`. The
@@ -39,7 +52,7 @@ def evaluate_recipe(cfg, final_dir: Path, eval_ids, doc_names, out: Path, steps:
     `AutoModelForCausalLM.from_pretrained`, rope config inside)."""
     import torch
     from transformers import AutoModelForCausalLM
-    from ..evaluation import ResultsStore, evaluate_perplexity, format_table, plot_perplexity
+    from ..evaluation import ResultsStore, evaluate_perplexity
 
     method, s = canonical_method(cfg.model.method), float(cfg.model.factor)
     store = ResultsStore(out, "results", resume=True)
@@ -62,13 +75,7 @@ def evaluate_recipe(cfg, final_dir: Path, eval_ids, doc_names, out: Path, steps:
                                reuse_identical=False, **common)
     del tuned
     labelled += [(SERIES["tuned"].format(m=method, s=s, steps=steps), r) for r in rows]
-    shown = [{**r, "method": label, "factor_spec": ""} for label, r in labelled]
-    docs = ", ".join(doc_names)
-    title = (f"{cfg.model.name}: perplexity of the first L tokens of held-out {docs}\n"
-             f"unpatched vs {method} s={s:g} training-free vs fine-tuned")
-    plot = plot_perplexity(shown, out / "perplexity.png", title)
-    table = format_table(shown, "perplexity", title.replace("\n", "; "))
-    (out / "table.txt").write_text(table + "\n")
+    plot, table = draw_results(labelled, out, cfg.model.name, method, s, doc_names)
     log(table)
     return {"rows": [r for _, r in labelled], "csv": str(store.csv_path), "json": str(store.json_path),
             "plot": str(plot), "table": table}

@@ -1,0 +1,45 @@
+"""The demo's perplexity figure with the unpatched baseline, drawn by the recipe's own plotting
+(hf_posext.training.recipe_eval.draw_results) from the committed demo results
+(recipes/results/cpu-smollm2-demo/results.json: training-free and fine-tuned YaRN s=2, measured by
+the recipe run described in recipes/README.md) plus the unpatched base model measured here on the
+same held-out Hamlet with the same protocol (first L tokens, no special tokens, truncate):
+
+    flock /tmp/hf_posext_heavy.lock .venv/bin/python recipes/demo_figure.py   # ~3 min on 2 quiet cores
+Writes baseline.{csv,json}, perplexity.png and table.txt into recipes/results/cpu-smollm2-demo/.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+
+from hf_posext import embedded
+from hf_posext.evaluation import ResultsStore, evaluate_perplexity
+from hf_posext.training.recipe_eval import SERIES, draw_results
+
+OUT = Path(__file__).resolve().parent / "results" / "cpu-smollm2-demo"
+
+
+def main() -> None:
+    cfg = json.loads((OUT / "config.json").read_text())
+    rows = json.loads((OUT / "results.json").read_text())["rows"]
+    steps = cfg["training"]["max_steps"]
+    method, s = cfg["model"]["method"], float(cfg["model"]["factor"])
+    tok = embedded.load_tokenizer()
+    hamlet = next(p for p in embedded.play_paths() if p.stem == "hamlet")
+    ids = tok(hamlet.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+    base = embedded.load_model(dtype=torch.float32, attn_implementation="sdpa").eval()
+    store = ResultsStore(OUT, "baseline", resume=True)
+    baseline = evaluate_perplexity(base, [ids], methods=["none"], lengths=sorted(cfg["eval"]["lengths"]),
+                                   store=store, model_name=cfg["model"]["name"], dataset="hamlet",
+                                   dtype="float32", chunk_size=cfg["eval"]["chunk_size"])
+    labelled = [(SERIES["base"], r) for r in baseline]
+    labelled += [(SERIES["free"].format(m=method, s=s) if "training-free" in r["method"]
+                  else SERIES["tuned"].format(m=method, s=s, steps=steps), r) for r in rows]
+    plot, table = draw_results(labelled, OUT, cfg["model"]["name"], method, s, ["hamlet"])
+    print(table)
+    print(plot)
+
+
+if __name__ == "__main__":
+    main()
