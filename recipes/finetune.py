@@ -336,8 +336,7 @@ def train(cfg: RecipeConfig, resume: str | None = None,
     model = load_model(cfg.model)
     from hf_posext.compat import text_config
     mconf = text_config(model.config)
-    spec = hf_posext.RopeExtensionConfig.from_rope_dict(
-        hf_posext.compat.get_rope_parameters(mconf), mconf.max_position_embeddings)
+    spec = hf_posext.portable.method_spec(mconf)  # sees ntk saved as plain RoPE + its block
     target = int(round(spec.factor * spec.original_max_position_embeddings))
     if cfg.pose.enabled:
         pose_target = cfg.pose.target or target
