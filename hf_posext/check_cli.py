@@ -17,7 +17,8 @@ from .exporting import TARGETS, export
 
 # reader (column) -> the export target that writes its form
 _TARGET_OF = {"transformers 5.x": "transformers", "transformers 4.x": "transformers",
-              "vLLM": "vllm", "SGLang": "sglang", "TGI": "tgi", "llama.cpp": "llama.cpp"}
+              "vLLM 07b12f1": "vllm", "vLLM 0cd5784": "vllm", "SGLang": "sglang", "TGI": "tgi",
+              "llama.cpp": "llama.cpp"}
 # The table's rows: the methods at s = 4 with their default knobs, plus YaRN with the YaRN
 # authors' Mistral settings (docs/portability.md).
 TABLE_ROWS = [("linear", {}), ("ntk", {}), ("dynamic_ntk", {}), ("ntk_by_parts", {}), ("yarn", {}),
@@ -53,7 +54,10 @@ def run_check(args: argparse.Namespace) -> int:
     if not args.paths and not args.table:
         raise SystemExit("hf-posext check: error: give checkpoint folders, or --table")
     for path in args.paths:
-        print(report(path))
+        try:
+            print(report(path))
+        except (FileNotFoundError, ValueError, KeyError) as err:
+            raise SystemExit(f"hf-posext check: error: {path}: {err}") from None
     if args.table:
         print(table())
     return 0

@@ -73,12 +73,12 @@ def set_rope_parameters(config, params: dict[str, Any]) -> None:
         from transformers.modeling_rope_utils import rope_config_validation
 
         config.rope_theta = params["rope_theta"]
-        config.rope_scaling = _v4_scaling(params)
+        config.rope_scaling = v4_scaling(params)
         rope_config_validation(config)
     write_both_layouts(config, params)
 
 
-def _v4_scaling(params: dict[str, Any]) -> dict[str, Any] | None:
+def v4_scaling(params: dict[str, Any]) -> dict[str, Any] | None:
     """4.x `rope_scaling`: the flat dict without rope_theta; None for plain RoPE."""
     scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     return None if scaling.get("rope_type") == "default" and len(scaling) == 1 else scaling
@@ -99,7 +99,7 @@ def write_both_layouts(config, params: dict[str, Any]) -> None:
                                                                    dict) else params
         local = params.get("sliding_attention") if flat is not params else None
         config.__dict__["rope_theta"] = flat["rope_theta"]
-        config.__dict__["rope_scaling"] = _v4_scaling(flat)
+        config.__dict__["rope_scaling"] = v4_scaling(flat)
         if isinstance(local, dict) and "rope_theta" in local:
             config.__dict__["rope_local_base_freq"] = local["rope_theta"]
     else:

@@ -134,14 +134,17 @@ def transformers_v4(cfg: dict[str, Any]) -> Reading:
     return transformers_reading(rope, rotary_dim(cfg, rope), cfg["max_position_embeddings"])
 
 
-def vllm(cfg: dict[str, Any]) -> Reading:
-    """vLLM `get_rope` (vllm/model_executor/layers/rotary_embedding/__init__.py, main at commit
-    07b12f1b) and its classes ntk_scaling_rope.py, dynamic_ntk_scaling_rope.py,
-    yarn_scaling_rope.py: yarn takes only extrapolation_factor, attn_factor, beta_fast,
-    beta_slow, truncate from the dict, so `attention_factor` / `mscale` are not read and the
-    scale is attn_factor × (0.1·ln s + 1)."""
+def _vllm(cfg: dict[str, Any], current: bool) -> Reading:
+    """vLLM `get_rope` (vllm/model_executor/layers/rotary_embedding/__init__.py) and its classes
+    ntk_scaling_rope.py, dynamic_ntk_scaling_rope.py, yarn_scaling_rope.py, at two commits of
+    main whose YaRN reading differs (docs/portability.md, "Readers"):
+    07b12f1b passes yarn only extrapolation_factor, attn_factor, beta_fast, beta_slow, truncate,
+    so `attention_factor` / `mscale` are not read and the scale is attn_factor × (0.1·ln s + 1);
+    0cd5784 passes beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor, truncate and
+    computes the scale as transformers does (attn_factor no longer read)."""
     rope = v5_rope(cfg)
     kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
+    max_pos = cfg["max_position_embeddings"]
     if kind == "default":
         return Reading(static(plain(d, base)))
     if kind == "linear":
@@ -153,25 +156,48 @@ def vllm(cfg: dict[str, Any]) -> Reading:
     if kind == "dynamic":
         if "factor" not in rope:
             return Reading(refused="ValueError: dynamic needs 'alpha' or 'factor'")
-        # the cache is built once at max_len = L·s: base·((L·s/L) − (s−1))^(...) = base
-        return Reading(static(plain(d, base)), note="vLLM builds `dynamic` once at s·L: base × 1")
+        s = rope["factor"]
+        # one table, built at a fixed length: 07b12f1b at max_len = s·L with multiplier
+        # (s·L/L) − (s−1) = 1; 0cd5784 at max_position with L = max_trained_positions
+        # (default max_position), again multiplier 1 unless max_trained_positions is set
+        trained = rope.get("max_trained_positions", max_pos) if current else max_pos
+        built_at = max_pos if current else max_pos * s
+        factor = (s * built_at / trained - (s - 1)) if current else 1.0
+        return Reading(static(plain(d, base * factor ** (d / (d - 2)))),
+                       note="vLLM builds `dynamic` once, at a fixed length")
     if kind == "yarn":
         s = rope["factor"]
+        if current:
+            scale = rope.get("attention_factor")
+            if scale is None:
+                m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+                scale = mscale(s, m) / mscale(s, m_all) if m and m_all else mscale(s)
+            ext = 1.0
+        else:
+            scale, ext = mscale(s) * rope.get("attn_factor", 1), rope.get("extrapolation_factor", 1)
         freqs = yarn_inv_freq(d, base, s, rope["original_max_position_embeddings"],
                               rope.get("beta_fast", 32), rope.get("beta_slow", 1),
-                              rope.get("truncate", True), rope.get("extrapolation_factor", 1))
-        return Reading(static(freqs, mscale(s) * rope.get("attn_factor", 1)))
+                              rope.get("truncate", True), ext)
+        return Reading(static(freqs, scale))
     if kind in ("llama3", "longrope"):
         raise NotApplicable(kind)
     return Reading(refused=f"ValueError: Unknown RoPE scaling type {kind}")
 
 
+def vllm_older(cfg: dict[str, Any]) -> Reading:
+    return _vllm(cfg, current=False)
+
+
+def vllm_current(cfg: dict[str, Any]) -> Reading:
+    return _vllm(cfg, current=True)
+
+
 def sglang(cfg: dict[str, Any]) -> Reading:
-    """SGLang `get_rope` (python/sglang/srt/layers/rotary_embedding/factory.py, yarn.py,
-    rope_variant.py, main at commit 0b1fd02d): `dynamic` is built once at max_len = s·L with
-    base·((s·max_len/L) − (s−1))^(d/(d−2)), a static NTK at s² − s + 1; yarn's scale is
-    get_mscale(s, mscale)/get_mscale(s, mscale_all_dim) when both are given (else 0.1·ln s + 1),
-    times attn_factor; `attention_factor` is not read."""
+    """SGLang `get_rope` (python/sglang/srt/layers/rotary_embedding/factory.py at commit
+    108c36c0, yarn.py and rope_variant.py at 0b1fd02d, main): `dynamic` is built once at
+    max_len = s·L with base·((s·max_len/L) − (s−1))^(d/(d−2)), a static NTK at s² − s + 1;
+    yarn's scale is get_mscale(s, mscale)/get_mscale(s, mscale_all_dim) when both are given
+    (else 0.1·ln s + 1), times attn_factor; `attention_factor` is not read."""
     rope = v5_rope(cfg)
     kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
     if kind == "default":
@@ -246,7 +272,8 @@ def llama_cpp(cfg: dict[str, Any]) -> Reading:
 READERS: dict[str, Callable[[dict[str, Any]], Reading]] = {
     "transformers 5.x": transformers_v5,
     "transformers 4.x": transformers_v4,
-    "vLLM": vllm,
+    "vLLM 07b12f1": vllm_older,
+    "vLLM 0cd5784": vllm_current,
     "SGLang": sglang,
     "TGI": tgi,
     "llama.cpp": llama_cpp,

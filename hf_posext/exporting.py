@@ -1,9 +1,10 @@
 """`hf_posext.export(model_or_path, out, target=...)`: write the rope a named reader runs exactly.
 
-Readers differ in which keys they read (docs/portability.md, "Readers"): vLLM and llama.cpp
-multiply their own YaRN scale 0.1·ln s + 1 by `attn_factor` (llama.cpp: by `attention_factor`
-or `attn_factor`); SGLang and TGI take the scale from `mscale` / `mscale_all_dim`; transformers
-reads `attention_factor`, else `mscale` / `mscale_all_dim`. So a YaRN temperature other than
+Readers differ in which keys they read (docs/portability.md, "Readers"): older vLLM and
+llama.cpp multiply their own YaRN scale 0.1·ln s + 1 by `attn_factor` (llama.cpp: by
+`attention_factor` or `attn_factor`); SGLang and TGI take the scale from `mscale` /
+`mscale_all_dim`; transformers and current vLLM read `attention_factor`, else `mscale` /
+`mscale_all_dim`. So a YaRN temperature other than
 0.1·ln s + 1 (NTK-by-parts: 1; the YaRN authors' Mistral runs: 0.07·ln s + 1) has one form per
 reader family, each also exact in transformers 4.x and 5.x. Every candidate form is checked with
 `hf_posext.check` before it is written; when none is exact for the target, export refuses and
@@ -20,13 +21,14 @@ from typing import Any
 
 from . import portable
 from .verdicts import Verdict, check, load_config, meaning, verdict
-from .compat import _v4_scaling
+from .compat import v4_scaling
 from .engines import NotApplicable
 from .methods import yarn_mscale
 
 TARGETS: dict[str, tuple[str, ...]] = {
     "transformers": ("transformers 5.x", "transformers 4.x"),
-    "vllm": ("vLLM",), "sglang": ("SGLang",), "tgi": ("TGI",), "llama.cpp": ("llama.cpp",),
+    "vllm": ("vLLM 07b12f1", "vLLM 0cd5784"), "sglang": ("SGLang",), "tgi": ("TGI",),
+    "llama.cpp": ("llama.cpp",),
 }
 _HF = TARGETS["transformers"]
 
@@ -49,7 +51,7 @@ def _forms(spec, theta: float, dim: int, extra: dict[str, Any]) -> list[dict[str
 
 
 def _with_rope(cfg: dict[str, Any], rope: dict[str, Any], block: dict[str, Any]) -> dict[str, Any]:
-    return {**cfg, "rope_parameters": rope, "rope_scaling": _v4_scaling(rope),
+    return {**cfg, "rope_parameters": rope, "rope_scaling": v4_scaling(rope),
             "rope_theta": rope["rope_theta"], portable.BLOCK: block}
 
 

@@ -107,6 +107,19 @@ def logical_rope(config, rope: dict[str, Any], dim: int) -> dict[str, Any]:
                                            if k == "partial_rotary_factor"}}
 
 
+def method_spec(config) -> RopeExtensionConfig | None:
+    """The hf_posext method a (text) config is extended with, seen through its portable form
+    (e.g. `ntk` for plain RoPE with a raised theta and a block); None for plain RoPE or
+    transformers' own types."""
+    from .compat import get_rope_parameters, rotary_dim
+    from .config import method_of_rope_type
+
+    rope = logical_rope(config, get_rope_parameters(config), rotary_dim(config))
+    if method_of_rope_type(rope.get("rope_type", "default")) is None:
+        return None
+    return RopeExtensionConfig.from_rope_dict(rope, config.max_position_embeddings)
+
+
 def _reads_as(config, rope: dict[str, Any], spec: RopeExtensionConfig, theta: float,
               dim: int) -> bool:
     """True when transformers runs `rope` exactly as `spec`: an engine form written by

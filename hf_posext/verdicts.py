@@ -101,7 +101,11 @@ def meaning(cfg: dict[str, Any]) -> Meaning:
     elif rope["rope_type"] in ("llama3", "longrope"):
         raise engines.NotApplicable(rope["rope_type"])
     else:
-        spec, theta = RopeExtensionConfig.from_rope_dict(rope, max_pos), float(rope["rope_theta"])
+        try:
+            spec = RopeExtensionConfig.from_rope_dict(rope, max_pos)
+        except ValueError as err:  # e.g. yarn with DeepSeek's mscale keys: not one of ours
+            raise engines.NotApplicable(f"{rope['rope_type']} ({err})") from None
+        theta = float(rope["rope_theta"])
     return meaning_of(spec, theta, dim, max_pos)
 
 

@@ -77,8 +77,9 @@ def test_vllm_reads_an_old_ntk_checkpoint_with_its_own_formula(tmp_path):
     vllm = [(BASE * S) ** (-2 * i / D) / S ** (2 / D) for i in range(D // 2)]
     ours = [(BASE * S ** (D / (D - 2))) ** (-2 * i / D) for i in range(D // 2)]
     expected = max(abs(v - o) / o for v, o in zip(vllm, ours))
-    got = verdicts(path)["vLLM"]
-    assert got.status == "different" and got.freq_error == pytest.approx(expected, rel=1e-6)
+    for reader in ("vLLM 07b12f1", "vLLM 0cd5784"):
+        got = verdicts(path)[reader]
+        assert got.status == "different" and got.freq_error == pytest.approx(expected, rel=1e-6)
     assert expected > 0.1  # 1 − 4^(−1/8) at d = 16: far from float noise
     # the old type still loads (registered for reading) with the same logits as before
     reloaded = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
@@ -91,7 +92,8 @@ def test_dynamic_ntk_in_static_readers(tmp_path):
     to the dynamic rule only at s·L. llama.cpp's converter writes no scaling for `dynamic`."""
     path, _ = saved(tmp_path, "dynamic_ntk")
     got = verdicts(path)
-    assert got["vLLM"].status == "ignored" and got["llama.cpp"].status == "ignored"
+    assert got["vLLM 07b12f1"].status == got["vLLM 0cd5784"].status == "ignored"
+    assert got["llama.cpp"].status == "ignored"
     sglang_base = BASE * (S * S - (S - 1)) ** (D / (D - 2))
     at_L = methods.default_inv_freq(D, BASE).double()
     sglang = methods.default_inv_freq(D, sglang_base).double()
@@ -105,12 +107,14 @@ def test_dynamic_ntk_in_static_readers(tmp_path):
     ("ntk_by_parts", {}, 1.0),
     ("yarn", MISTRAL, 0.07 * math.log(S) + 1)])
 def test_yarn_temperature_per_reader(tmp_path, method, knobs, temperature):
-    """vLLM and SGLang scale cos/sin by attn_factor × (0.1·ln s + 1) and read no
-    `attention_factor`; llama.cpp multiplies the checkpoint's attention_factor by it."""
+    """Older vLLM and SGLang scale cos/sin by attn_factor × (0.1·ln s + 1) and read no
+    `attention_factor`; current vLLM reads it as transformers does; llama.cpp multiplies the
+    checkpoint's attention_factor by 0.1·ln s + 1."""
     path, _ = saved(tmp_path, method, **knobs)
     got = verdicts(path)
     own = 0.1 * math.log(S) + 1
-    for reader in ("vLLM", "SGLang"):
+    assert got["vLLM 0cd5784"].status == "exact"
+    for reader in ("vLLM 07b12f1", "SGLang"):
         assert got[reader].scale_error == pytest.approx(abs(own - temperature) / temperature)
     assert got["llama.cpp"].scale_error == pytest.approx(abs(own * temperature - temperature)
                                                          / temperature)
@@ -130,8 +134,8 @@ def test_tgi_ignores_linear_and_fixes_betas(tmp_path):
 
 def test_dynamic_yarn_is_refused_loudly(tmp_path):
     got = verdicts(saved(tmp_path, "dynamic_yarn")[0])
-    assert {got[r].status for r in ("transformers 5.x", "transformers 4.x", "vLLM", "SGLang", "TGI")} \
-        == {"refused"}
+    readers = ("transformers 5.x", "transformers 4.x", "vLLM 07b12f1", "vLLM 0cd5784", "SGLang", "TGI")
+    assert {got[r].status for r in readers} == {"refused"}
     assert got["llama.cpp"].status == "ignored"
 
 
@@ -142,8 +146,9 @@ def test_dynamic_yarn_is_refused_loudly(tmp_path):
 def test_export_is_exact_for_its_target_and_for_transformers(tmp_path, method, knobs, target):
     path, model = saved(tmp_path, method, **knobs)
     got = {v.reader: v.status for v in export(path, tmp_path / "out", target)}
-    reader = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "llama.cpp": "llama.cpp"}[target]
-    assert got[reader] == got["transformers 5.x"] == got["transformers 4.x"] == "exact", got
+    readers = {"vllm": ("vLLM 07b12f1", "vLLM 0cd5784"), "sglang": ("SGLang",), "tgi": ("TGI",),
+               "llama.cpp": ("llama.cpp",)}[target] + ("transformers 5.x", "transformers 4.x")
+    assert {got[r] for r in readers} == {"exact"}, got
     # the weights are untouched and transformers still runs the same model
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
     torch.testing.assert_close(logits(reloaded), logits(model), rtol=1e-6, atol=1e-6)  # attn scale
@@ -155,7 +160,7 @@ def test_export_is_exact_for_its_target_and_for_transformers(tmp_path, method, k
 
 
 @pytest.mark.parametrize("method, knobs, target, reason", [
-    ("dynamic_ntk", {}, "vllm", "vLLM ignored"), ("dynamic_ntk", {}, "llama.cpp", "plain RoPE"),
+    ("dynamic_ntk", {}, "vllm", "vLLM 07b12f1 ignored"), ("dynamic_ntk", {}, "llama.cpp", "plain RoPE"),
     ("dynamic_ntk", {}, "sglang", "SGLang different"), ("linear", {}, "tgi", "ignores linear"),
     ("yarn", MISTRAL, "tgi", "beta_fast=32"), ("dynamic_yarn", {}, "vllm", "Unknown RoPE")])
 def test_export_refuses_with_the_reason(tmp_path, method, knobs, target, reason):
@@ -176,6 +181,28 @@ def test_reloaded_and_resaved_keeps_both_layouts(tmp_path):
         assert again[key] == first[key], key
 
 
+def test_method_spec_sees_through_the_portable_form(tmp_path):
+    """What the recipe reads from a loaded model: `ntk`, though config.json says plain RoPE."""
+    path, _ = saved(tmp_path, "ntk")
+    config = AutoModelForCausalLM.from_pretrained(path).config
+    spec = hf_posext.portable.method_spec(config)
+    assert (spec.method, spec.factor, spec.original_max_position_embeddings) == ("ntk", S, TRAINED)
+    assert hf_posext.portable.method_spec(tiny_model("llama").config) is None
+
+
+def test_check_is_not_applicable_to_transformers_own_types(tmp_path):
+    model = hf_posext.patch(tiny_model("llama"), "llama3", factor=8.0, low_freq_factor=1.0,
+                            high_freq_factor=4.0)
+    model.config.save_pretrained(tmp_path / "l3")
+    assert {v.status for v in check(tmp_path / "l3")} == {"n/a"}
+    cfg = json.loads((tmp_path / "l3" / "config.json").read_text())
+    deepseek = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": TRAINED,
+                "mscale": 0.707, "mscale_all_dim": 0.707}
+    cfg.update(rope_parameters={**deepseek, "rope_theta": BASE}, rope_scaling=deepseek)
+    (tmp_path / "l3" / "config.json").write_text(json.dumps(cfg))
+    assert {v.status for v in check(tmp_path / "l3")} == {"n/a"}
+
+
 def test_export_bad_input(tmp_path):
     path, model = saved(tmp_path, "yarn")
     with pytest.raises(ValueError, match="Unknown export target"):
@@ -188,7 +215,7 @@ def test_export_bad_input(tmp_path):
         export(tmp_path / "missing", tmp_path / "out", "vllm")
     # a model in memory works too
     got = {v.reader: v.status for v in export(model, tmp_path / "from_model", "vllm")}
-    assert got["vLLM"] == "exact"
+    assert got["vLLM 07b12f1"] == got["vLLM 0cd5784"] == "exact"
 
 
 def test_cli_check_and_export(tmp_path):
@@ -200,7 +227,7 @@ def test_cli_check_and_export(tmp_path):
     assert "different (scale 13.86%)" in out.stdout
     out = subprocess.run(run + ["export", str(path), str(tmp_path / "v"), "--target", "vllm"],
                          capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and re.search(r"vLLM\s+exact", out.stdout), out.stdout + out.stderr
+    assert out.returncode == 0 and re.search(r"vLLM 07b12f1\s+exact", out.stdout), out.stdout + out.stderr
     lin, _ = saved(tmp_path, "linear", name="lin")
     out = subprocess.run(run + ["export", str(lin), str(tmp_path / "t"), "--target", "tgi"],
                          capture_output=True, text=True, timeout=300)

@@ -47,11 +47,15 @@ def special_id(tokenizer, setting: str | None, which: str) -> int | None:
 
 
 def extended_length(model) -> int:
-    """factor x trained length, read back from the model's rope config."""
-    from hf_posext.compat import get_rope_parameters, text_config
+    """factor x trained length, read back from the model's rope config (through its portable
+    form: `ntk` is saved as plain RoPE with a raised theta and the `hf_posext` block). Without a
+    rope method (plain RoPE, an attention-level method) it is max_position_embeddings."""
+    from hf_posext.compat import text_config
+    from hf_posext.portable import method_spec
     mconf = text_config(model.config)
-    spec = hf_posext.RopeExtensionConfig.from_rope_dict(get_rope_parameters(mconf),
-                                                        mconf.max_position_embeddings)
+    spec = method_spec(mconf)
+    if spec is None:
+        return int(mconf.max_position_embeddings)
     return int(round(spec.factor * spec.original_max_position_embeddings))
 
 
