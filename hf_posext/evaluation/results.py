@@ -127,8 +127,9 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
     for i, label in enumerate(labels):
         pts = [(n, cells[(label, n)]["perplexity"]) for n in lengths if (label, n) in cells]
         if cells[next((label, n) for n in lengths if (label, n) in cells)].get("protocol") == "baseline":
-            ax.plot(*zip(*pts), color="black", linestyle="--", marker="_", markersize=14,
-                    linewidth=1.8, label=label, zorder=5)
+            # A wide black bar per length (often a single point: the lengths past L).
+            ax.plot(*zip(*pts), color="black", linestyle="--", marker="_", markersize=26,
+                    markeredgewidth=3, linewidth=1.8, label=label, zorder=5)
             continue
         # Distinct markers and a small size step, so lines that coincide (every method is the
         # unpatched model at s = 1) stay visible on top of each other.
