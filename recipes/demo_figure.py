@@ -32,7 +32,7 @@ def main() -> None:
     store = ResultsStore(OUT, "baseline", resume=True)
     baseline = evaluate_perplexity(base, [ids], methods=["none"], lengths=sorted(cfg["eval"]["lengths"]),
                                    store=store, model_name=cfg["model"]["name"], dataset="hamlet",
-                                   dtype="float32", chunk_size=cfg["eval"]["chunk_size"])
+                                   chunk_size=cfg["eval"]["chunk_size"], baseline=False)
     labelled = [(SERIES["base"], r) for r in baseline]
     labelled += [(SERIES["free"].format(m=method, s=s) if "training-free" in r["method"]
                   else SERIES["tuned"].format(m=method, s=s, steps=steps), r) for r in rows]

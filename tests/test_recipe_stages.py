@@ -81,8 +81,9 @@ def test_rerun_with_another_learning_rate_never_reuses_fine_tuned_rows(assets, t
     tuned = lambda rows: {r["length"]: r for r in rows if "fine-tuned" in r["model"]}
     a, b = tuned(first), tuned(second)
     assert a.keys() == b.keys() == {64, 256}
-    for length in a:
-        assert a[length]["model"] != b[length]["model"]            # identity = the weights' hash
+    for length in a:     # same path, same name: the identity is the checkpoint's content
+        assert a[length]["model"] == b[length]["model"]
+        assert a[length]["model_fingerprint"] != b[length]["model_fingerprint"]
         assert a[length]["perplexity"] != pytest.approx(b[length]["perplexity"], rel=1e-6)
     base = lambda rows: {(r["method"], r["length"]): r["perplexity"] for r in rows if "fine-tuned" not in r["model"]}
     assert base(first) == base(second)                           # the untrained models: reused

@@ -9,6 +9,7 @@ command line around `run`):
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,6 @@ class PreparedData:
 
 def prepare_data(cfg, tokenizer, accelerator=None, log: Callable[[str], None] = print) -> PreparedData:
     """Load, split, tokenize and pack; every data problem surfaces here, before the model loads."""
-    import contextlib
     d, t = cfg.data, cfg.training
     docs = datalib.load_documents(d.source, text_column=d.text_column, split=d.split, subset=d.subset,
                                   max_documents=d.max_documents, streaming=d.streaming)
