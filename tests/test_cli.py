@@ -67,6 +67,13 @@ def test_methods_and_knobs_come_from_the_config(monkeypatch):
         cli.parse_knobs("yarn:beta_fast=0.5", ["yarn"])
     with pytest.raises(cli.InputError, match="not among the methods run"):
         cli.parse_knobs("yarn:beta_fast=64", ["ntk"])
+    # A method added to the config's table (as the attention-level ones are) is accepted as is.
+    real = config.canonical_method
+    monkeypatch.setattr(config, "canonical_method",
+                        lambda m: "toy_attention" if m == "toy_attention" else real(m))
+    monkeypatch.setattr(config, "METHODS", config.METHODS + ("toy_attention",))
+    assert cli.parse_methods("toy_attention,all")[0] == "toy_attention"
+    assert "toy_attention" in cli.parse_methods("all") and cli.parse_knobs(None, ["toy_attention"]) == {}
 
 
 @pytest.mark.parametrize("argv,message", [

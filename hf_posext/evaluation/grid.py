@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Iterable, Mapping, Sequence
 
-from ..config import METHODS, RopeExtensionConfig, canonical_method
+from .. import config as _config   # read at call time: methods registered later count too
+from ..config import RopeExtensionConfig
 from ..patcher import is_patched, patch, unpatch
 from .distributed import Ranks
 from .identity import computation_signature, config_state, digest
@@ -33,14 +34,14 @@ def knob_names() -> tuple[str, ...]:
 
 def canonical(name: str) -> str:
     """`none` (and its aliases) or a canonical method name; ValueError for unknown names."""
-    return "none" if name.lower() in NONE_ALIASES else canonical_method(name)
+    return "none" if name.lower() in NONE_ALIASES else _config.canonical_method(name)
 
 
 def normalize_methods(methods: Iterable[str]) -> list[str]:
     """`none` first (always a row), then each method once, canonical names; `all` = METHODS."""
     out = ["none"]
     for m in methods:
-        for name in (METHODS if m.lower() == "all" else [canonical(m)]):
+        for name in (_config.METHODS if m.lower() == "all" else [canonical(m)]):
             if name not in out:
                 out.append(name)
     return out
@@ -60,6 +61,8 @@ def check_knobs(methods: Sequence[str], knobs: Mapping[str, Mapping[str, float]]
             raise ValueError(f"knobs for {target!r}, which is not among the methods run "
                              f"({', '.join(grid) or 'none'}).")
     for method in grid:
+        if not knobs_for(method, knobs):
+            continue   # nothing to check (and a method needs no knobs to be run)
         try:
             RopeExtensionConfig(method, 2.0, **knobs_for(method, knobs))
         except (TypeError, ValueError) as err:
