@@ -2,7 +2,7 @@
 
 Dynamic NTK and dynamic YaRN recompute frequencies from the current length. With a KV cache the
 cached keys were rotated with the frequencies of earlier, shorter lengths while each new query
-uses the current ones, so cached decoding drifts from a full recompute (REFERENCE.md §2
+uses the current ones, so cached decoding drifts from a full recompute (docs/rope_methods.md:
 measured up to 9.6e-3 in logits on a tiny model). `fixed_rope_scale(model, n)` computes the
 frequencies once for length n (prompt + max_new_tokens) and holds them, so cache and queries
 agree; `generate` wraps `model.generate` in it.

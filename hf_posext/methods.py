@@ -1,6 +1,6 @@
 """The RoPE math of every context-extension method, as plain functions.
 
-Notation (REFERENCE.md §1): rotary dimension `d` (head_dim × partial_rotary_factor), base `b`
+Notation (docs/rope_methods.md): rotary dimension `d` (head_dim × partial_rotary_factor), base `b`
 (rope_theta), pair index `i = 0 .. d/2-1`, `inv_freq_i = b^(-2i/d)`, wavelength
 `λ_i = 2π / inv_freq_i`, trained context `L` (original_max_position_embeddings), scale `s`.
 

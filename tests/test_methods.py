@@ -22,7 +22,7 @@ def ref_default(d, b):
 
 
 def ref_ramp_by_parts(d, b, s, L, beta_fast, beta_slow):
-    """NTK-by-parts as REFERENCE.md §1 describes the YaRN reference code, in float64."""
+    """NTK-by-parts as docs/rope_methods.md describes the YaRN reference code, in float64."""
     inv = ref_default(d, b)
     if s == 1.0:
         return inv
