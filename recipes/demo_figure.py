@@ -6,9 +6,11 @@ same held-out Hamlet with the same protocol (first L tokens, no special tokens, 
 
     flock /tmp/hf_posext_heavy.lock .venv/bin/python recipes/demo_figure.py   # ~3 min on 2 quiet cores
 Writes baseline.{csv,json}, perplexity.png and table.txt into recipes/results/cpu-smollm2-demo/.
+`--redraw` draws the figure again from the stored baseline.json without measuring.
 """
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -20,19 +22,22 @@ from hf_posext.training.recipe_eval import SERIES, draw_results
 OUT = Path(__file__).resolve().parent / "results" / "cpu-smollm2-demo"
 
 
-def main() -> None:
+def main(redraw: bool = False) -> None:
     cfg = json.loads((OUT / "config.json").read_text())
     rows = json.loads((OUT / "results.json").read_text())["rows"]
     steps = cfg["training"]["max_steps"]
     method, s = cfg["model"]["method"], float(cfg["model"]["factor"])
-    tok = embedded.load_tokenizer()
-    hamlet = next(p for p in embedded.play_paths() if p.stem == "hamlet")
-    ids = tok(hamlet.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
-    base = embedded.load_model(dtype=torch.float32, attn_implementation="sdpa").eval()
-    store = ResultsStore(OUT, "baseline", resume=True)
-    baseline = evaluate_perplexity(base, [ids], methods=["none"], lengths=sorted(cfg["eval"]["lengths"]),
-                                   store=store, model_name=cfg["model"]["name"], dataset="hamlet",
-                                   chunk_size=cfg["eval"]["chunk_size"], baseline=False)
+    if redraw:
+        baseline = json.loads((OUT / "baseline.json").read_text())["rows"]
+    else:
+        tok = embedded.load_tokenizer()
+        hamlet = next(p for p in embedded.play_paths() if p.stem == "hamlet")
+        ids = tok(hamlet.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+        base = embedded.load_model(dtype=torch.float32, attn_implementation="sdpa").eval()
+        with ResultsStore(OUT, "baseline", resume=True) as store:
+            baseline = evaluate_perplexity(base, [ids], methods=["none"], lengths=sorted(cfg["eval"]["lengths"]),
+                                           store=store, model_name=cfg["model"]["name"], dataset="hamlet",
+                                           chunk_size=cfg["eval"]["chunk_size"], baseline=False)
     labelled = [(SERIES["base"], r) for r in baseline]
     labelled += [(SERIES["free"].format(m=method, s=s) if "training-free" in r["method"]
                   else SERIES["tuned"].format(m=method, s=s, steps=steps), r) for r in rows]
@@ -42,4 +47,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(redraw="--redraw" in sys.argv[1:])

@@ -35,10 +35,12 @@ def draw_results(labelled, out: Path, model_name: str, method: str, s: float, do
     the plot shows."""
     from ..evaluation import format_table, plot_perplexity
     shown = [{**r, "method": label, "factor_spec": ""} for label, r in labelled]
-    title = (f"{model_name}: perplexity of the first L tokens of held-out {', '.join(doc_names)}\n"
-             f"unpatched vs {method} s={s:g} training-free vs fine-tuned")
-    plot = plot_perplexity(shown, Path(out) / "perplexity.png", title)
-    table = format_table(shown, "perplexity", title.replace("\n", "; "))
+    what = f"perplexity of the first L tokens of held-out {', '.join(doc_names)}"
+    series = f"unpatched vs {method} s={s:g} training-free vs fine-tuned"
+    long = len(model_name) + len(what) > 60    # keep the plot's title inside the figure
+    plot = plot_perplexity(shown, Path(out) / "perplexity.png",
+                           f"{model_name}:{chr(10) if long else ' '}{what}\n{series}")
+    table = format_table(shown, "perplexity", f"{model_name}: {what}; {series}")
     (Path(out) / "table.txt").write_text(table + "\n")
     return plot, table
 
