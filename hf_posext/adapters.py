@@ -22,9 +22,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .attention.interface import CONFIG_KEY as ATTENTION_BLOCK
 from .compat import get_rope_parameters, text_config
+from .portable import BLOCK
 
 EXTENDED_BASE = "extended_base"
+
+
+def is_extended(config) -> bool:
+    """True when a (text) config carries an extension: a rope type other than plain RoPE, or
+    plain RoPE that is the portable form of one (`ntk` saved as a raised theta, with the
+    `hf_posext` block), or an attention-level method's block."""
+    if get_rope_parameters(config).get("rope_type", "default") != "default":
+        return True
+    return getattr(config, BLOCK, None) is not None or getattr(config, ATTENTION_BLOCK, None) is not None
 
 
 def save_adapter(peft_model, adapter_dir, base_dir=None, **save_kwargs) -> Path:
@@ -48,8 +59,7 @@ def save_adapter(peft_model, adapter_dir, base_dir=None, **save_kwargs) -> Path:
         raise TypeError(f"save_adapter expects a peft PeftModel (from get_peft_model), got "
                         f"{type(peft_model).__name__}; a plain model saves with save_pretrained.")
     base = peft_model.get_base_model()
-    rope = get_rope_parameters(text_config(base.config))
-    if rope.get("rope_type", "default") == "default":
+    if not is_extended(text_config(base.config)):
         raise ValueError("The base model under this adapter is not extended (plain RoPE), so "
                          "peft_model.save_pretrained(adapter_dir) already reloads it as trained.")
     adapter_dir = Path(adapter_dir)

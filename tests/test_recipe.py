@@ -183,6 +183,26 @@ def test_lora_merge_gives_the_unmerged_adapter_logits(assets, tmp_path):
     torch.testing.assert_close(_logits(reloaded), unmerged, rtol=0, atol=1e-5)
 
 
+def test_lora_save_site_reloads_the_adapter_extended_through_peft(assets, tmp_path):
+    """The recipe's save site also writes the adapter with hf_posext.save_adapter, so PEFT's
+    one-liner brings it back on the *extended* base (plain peft would load the unextended one)."""
+    from peft import AutoPeftModelForCausalLM
+
+    import hf_posext
+    model = hf_posext.from_pretrained(assets / "llama", "yarn", 2.0)
+    peft_model = apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    unmerged = _logits(peft_model)
+    save_lora_model(peft_model, tmp_path / "final")
+    reloaded = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "final" / "adapter").eval()
+    assert reloaded.get_base_model().model.rotary_emb.rope_type == "yarn"
+    torch.testing.assert_close(_logits(reloaded), unmerged, rtol=0, atol=1e-5)
+
+
 def test_recipe_with_lora_saves_a_merged_plain_checkpoint(assets, tmp_path):
     out = tmp_path / "lora"
     result = finetune.main(_argv(assets, out, lora__enabled="true", lora__r="4",

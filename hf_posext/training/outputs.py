@@ -58,8 +58,17 @@ def plot_loss(path: Path, rows: Sequence[dict], title: str = "") -> Path:
 
 
 def save_lora_model(peft_model, final_dir: Path):
-    """The one place a LoRA run's weights are saved: today the adapter is merged into the base
-    weights and saved as a plain transformers checkpoint. Returns the model that was saved."""
+    """The one place a LoRA run's weights are saved. The adapter goes to `final_dir/adapter` with
+    `hf_posext.save_adapter`, so PEFT's one-liners (`AutoPeftModelForCausalLM.from_pretrained`)
+    reload it on the *extended* base; then the adapter is merged into the base weights and saved
+    as a plain transformers checkpoint in `final_dir`. Returns the merged model."""
+    from hf_posext.adapters import is_extended, save_adapter
+    from hf_posext.compat import text_config
+
+    if is_extended(text_config(peft_model.get_base_model().config)):
+        save_adapter(peft_model, final_dir / "adapter")
+    else:  # an unextended base: peft's own save already reloads it as trained
+        peft_model.save_pretrained(final_dir / "adapter")
     merged = peft_model.merge_and_unload()
     merged.save_pretrained(final_dir)
     return merged
