@@ -86,6 +86,21 @@ def test_vllm_reads_an_old_ntk_checkpoint_with_its_own_formula(tmp_path):
     torch.testing.assert_close(logits(reloaded), logits(model), rtol=0, atol=0)
 
 
+def test_an_old_ntk_by_parts_checkpoint_still_loads(tmp_path):
+    """Saved before portable forms: rope_type ntk_by_parts (registered for reading), no block."""
+    path, model = saved(tmp_path, "ntk_by_parts")
+    cfg = json.loads((path / "config.json").read_text())
+    old = {"rope_type": "ntk_by_parts", "factor": S, "original_max_position_embeddings": TRAINED,
+           "beta_fast": 32.0, "beta_slow": 1.0}
+    cfg.update(rope_parameters={**old, "rope_theta": BASE}, rope_scaling=old, rope_theta=BASE)
+    del cfg["hf_posext"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    reloaded = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
+    torch.testing.assert_close(logits(reloaded), logits(model), rtol=1e-6, atol=1e-6)
+    assert hf_posext.trained_length(reloaded) == TRAINED
+    assert verdicts(path)["transformers 4.x"].status == "refused"  # without hf_posext
+
+
 def test_dynamic_ntk_in_static_readers(tmp_path):
     """vLLM builds `dynamic` once at s·L, where its multiplier (s·L/L) − (s−1) is 1: plain RoPE.
     SGLang builds it once with b·(s·(s·L)/L − (s−1))^(d/(d−2)): static NTK at s² − s + 1, equal
