@@ -150,7 +150,10 @@ def cost_cells(config: str, layers: int, reps: int) -> None:
         with torch.inference_mode(), PeakMemory("cpu") as peak:
             start = time.perf_counter()
             decoder(input_ids=ids[None, :n], use_cache=False)
-            return time.perf_counter() - start, peak.increase_mb
+            seconds = time.perf_counter() - start
+        print("forward", n, "patched" if patched else "sdpa", f"{seconds:.1f}s",
+              f"+{peak.increase_mb:.0f} MB", flush=True)
+        return seconds, peak.increase_mb  # read after the block: PeakMemory fills it on exit
 
     times = {False: [], True: []}
     for _ in range(reps):

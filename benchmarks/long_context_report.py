@@ -40,6 +40,8 @@ def write_report(src: Path, dst: Path) -> str:
         t = f"{r['seconds'] / none_tune['seconds']:.2f}" if none_tune else "—"
         out.append(f"| {r['config']} | {r['method'] or 'none'} | {json.dumps(r['knobs'])} | "
                    f"{r['perplexity']:.2f} | {ratio} | {r['seconds']} | {t} |")
+    if not any(r["step"] == "truncate" and r["text"] == "tune" for r in rows):
+        out.append("| not run | | | | | | |")
     if slide_tune:
         out.append(f"| sliding 8k (unpatched) | — | — | {slide_tune['perplexity']:.2f} | 1.000 | — | — |")
     out += ["", (f"Chosen (lowest perplexity on the tune text): **{best}**." if tuned else
