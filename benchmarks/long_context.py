@@ -49,6 +49,15 @@ CONFIGS = {
     "dual_chunk": ("dual_chunk", {}),                                      # s = 6144, l = 512
     "none": (None, {}),
 }
+# Knobs that keep every relative position below L at 2x and 4x (leaky: w + (N - w) / k <= L;
+# self_extend: W + N / G - W / G <= L), tried on the tune text only.
+for w, k in ((6144, 5), (7168, 9), (4096, 7), (6144, 13), (7168, 26)):
+    CONFIGS[f"leaky_rerope_w{w}_k{k}"] = ("leaky_rerope", {"window": w, "leak": float(k), "logn": False})
+for w in (6144, 7168):
+    CONFIGS[f"rerope_w{w}_nologn"] = ("rerope", {"window": w, "logn": False})
+    CONFIGS[f"rerope_w{w}"] = ("rerope", {"window": w})
+for w, g in ((4096, 8), (6144, 6), (6144, 16)):
+    CONFIGS[f"self_extend_w{w}_g{g}"] = ("self_extend", {"window": w, "group_size": g})
 
 
 def text_tokens(name: str, tokenizer) -> list[int]:
@@ -197,9 +206,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.step == "tune":
-        sliding_cells("tune", [16384])
+        sliding_cells("tune", args.lengths)
         for config in args.configs:
-            truncate_cells(config, "tune", [16384])
+            truncate_cells(config, "tune", args.lengths)
     elif args.step == "sliding":
         sliding_cells(args.text, args.lengths)
     elif args.step == "method":

@@ -154,7 +154,9 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
     base, trained = _base_rope(rope, max_pos)
     trained = saved_trained or trained
     # attention-level methods run on plain RoPE, or add log-n on top of a rope method
-    attn_spec, method, params = attention.split(method, dict(params or {}), trained)
+    attn_target = (round(trained * _attention_factor(factor, target, trained))
+                   if attention.is_attention_method(method) else None)
+    attn_spec, method, params = attention.split(method, dict(params or {}), trained, attn_target)
     theta = base["rope_theta"]
     if method is None:
         s = _attention_factor(factor, target, trained)

@@ -244,3 +244,54 @@ def test_query_chunking_does_not_change_the_result(method, knobs, chunk):
                                whole, rtol=1e-5, atol=1e-5)
     tail = attend(q[:, :, 140:], k, v, None, 0.25, plan_for(spec), inv, 140, chunk=chunk)  # cached
     torch.testing.assert_close(tail, whole[:, :, 140:], rtol=1e-5, atol=1e-5)
+
+
+# --- "auto" knobs: fitted to the target length by the authors' rule ------------------------------
+
+@pytest.mark.parametrize("method,knobs", [("leaky_rerope", {"window": 24}), ("self_extend", {"window": 16}),
+                                          ("self_extend", {"window": 1})])
+@pytest.mark.parametrize("target", [TRAINED, 2 * TRAINED, 3 * TRAINED, 7 * TRAINED + 5])
+def test_auto_knob_keeps_every_relative_position_trained(method, knobs, target):
+    """Brute force over every pair (i, j) of a `target`-token input with the reference map above:
+    the fitted knob keeps r(i, j) <= L − 1 (and, for Self-Extend, G − 1 would not)."""
+    from hf_posext.attention import AttentionExtensionConfig
+    name = "leak" if method == "leaky_rerope" else "group_size"
+    spec = AttentionExtensionConfig(method, TRAINED, **knobs, **{name: "auto"}, target_length=target)
+    value = spec.leak_value if name == "leak" else spec.group_value
+    i = torch.arange(target, dtype=torch.float64)[:, None]
+    j = torch.arange(target, dtype=torch.float64)[None, :]
+    r = lambda v: relative(method, {**knobs, name: v}, i, j).masked_fill(j > i, 0)  # noqa: E731
+    assert r(value).max() <= TRAINED - 1 + 1e-9
+    if name == "leak" and target > TRAINED:          # the smallest leak that fits: exactly L − 1
+        assert r(value).max() == pytest.approx(TRAINED - 1)
+    if name == "group_size" and value > 1:
+        assert r(value - 1).max() > TRAINED - 1
+    if target <= TRAINED:
+        assert value == 1                             # nothing to compress inside L
+
+
+@pytest.mark.parametrize("method,knobs,explicit", [
+    ("leaky_rerope", {"window": 24, "logn": False}, lambda s: {"leak": (s * TRAINED - 1 - 24) / (TRAINED - 1 - 24)}),
+    ("self_extend", {"window": 16}, lambda s: {"group_size": 4}),  # ⌊191/4⌋+16−4 = 59 <= 63; G = 3: 73.7
+])
+@pytest.mark.parametrize("s", [1.0, 3.0])
+def test_auto_knob_equals_the_explicit_value(arch, tokens, method, knobs, explicit, s):
+    name = "leak" if method == "leaky_rerope" else "group_size"
+    model = tiny_model(arch, attn_implementation="sdpa")
+    if s == 1.0:
+        want = logits(model, tokens[:, :TRAINED])      # inside L, auto compresses nothing
+        hf_posext.patch(model, method, s, **knobs, **{name: "auto"})
+        torch.testing.assert_close(logits(model, tokens[:, :TRAINED]), want, rtol=1e-5, atol=1e-5)
+        return
+    hf_posext.patch(model, method, s, **knobs, **explicit(s))
+    want = logits(model, tokens)
+    hf_posext.patch(model, method, s, **knobs, **{name: "auto"})
+    torch.testing.assert_close(logits(model, tokens), want, rtol=1e-6, atol=1e-6)
+
+
+def test_auto_knob_needs_a_target_and_room():
+    from hf_posext.attention import AttentionExtensionConfig
+    with pytest.raises(ValueError, match="pass factor="):
+        AttentionExtensionConfig("self_extend", TRAINED, group_size="auto")
+    with pytest.raises(ValueError, match="window alone fills"):
+        AttentionExtensionConfig("leaky_rerope", TRAINED, window=TRAINED, leak="auto", target_length=2 * TRAINED)

@@ -54,8 +54,11 @@ def test_methods_and_knobs_come_from_the_config(monkeypatch):
 
     import hf_posext.config as config
     from hf_posext.evaluation.grid import knob_names
+    from hf_posext.attention import AttentionExtensionConfig
     fields = {f.name for f in dataclasses.fields(config.RopeExtensionConfig)} - {"method", "factor", "_extra"}
-    assert set(knob_names()) == fields
+    attention = {f.name for f in dataclasses.fields(AttentionExtensionConfig)} - {
+        "method", "trained_length", "target_length"}
+    assert set(knob_names()) == fields | attention
     assert cli.parse_methods("all") == list(config.METHODS)
     assert cli.parse_knobs("yarn:beta_fast=64,mscale_coefficient=0.07", ["yarn", "dynamic_yarn"]) == \
         {"yarn": {"beta_fast": 64.0}, "*": {"mscale_coefficient": 0.07}}
@@ -67,6 +70,16 @@ def test_methods_and_knobs_come_from_the_config(monkeypatch):
         cli.parse_knobs("yarn:beta_fast=0.5", ["yarn"])
     with pytest.raises(cli.InputError, match="not among the methods run"):
         cli.parse_knobs("yarn:beta_fast=64", ["ntk"])
+    # attention methods' knobs: integers, auto, true/false; each checked by its own config
+    assert cli.parse_knobs("leaky_rerope:window=4096,leaky_rerope:leak=auto,self_extend:logn=true",
+                           ["leaky_rerope", "self_extend"]) == \
+        {"leaky_rerope": {"window": 4096, "leak": "auto"}, "self_extend": {"logn": True}}
+    with pytest.raises(cli.InputError, match="'self_extend' does not use 'leak'"):
+        cli.parse_knobs("self_extend:leak=3", ["self_extend"])
+    with pytest.raises(cli.InputError, match="leak .* must be a number > 1"):
+        cli.parse_knobs("leaky_rerope:leak=0.5", ["leaky_rerope"])
+    with pytest.raises(cli.InputError, match="not a number, true/false or auto"):
+        cli.parse_knobs("leaky_rerope:leak=big", ["leaky_rerope"])
     # A method added to the config's table (as the attention-level ones are) is accepted as is.
     real = config.canonical_method
     monkeypatch.setattr(config, "canonical_method",

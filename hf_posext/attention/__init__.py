@@ -9,9 +9,9 @@ Attention and log-n query scaling, through transformers' `AttentionInterface`.
     install.py    what `hf_posext.patch` writes into one model's config
 """
 
-from .config import ATTENTION_METHODS, AttentionExtensionConfig
+from .config import ALL_KNOBS, ATTENTION_METHODS, AttentionExtensionConfig
 from .install import RAW_KEYS, after_load, install, is_attention_method, saved_trained_length, split
 from .interface import CONFIG_KEY, IMPLEMENTATION, register
 
-__all__ = ["ATTENTION_METHODS", "AttentionExtensionConfig", "CONFIG_KEY", "IMPLEMENTATION", "RAW_KEYS",
+__all__ = ["ALL_KNOBS", "ATTENTION_METHODS", "AttentionExtensionConfig", "CONFIG_KEY", "IMPLEMENTATION", "RAW_KEYS",
            "after_load", "install", "is_attention_method", "register", "saved_trained_length", "split"]

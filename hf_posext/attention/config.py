@@ -7,6 +7,13 @@ Knobs and defaults follow the authors' code (docs/attention_methods.md):
   trained on fewer than 2,048 tokens, where 1024 would not fit), log-n off (`scale_base = -1`).
 - `dual_chunk` (HKUNLP/ChunkLlama): chunk_size = 3L/4, local_window = L/16, log-n off.
 - `logn`: plain RoPE, only the log-n query scaling. `logn=True` also combines with any rope method.
+
+`leak="auto"` (leaky ReRoPE) and `group_size="auto"` (Self-Extend) fit the knob to the target
+length T = s·L, by the rule both authors state: the farthest relative position a T-token input
+produces must stay below L. Leaky: w + (T − 1 − w)/k <= L − 1, so k = (T − 1 − w)/(L − 1 − w)
+(at least 1: up to L nothing is compressed). Self-Extend: ⌊(T − 1)/G⌋ + W − W/G <= L − 1, the
+smallest integer G >= 1 (LongLM's README: "(L − W)·G + W >= T"). `patch(model, method, s)` sets T;
+the saved block keeps "auto" and `target_length`, so a reload derives the same value.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ class AttentionExtensionConfig:
         group_size: self_extend's G >= 1: distant positions are floor(p / G).
         chunk_size, local_window: dual_chunk's chunk s <= L and its local window l < s.
         logn: scale each query by max(1, log n / log L) (n = its position + 1).
+        target_length: T = s·L; only read by the "auto" knobs (`patch` fills it from the factor).
     """
 
     method: str
@@ -68,6 +76,7 @@ class AttentionExtensionConfig:
     chunk_size: int | None = None
     local_window: int | None = None
     logn: bool | None = None
+    target_length: int | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -102,13 +111,23 @@ class AttentionExtensionConfig:
             if self.window > L:
                 raise ValueError(f"window={self.window} exceeds the trained length {L}: relative "
                                  f"positions up to the window must have been trained. Use <= {L}.")
-        if self.leak is not None:
+        if self.target_length is not None:
+            set_("target_length", _positive_int("target_length", self.target_length))
+        auto = [k for k in ("leak", "group_size") if getattr(self, k) == "auto"]
+        if auto and self.target_length is None:
+            raise ValueError(f"{auto[0]}='auto' fits the knob to the target length: pass factor= (or "
+                             f"max_position_embeddings=) to patch, or target_length= here.")
+        if auto and self.target_length > L and self.window >= L - 1:
+            raise ValueError(f"{auto[0]}='auto' cannot fit {self.target_length} tokens with window="
+                             f"{self.window}: the window alone fills the trained length {L}. Use a "
+                             f"window below {L - 1}.")
+        if self.leak is not None and self.leak != "auto":
             if isinstance(self.leak, bool) or not isinstance(self.leak, (int, float)) \
                     or not math.isfinite(self.leak) or self.leak <= 1:
                 raise ValueError(f"leak (leaky ReRoPE's k) must be a number > 1 (k = 1 is plain "
                                  f"RoPE; the authors use 16), got {self.leak!r}")
             set_("leak", float(self.leak))
-        if self.group_size is not None:
+        if self.group_size is not None and self.group_size != "auto":
             set_("group_size", _positive_int("group_size", self.group_size))
         if self.chunk_size is not None:
             set_("chunk_size", _positive_int("chunk_size", self.chunk_size))
@@ -122,8 +141,31 @@ class AttentionExtensionConfig:
                                  f"chunk_size={self.chunk_size}; the authors use L/16 = {L // 16}.")
 
     @property
+    def leak_value(self) -> float | None:
+        """k as the kernel uses it: `auto` -> (T − 1 − w)/(L − 1 − w), at least 1."""
+        if self.leak != "auto":
+            return self.leak
+        L, w, T = self.trained_length, self.window, self.target_length
+        return max(1.0, (T - 1 - w) / (L - 1 - w)) if w < L - 1 else 1.0
+
+    @property
+    def group_value(self) -> int | None:
+        """G as the kernel uses it: `auto` -> the smallest G >= 1 with
+        ⌊(T − 1)/G⌋ + W − W/G <= L − 1 (the farthest grouped position stays trained)."""
+        if self.group_size != "auto":
+            return self.group_size
+        L, W, T = self.trained_length, self.window, self.target_length
+        G = 1
+        while (T - 1) // G + W - W / G > L - 1:
+            G += 1
+        return G
+
+    @property
     def knobs(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in KNOBS[self.method] + ("logn",)}
+        out = {k: getattr(self, k) for k in KNOBS[self.method] + ("logn",)}
+        if "auto" in out.values():
+            out["target_length"] = self.target_length
+        return out
 
     @property
     def changes_positions(self) -> bool:

@@ -24,8 +24,9 @@ def is_attention_method(method) -> bool:
     return isinstance(method, str) and method.lower() in ATTENTION_METHODS
 
 
-def split(method, params: dict[str, Any], trained: int):
+def split(method, params: dict[str, Any], trained: int, target_length: int | None = None):
     """(attention spec or None, the rope method or None, the rope method's params).
+    `target_length` (s·L) is recorded when a knob is "auto", which is fitted to it.
 
     An attention method runs on plain RoPE (rope method None); a rope method with `logn=True`
     gets the log-n scaling on top. Attention knobs given to a rope method are refused."""
@@ -35,6 +36,8 @@ def split(method, params: dict[str, Any], trained: int):
         if params:
             raise TypeError(f"{method!r} does not take {sorted(params)}; it takes "
                             f"{sorted(AttentionExtensionConfig(method, trained).knobs)} and factor.")
+        if "auto" in knobs.values():
+            knobs["target_length"] = target_length
         return AttentionExtensionConfig(method.lower(), trained, **knobs), None, {}
     stray = sorted(set(params) & (set(ALL_KNOBS) - {"logn"}))
     if stray:

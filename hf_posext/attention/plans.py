@@ -68,13 +68,13 @@ class DualChunkPlan:
 
 def plan_for(spec: AttentionExtensionConfig):
     if spec.method in ("rerope", "leaky_rerope"):
-        leak = spec.leak if spec.method == "leaky_rerope" else None
+        leak = spec.leak_value if spec.method == "leaky_rerope" else None
         return WindowPlan(spec.window, partial(P.rerope_far_query, window=spec.window, leak=leak),
                           partial(P.rerope_far_key, leak=leak))
     if spec.method == "self_extend":
         return WindowPlan(spec.window,
-                          partial(P.self_extend_far_query, group_size=spec.group_size, window=spec.window),
-                          partial(P.self_extend_far_key, group_size=spec.group_size))
+                          partial(P.self_extend_far_query, group_size=spec.group_value, window=spec.window),
+                          partial(P.self_extend_far_key, group_size=spec.group_value))
     if spec.method == "dual_chunk":
         return DualChunkPlan(spec.chunk_size, spec.local_window)
     raise ValueError(f"{spec.method!r} has no attention plan")

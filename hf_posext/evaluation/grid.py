@@ -2,8 +2,8 @@
 with which knobs, and how a model is put into a cell's state.
 
 Method names come from one source (`hf_posext.config.METHODS` / `canonical_method`), knob names
-from another (the fields of `RopeExtensionConfig`), so a method or knob added there is accepted
-here without a hand-kept list.
+from the fields of `RopeExtensionConfig` and the attention methods' knobs (`attention.ALL_KNOBS`),
+so a method or knob added there is accepted here without a hand-kept list.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .. import config as _config   # read at call time: methods registered later count too
+from ..attention import ALL_KNOBS, is_attention_method, split
 from ..config import RopeExtensionConfig
 from ..patcher import is_patched, patch, unpatch
 from .distributed import Ranks
@@ -27,9 +28,11 @@ _NOT_KNOBS = {"method", "factor"}
 
 
 def knob_names() -> tuple[str, ...]:
-    """Every knob a method may take: the public fields of `RopeExtensionConfig`."""
-    return tuple(f.name for f in dataclasses.fields(RopeExtensionConfig)
+    """Every knob a method may take: the public fields of `RopeExtensionConfig`, then the
+    attention methods' knobs."""
+    rope = tuple(f.name for f in dataclasses.fields(RopeExtensionConfig)
                  if f.init and not f.name.startswith("_") and f.name not in _NOT_KNOBS)
+    return rope + tuple(k for k in ALL_KNOBS if k not in rope)
 
 
 def canonical(name: str) -> str:
@@ -64,7 +67,13 @@ def check_knobs(methods: Sequence[str], knobs: Mapping[str, Mapping[str, float]]
         if not knobs_for(method, knobs):
             continue   # nothing to check (and a method needs no knobs to be run)
         try:
-            RopeExtensionConfig(method, 2.0, **knobs_for(method, knobs))
+            if is_attention_method(method):
+                # names and types; window <= L is checked against the model's L when patched
+                split(method, knobs_for(method, knobs), 2 ** 30, 2 ** 31)
+            else:
+                split(method, knobs_for(method, knobs), 2 ** 30)   # refuses attention knobs but logn
+                RopeExtensionConfig(method, 2.0, **{k: v for k, v in knobs_for(method, knobs).items()
+                                                    if k != "logn"})
         except (TypeError, ValueError) as err:
             raise ValueError(f"{method}: {err}") from None
 

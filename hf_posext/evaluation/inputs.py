@@ -51,6 +51,21 @@ def parse_methods(text: str) -> list[str]:
     return out
 
 
+def _knob_value(item: str, name: str, value: str):
+    """A number, true/false (`logn`), or `auto` (leaky ReRoPE's leak, Self-Extend's group_size)."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if value.lower() == "auto":
+        return "auto"
+    try:
+        number = float(value)
+    except ValueError:
+        raise InputError(f"--knobs: {item!r}: {value!r} is not a number, true/false or auto.") from None
+    # token counts stay integers (so rows and saved configs read 4096, not 4096.0)
+    integral = ("original_max_position_embeddings", "window", "group_size", "chunk_size", "local_window")
+    return int(number) if number.is_integer() and name in integral else number
+
+
 def parse_knobs(text: str | None, methods: list[str]) -> dict:
     """`beta_fast=64,yarn:mscale_coefficient=0.07` -> {"*": {...}, "yarn": {...}}; names from
     the fields of `RopeExtensionConfig`, values checked by it for every method of the grid."""
@@ -62,12 +77,7 @@ def parse_knobs(text: str | None, methods: list[str]) -> dict:
         name, eq, value = assignment.partition("=")
         if not eq:
             raise InputError(f"--knobs: {item!r} is not NAME=VALUE (knobs: {', '.join(knob_names())}).")
-        try:
-            number = float(value)
-        except ValueError:
-            raise InputError(f"--knobs: {item!r}: {value!r} is not a number.") from None
-        knobs.setdefault(target or "*", {})[name.strip()] = int(number) if number.is_integer() \
-            and name.strip() == "original_max_position_embeddings" else number
+        knobs.setdefault(target or "*", {})[name.strip()] = _knob_value(item, name.strip(), value.strip())
     try:
         check_knobs(methods, knobs)
     except ValueError as err:
