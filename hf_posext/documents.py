@@ -25,7 +25,7 @@ from typing import Iterable, Iterator, Sequence
 
 EMBEDDED_TEXT = "embedded:shakespeare"
 EMBEDDED_NAMES = (EMBEDDED_TEXT, "shakespeare", "embedded")
-TEXT_SUFFIXES = (".txt", ".md", ".text")
+TEXT_SUFFIXES = (".txt", ".md", ".text", ".rst", ".py")  # .py: long source code is a document too
 TABLE_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 # Fields that name a row's document (PG19: short_book_title) before falling back to its index.
 NAME_FIELDS = ("short_book_title", "title", "name", "id")
