@@ -64,9 +64,9 @@ for w, g in ((4096, 8), (6144, 6), (6144, 16)):
 
 # The demo grid (README): rope-only methods at s = N / L, attention methods with the knobs
 # chosen on the tune text (long_context.md); "auto" fits leak / group size to each length.
-LENGTHS = "8k,16k,32k"
-ROPE_ONLY = ("ntk", "dynamic_ntk", "yarn")
-ATTENTION = {"rerope": {"window": 6144, "logn": "false"},
+LENGTHS = "16k,32k"            # 2x and 4x: where the sliding baseline applies
+ROPE_ONLY = ("ntk", "yarn")     # the best rope-only methods at 2x (yarn) and 4x (ntk) on the plays
+ATTENTION = {"rerope": {"window": 6144, "logn": "false"},     # log-n hurt on the tune text
              "leaky_rerope": {"window": 6144, "leak": "auto", "logn": "false"},
              "self_extend": {"window": 4096, "group_size": "auto"},
              "dual_chunk": {}}
@@ -89,7 +89,7 @@ def text_tokens(name: str, tokenizer) -> list[int]:
 def grid_argv(command: str, dataset: str | None, out: Path, methods, lengths: str = LENGTHS) -> list[str]:
     """The `hf-posext` command line of a step: the library's own grid, nothing re-implemented."""
     knobs = ",".join(f"{m}:{k}={v}" for m in methods if m in ATTENTION for k, v in ATTENTION[m].items())
-    argv = [command, "--dtype", "bfloat16", *(["--dataset", dataset] if dataset else []),
+    argv = [command, "--dtype", "float32", *(["--dataset", dataset] if dataset else []),
             "--lengths", lengths, "--methods", ",".join(methods), "--out", str(out), "--resume",
             "--no-progress"]
     return argv + (["--knobs", knobs] if knobs else [])
