@@ -6,7 +6,7 @@ VENV ?= .venv
 # while an unpinned `torch` would pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 TRANSFORMERS ?= transformers>=5,<6
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 BIN = $(VENV)/bin
 
 .PHONY: install test test-tf4 demo demo-finetune ddp-smoke bench bench-long portability-table clean

@@ -50,10 +50,10 @@ def save_adapter(peft_model, adapter_dir, base_dir=None, **save_kwargs) -> Path:
     from peft import PeftModel
 
     get_base_model_state_dict = getattr(peft, "get_base_model_state_dict", None)
-    if get_base_model_state_dict is None:  # added to peft in 2026 (huggingface/peft PR #3000)
+    if get_base_model_state_dict is None:  # first in peft 0.20.0 (huggingface/peft PR #3000)
         raise ImportError(f"hf_posext.save_adapter needs peft.get_base_model_state_dict, which "
-                          f"peft {peft.__version__} lacks (tested with peft 0.21.2): "
-                          "pip install -U peft")
+                          f"peft {peft.__version__} lacks (it arrived in peft 0.20.0; tested with 0.21.2): "
+                          "pip install -U 'peft>=0.20'")
 
     if not isinstance(peft_model, PeftModel):
         raise TypeError(f"save_adapter expects a peft PeftModel (from get_peft_model), got "
