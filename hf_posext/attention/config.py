@@ -9,11 +9,12 @@ Knobs and defaults follow the authors' code (docs/attention_methods.md):
 - `logn`: plain RoPE, only the log-n query scaling. `logn=True` also combines with any rope method.
 
 `leak="auto"` (leaky ReRoPE) and `group_size="auto"` (Self-Extend) fit the knob to the target
-length T = s·L, by the rule both authors state: the farthest relative position a T-token input
-produces must stay below L. Leaky: w + (T − 1 − w)/k <= L − 1, so k = (T − 1 − w)/(L − 1 − w)
-(at least 1: up to L nothing is compressed). Self-Extend: ⌊(T − 1)/G⌋ + W − W/G <= L − 1, the
-smallest integer G >= 1 (LongLM's README: "(L − W)·G + W >= T"). `patch(model, method, s)` sets T;
-the saved block keeps "auto" and `target_length`, so a reload derives the same value.
+length T = s·L so that the farthest relative position a T-token input produces stays trained
+(<= L − 1). Leaky: w + (T − 1 − w)/k <= L − 1, so k = (T − 1 − w)/(L − 1 − w), at least 1 (up to L
+nothing is compressed). Self-Extend: the smallest integer G >= 1 with ⌊(T − 1)/G⌋ + W − W/G <= L − 1
+(LongLM's README advises a margin, W + (T − W)/G below L/2 … 2L/3; give G yourself for that).
+`patch(model, method, s)` sets T; the saved block keeps "auto" and `target_length`, so a reload
+derives the same value.
 """
 
 from __future__ import annotations
