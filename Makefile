@@ -26,9 +26,10 @@ install: $(VENV)/.installed
 test: install
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-# The same suite against the newest transformers 4.x (rope_scaling + rope_theta layout).
+# The same suite against the newest transformers 4.x (rope_scaling + rope_theta layout), but for
+# executing the notebooks: they are documentation, run once by `make test` (about 4 of CI's minutes).
 test-tf4:
-	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6"
+	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6" PYTEST_ARGS="--durations=25 -k 'not test_notebook_runs'"
 
 # The main demo: does longer context help? Rope-only and attention-level methods vs the unpatched
 # model with a sliding 8k window, Hamlet at 8k/16k/32k on the embedded SmolLM2-135M (prints the
