@@ -146,10 +146,45 @@ def test_left_padding_matches_unpadded_rows(arch, tokens, method):
     torch.testing.assert_close(padded[0], logits(model, tokens[:1])[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("method,knobs", CASES)
+def test_left_padding_positioned_from_the_first_token_matches_the_row_alone(arch, tokens, method, knobs):
+    """As `generate` pads a batch: position_ids = cumsum(mask) − 1, so a padded row's tokens sit
+    at 0.. exactly as when the row runs alone; every method (absolute maps too) must agree."""
+    model = hf_posext.patch(tiny_model(arch, attn_implementation="sdpa"), method, 3.0, **knobs)
+    short = tokens[1, 42:]                  # 42 pads: not a multiple of any group size
+    batch = torch.stack([tokens[0], torch.cat([torch.zeros(42, dtype=torch.long), short])])
+    mask = torch.ones_like(batch)
+    mask[1, :42] = 0
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    padded = logits(model, batch, attention_mask=mask, position_ids=position_ids)
+    torch.testing.assert_close(padded[1, 42:], logits(model, short[None])[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(padded[0], logits(model, tokens[:1])[0], rtol=1e-4, atol=1e-4)
+
+
+def test_batched_generate_with_left_padding_equals_each_row_alone(tokens):
+    model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "self_extend",
+                            window=16, group_size=4, logn=True)
+    tokens = tokens.clamp(min=1)            # 0 is the pad token: never inside a row
+    short = tokens[1, 51:150]
+    batch = torch.stack([tokens[0, :150], torch.cat([torch.zeros(51, dtype=torch.long), short])])
+    mask = torch.ones_like(batch)
+    mask[1, :51] = 0
+    both = model.generate(batch, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    alone = model.generate(short[None], max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(both[1, 51:], alone[0])
+
+
+def test_positions_shifted_without_padding_are_refused(tokens):
+    model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "self_extend",
+                            window=16, group_size=4)
+    with pytest.raises(ValueError, match="only left padding"):
+        logits(model, tokens[:, :80], position_ids=torch.arange(80)[None] - 5)
+
+
 def test_generate_with_cache_equals_without(tokens):
     model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "self_extend",
                             window=16, group_size=4)
-    prompt = tokens[:1, :120]
+    prompt = tokens[:1, :120].clamp(min=1)  # 0 is the pad token: generate would mask it
     a = model.generate(prompt, max_new_tokens=12, do_sample=False, use_cache=True, pad_token_id=0)
     b = model.generate(prompt, max_new_tokens=12, do_sample=False, use_cache=False, pad_token_id=0)
     assert torch.equal(a, b)

@@ -8,7 +8,12 @@ is transformers' own SDPA mask (None when there is no padding, else a bool [B, 1
 
 Queries and keys arrive rotated by the model's plain RoPE at their positions; the kernel
 re-rotates them by the difference to the method's positions (exact, R(a)·R(b) = R(a+b)).
-Positions: keys 0..K−1 in the cache, queries K−Q..K−1 (a dynamic cache; the usual case).
+Positions: keys 0..K−1 in the cache, queries K−Q..K−1 (a dynamic cache; the usual case). A
+left-padded row that the model positions from its first real token (`position_ids` =
+cumsum(mask) − 1, as `generate` does) has real positions index − p (p = its padding): the
+methods whose maps depend on absolute positions (Self-Extend's ⌊i/G⌋, Dual Chunk's chunks,
+log-n) then run row by row on the row's real tokens. ReRoPE's maps depend on i − j only, so
+padding never changes them.
 """
 
 from __future__ import annotations
@@ -54,31 +59,71 @@ def _keep_mask(attention_mask, Q: int, K: int):
     return m > torch.finfo(m.dtype).min / 2
 
 
+def _row_padding(spec, position_ids, keep, offset: int, B: int, Q: int) -> list[int] | None:
+    """Per-row shift p = index − real position of the queries (None when every row starts at
+    0, or when the method only sees i − j), checked against the padding mask."""
+    absolute = spec.logn or spec.method in ("self_extend", "dual_chunk")
+    if not absolute or position_ids is None or position_ids.shape[-1] != Q:
+        return None
+    # from the last query: always a real token under left padding (the first may be padding,
+    # whose position_ids are clamped to 0)
+    shift = (offset + Q - 1 - position_ids[..., -1]).expand(B).tolist()
+    if not any(shift):
+        return None
+    for b, p in enumerate(shift):
+        if p < 0 or (p and (keep is None or bool(keep[b, :, :, :p].any()))):
+            raise ValueError(f"{spec.method}: position_ids of row {b} put key index {offset + Q - 1} "
+                             f"at position {offset + Q - 1 - p}, but only left padding (masked keys before the row's "
+                             "first real token, position_ids = cumsum(attention_mask) − 1) can "
+                             "shift positions. Pass position_ids that count from the first real token "
+                             "(`generate` infers a mask from pad_token_id when none is given: pass "
+                             "attention_mask if the pad token also occurs inside a prompt).")
+    return shift
+
+
 def hf_posext_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
                         scaling: float | None = None, **kwargs):
     """transformers' attention-function contract: returns ([B, Q, H, D], None)."""
-    config = module.config
-    spec = spec_of(config)
+    spec = spec_of(module.config)
     if dropout:
         raise NotImplementedError("hf_posext's attention methods are training-free; attention "
                                   "dropout is not supported. Call model.eval().")
-    Q, K = query.shape[2], key.shape[2]
+    B, Q, K = query.shape[0], query.shape[2], key.shape[2]
     offset = K - Q
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    keep = _keep_mask(attention_mask, Q, K)
+    shifts = _row_padding(spec, kwargs.get("position_ids"), keep, offset, B, Q)
+    if shifts is None:
+        return _attention(module, spec, query, key, value, attention_mask, keep, scaling, offset,
+                          kwargs), None
+    out = query.new_zeros(B, Q, query.shape[1], query.shape[3])
+    for b, p in enumerate(shifts):          # each row on its real tokens, at real positions
+        s = max(0, p - offset)              # its queries that are padding: output left at 0
+        if s < Q:
+            row_keep = keep[b:b + 1, :, s:, p:]
+            out[b:b + 1, s:] = _attention(module, spec, query[b:b + 1, :, s:], key[b:b + 1, :, p:],
+                                          value[b:b + 1, :, p:], row_keep, row_keep, scaling,
+                                          offset + s - p, kwargs)
+    return out, None
+
+
+def _attention(module, spec, query, key, value, attention_mask, keep, scaling, offset, kwargs):
+    """[B, Q, H, D] for queries at positions offset..K−1 over keys at 0..K−1."""
+    config = module.config
     if spec.logn:
-        pos = torch.arange(offset, K, device=query.device)
+        pos = torch.arange(offset, offset + query.shape[2], device=query.device)
         query = query * logn_scale(pos, spec.trained_length).to(query.dtype)[None, None, :, None]
     if not spec.changes_positions:  # log-n alone: the model's own SDPA on the scaled queries
+        kwargs = {k: v for k, v in kwargs.items() if k != "position_ids"}
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask,
-                                               dropout=dropout, scaling=scaling, **kwargs)
+                                               scaling=scaling, **kwargs)[0]
     rope = get_rope_parameters(config)
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"{spec.method!r} re-rotates plain RoPE, but this model's rope_type is "
                          f"{rope['rope_type']!r}. Patch with hf_posext.patch, which sets plain RoPE.")
     inv_freq = default_inv_freq(rotary_dim(config), float(rope["rope_theta"]), query.device)
-    out = attend(query, key, value, _keep_mask(attention_mask, Q, K), scaling, plan_for(spec),
-                 inv_freq, offset)
-    return out.transpose(1, 2).contiguous(), None
+    out = attend(query, key, value, keep, scaling, plan_for(spec), inv_freq, offset)
+    return out.transpose(1, 2).contiguous()
 
 
 def register() -> None:
