@@ -64,11 +64,11 @@ for w, g in ((4096, 8), (6144, 6), (6144, 16)):
 
 # The demo grid (README): rope-only methods at s = N / L, attention methods with the knobs
 # chosen on the tune text (long_context.md); "auto" fits leak / group size to each length.
-LENGTHS = "16k,32k"            # 2x and 4x: where the sliding baseline applies
+LENGTHS = (16384, 32768)       # 2x and 4x: where the sliding baseline applies
 ROPE_ONLY = ("ntk", "yarn")     # the best rope-only methods at 2x (yarn) and 4x (ntk) on the plays
 ATTENTION = {"rerope": {"window": 6144, "logn": "false"},     # log-n hurt on the tune text
              "leaky_rerope": {"window": 6144, "leak": "auto", "logn": "false"},
-             "self_extend": {"window": 4096, "group_size": "auto"},
+             "self_extend": {"window": 6144, "group_size": "auto"},
              "dual_chunk": {}}
 
 
@@ -86,7 +86,7 @@ def text_tokens(name: str, tokenizer) -> list[int]:
     return tokenizer(path.read_text(), verbose=False)["input_ids"]
 
 
-def grid_argv(command: str, dataset: str | None, out: Path, methods, lengths: str = LENGTHS) -> list[str]:
+def grid_argv(command: str, dataset: str | None, out: Path, methods, lengths: str) -> list[str]:
     """The `hf-posext` command line of a step: the library's own grid, nothing re-implemented."""
     knobs = ",".join(f"{m}:{k}={v}" for m in methods if m in ATTENTION for k, v in ATTENTION[m].items())
     argv = [command, "--dtype", "float32", *(["--dataset", dataset] if dataset else []),
@@ -220,7 +220,8 @@ def main(argv=None) -> int:
     p.add_argument("--config", default="leaky_rerope_w4096_k3", choices=list(CONFIGS))
     p.add_argument("--configs", nargs="*", default=["none", "leaky_rerope_w4096_k3",
                    "leaky_rerope_w4096_k3_logn", "leaky_rerope", "self_extend", "dual_chunk"])
-    p.add_argument("--lengths", type=int, nargs="*", default=[16384, 32768])
+    p.add_argument("--lengths", type=int, nargs="*", default=None,
+                   help="tokens (default: 16384 32768; tune 16384; passkey 8192 16384 32768)")
     p.add_argument("--seeds", default="1", help="passkey: seeds (count or list)")
     p.add_argument("--depths", default="0.1,0.5,0.9", help="passkey: depths")
     p.add_argument("--threads", type=int, default=2)
@@ -228,6 +229,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3, help="cost: interleaved repetitions")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    args.lengths = args.lengths or {"tune": [16384], "passkey": [8192, *LENGTHS]}.get(args.step, list(LENGTHS))
     if args.step == "tune":
         sliding_cells("tune", args.lengths)
         for config in args.configs:
@@ -236,16 +238,17 @@ def main(argv=None) -> int:
         methods = args.methods.split(",") if args.methods else [*ROPE_ONLY, *ATTENTION]
         dataset = "embedded:shakespeare/hamlet" if args.step == "demo" else str(code_path())
         out = args.out or EVAL_DIR / ("long-context" if args.step == "demo" else "long-context-code")
-        run_cli(grid_argv("eval", dataset, out, methods))
+        run_cli(grid_argv("eval", dataset, out, methods, ",".join(map(str, args.lengths))))
     elif args.step == "passkey":
         methods = args.methods.split(",") if args.methods else list(ATTENTION)
-        run_cli(grid_argv("passkey", None, args.out or EVAL_DIR / "long-context-passkey",
-                          methods) + ["--depths", args.depths, "--seeds", args.seeds])
+        run_cli(grid_argv("passkey", None, args.out or EVAL_DIR / "long-context-passkey", methods,
+                          ",".join(map(str, args.lengths))) + ["--depths", args.depths, "--seeds", args.seeds])
     elif args.step == "cost":
         cost_cells(args.config, args.layers, args.reps)
     else:
-        from long_context_report import write_report
+        from long_context_report import update_readme, write_report
         write_report(RESULTS, HERE / "results" / "long_context.md")
+        update_readme(ROOT / "README.md")
     return 0
 
 

@@ -22,7 +22,9 @@ def _rows(folder: Path, name: str) -> list[dict]:
 def _label(r: dict) -> str:
     if r["protocol"] == "baseline":
         return "none, sliding 8k window (stride 2k)"
-    knobs = f" ({r['knobs'].replace(',', ', ')})" if r.get("knobs") else ""
+    # rows written before booleans were spelled out read logn=0 / logn=1
+    text = r.get("knobs", "").replace("logn=0", "logn=false").replace("logn=1", "logn=true")
+    knobs = f" ({text.replace(',', ', ')})" if text else ""
     return ("none (unpatched)" if r["method"] == "none" else r["method"]) + knobs
 
 
@@ -105,6 +107,16 @@ def _passkey(rows: list[dict]) -> list[str]:
         out.append(f"| {_label({**r, 'protocol': 'truncate'})} | {int(r['length']):,} | {r['depth']} | "
                    f"{r['correct']} / {r['trials']} |")
     return out
+
+
+def update_readme(readme: Path) -> None:
+    """Put the demo table between the README's `<!-- demo-table -->` markers."""
+    rows = _rows(EVAL_DIR / "long-context", "perplexity")
+    text = readme.read_text()
+    start, end = "<!-- demo-table: python benchmarks/long_context.py report -->", "<!-- /demo-table -->"
+    if rows and start in text:
+        head, rest = text.split(start, 1)
+        readme.write_text(head + start + "\n" + demo_table(rows) + "\n" + end + rest.split(end, 1)[1])
 
 
 def write_report(src: Path, dst: Path) -> str:

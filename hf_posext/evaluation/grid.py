@@ -265,8 +265,11 @@ def _row(job: Job, base_row: dict, identity: dict, result: dict, copied: Sequenc
 
 
 def _knob_text(knobs: Mapping) -> str:
-    return ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
-                    for k, v in sorted(knobs.items()))
+    def text(v):
+        if isinstance(v, bool):                  # before int: True is an int
+            return str(v).lower()
+        return f"{v:g}" if isinstance(v, (int, float)) else str(v)
+    return ",".join(f"{k}={text(v)}" for k, v in sorted(knobs.items()))
 
 
 def _save(store, ranks: Ranks, row: dict) -> None:
