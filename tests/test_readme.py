@@ -38,3 +38,19 @@ def test_quickstart_runs_as_written(tmp_path, monkeypatch, capsys):
 def test_ci_runs_the_readme_test_command():
     command = re.search(r"^(make test)\s+# the test command", README, re.M).group(1)
     assert command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_demo_table_is_the_benchmark_report():
+    """The long-context demo table in the README is computed from the committed results of
+    `python benchmarks/long_context.py demo` by the benchmark's report, never typed in."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("long_context_report",
+                                                  ROOT / "benchmarks" / "long_context_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    rows = json.loads((ROOT / "docs" / "results" / "eval" / "long-context" / "perplexity.json").read_text())["rows"]
+    assert {int(r["length"]) for r in rows} == {16384, 32768}
+    assert report.demo_table(rows) in README
+    assert report.demo_table(rows) in (ROOT / "benchmarks" / "results" / "long_context.md").read_text()
