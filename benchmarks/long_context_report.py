@@ -6,6 +6,7 @@ README's demo table (tests/test_readme_tables.py keeps the two equal)."""
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -65,6 +66,50 @@ def demo_table(rows: list[dict]) -> str:
                         else f"{ratio:.3f}")
         out.append("| " + " | ".join(line) + " |")
     return "\n".join(out)
+
+
+def plot_ratios(rows: list[dict], path: Path, title: str) -> Path | None:
+    """Ratio to the sliding baseline vs length, one line per method, the baseline at 1 and the
+    issue's targets marked; the unpatched model (ratio 2 and more) is left out and named."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, cells = _cells(_with_ratios(rows))
+    lines = [(label, [(n, cells[(label, n)]["ratio"]) for n in LENGTHS if "ratio" in cells.get((label, n), {})])
+             for label in labels if not label.startswith("none")]
+    lines = [(label, pts) for label, pts in lines if pts]
+    if not lines:
+        return None
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    for i, (label, pts) in enumerate(lines):
+        rope_only = label.split(" ")[0] in ("ntk", "yarn", "linear", "dynamic_ntk")
+        ax.plot(*zip(*pts), marker="osD^vP*X"[i % 8], markersize=8, linewidth=1.6,
+                linestyle="--" if rope_only else "-", label=label + (" (rope only)" if rope_only else ""))
+    ax.axhline(1.0, color="black", linewidth=2, label="unpatched, sliding 8k window (stride 2k)")
+    ax.plot(list(TARGETS), list(TARGETS.values()), linestyle="none", marker="_", markersize=18,
+            markeredgewidth=2.5, color="crimson", label="target (issue #9)")
+    none = [f"{_fmt(n)}: {cells[(l, n)]['ratio']:.1f}" for l in labels if l.startswith("none (")
+            for n in LENGTHS if "ratio" in cells.get((l, n), {})]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(LENGTHS, [_fmt(n) for n in LENGTHS])
+    ax.minorticks_off()
+    ax.set_xlim(LENGTHS[0] / 1.25, LENGTHS[-1] * 1.25)
+    ax.set_xlabel("tokens read in one forward")
+    ax.set_ylabel("perplexity / sliding-window perplexity")
+    note = ("not shown: the unpatched model reading all tokens in one forward (" + ", ".join(none) + ")"
+            if none else "")
+    ax.set_title("\n".join(textwrap.fill(t, 75) for t in (title, note) if t), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _fmt(n: int) -> str:
+    return f"{n // 1024}k"
 
 
 def _targets(rows: list[dict], text: str) -> list[str]:
@@ -158,6 +203,11 @@ def write_report(src: Path, dst: Path) -> str:
                 f"{r['method_seconds_16k']} | {r['time_ratio_16k']} (medians) | ≤ 3 |",
                 f"| peak RSS increase MB, 32,768-token forward | {r['sdpa_peak_increase_mb_32k']} | "
                 f"{r['method_peak_increase_mb_32k']} | — | ≤ 4,096 |"]
+    if demo:
+        plot_ratios(demo, dst.parent / "long_context_ratio.png",
+                    "Hamlet, SmolLM2-135M (trained 8k), float32: perplexity over the first N tokens "
+                    "relative to the unpatched model's sliding 8k window (below 1: reading more helps)")
+        out += ["", "![ratio to sliding](long_context_ratio.png)"]
     text = "\n".join(out) + "\n"
     dst.write_text(text)
     print(text)

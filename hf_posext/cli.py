@@ -227,6 +227,7 @@ def run_eval(args, ranks) -> int:
     from .evaluation.data import TextSource, TokenCache, load_documents, select_documents
     from .evaluation.perplexity import PROTOCOLS, evaluate_perplexity
     from .evaluation.results import plot_perplexity, print_table
+    from .documents import is_embedded, looks_like_path
 
     methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
     factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
@@ -290,7 +291,10 @@ def run_eval(args, ranks) -> int:
     if not ranks.is_main:
         return 0
     out = store.out
-    caption = f"{args.model} ({rows[0]['dtype']}) on {source.label}, {len(docs.docs)} doc(s)"
+    # a local path by its file name: the whole path would run off the plot's title
+    where = source.label if is_embedded(source.dataset) or not looks_like_path(source.dataset) \
+        else Path(source.dataset).name
+    caption = f"{args.model} ({rows[0]['dtype']}) on {where}, {len(docs.docs)} doc(s)"
     for protocol in protocols:
         part = [r for r in rows if r["protocol"] == protocol or
                 (protocol == "truncate" and r["protocol"] == "baseline")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -151,7 +152,8 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
     ax.set_ylim(ticks[0] / pad, ticks[-1] * pad)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity (log scale)")
-    ax.set_title(title, fontsize=10)
+    # wrapped: a long caption (model, dataset) would otherwise run off the figure
+    ax.set_title("\n".join(textwrap.fill(line, 70) for line in title.splitlines()), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
