@@ -192,7 +192,9 @@ def write_report(src: Path, dst: Path) -> str:
             *_passkey(_rows(EVAL_DIR / "long-context-passkey", "passkey"))]
     earlier = _earlier(bench)
     if earlier:
-        out += ["", "## Earlier runs: Hamlet, float32, knobs fixed by hand (before the tune step)", "", *earlier]
+        out += ["", "## Earlier runs: Hamlet, float32, knobs fixed by hand before the tune step", "",
+                "Made by the `sliding` / `method` steps of commit 9664884 (since replaced by `demo`, "
+                "which runs hf-posext's own grid); kept as what was tried.", "", *earlier]
     cost = [r for r in bench if r["step"] == "cost"]
     if cost:
         r = cost[-1]
