@@ -71,13 +71,15 @@ def _row_padding(spec, position_ids, keep, offset: int, B: int, Q: int) -> list[
     if not any(shift):
         return None
     for b, p in enumerate(shift):
-        if p < 0 or (p and (keep is None or bool(keep[b, :, :, :p].any()))):
-            raise ValueError(f"{spec.method}: position_ids of row {b} put key index {offset + Q - 1} "
-                             f"at position {offset + Q - 1 - p}, but only left padding (masked keys before the row's "
-                             "first real token, position_ids = cumsum(attention_mask) − 1) can "
-                             "shift positions. Pass position_ids that count from the first real token "
-                             "(`generate` infers a mask from pad_token_id when none is given: pass "
-                             "attention_mask if the pad token also occurs inside a prompt).")
+        real = max(0, p - offset)   # the row's first real query (earlier ones are padding)
+        if p < 0 or (p and (keep is None or bool(keep[b, :, real:, :p].any()))):
+            raise ValueError(
+                f"{spec.method}: position_ids of row {b} put key index {offset + Q - 1} at position "
+                f"{offset + Q - 1 - p}, but only left padding (masked keys before the row's first "
+                "real token, position_ids = cumsum(attention_mask) − 1) can shift positions. Pass "
+                "position_ids that count from the first real token (`generate` infers a mask from "
+                "pad_token_id when none is given: pass attention_mask if the pad token also occurs "
+                "inside a prompt).")
     return shift
 
 
