@@ -158,7 +158,7 @@ def _passkey(rows: list[dict]) -> list[str]:
     out = ["| method | tokens | depth | correct / seeds |", "|---|---|---|---|"]
     for r in rows:
         out.append(f"| {_label({**r, 'protocol': 'truncate'})} | {int(r['length']):,} | {r['depth']} | "
-                   f"{r['correct']} / {r['trials']} |")
+                   f"{r['correct']} / {r['seeds']} |")
     return out
 
 
