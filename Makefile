@@ -33,7 +33,7 @@ test-tf4:
 
 # The main demo: does longer context help? Rope-only and attention-level methods vs the unpatched
 # model with a sliding 8k window, Hamlet at 8k/16k/32k on the embedded SmolLM2-135M (prints the
-# hf-posext eval command it runs; float32; about an hour on 2 cores).
+# hf-posext eval command it runs; float32; about 2 h on 2 cores).
 demo: install
 	$(BIN)/python benchmarks/long_context.py demo --out results/demo
 

@@ -1,7 +1,7 @@
 """benchmarks/results/long_context.md from the benchmark's own rows (results/long_context.json:
 tune and cost) and the `hf-posext eval` / `passkey` results folders it wrote (demo, code,
 passkey). Every figure is computed here from the rows, never typed in; `demo_table` is also the
-README's demo table (tests/test_readme_tables.py keeps the two equal)."""
+README's demo table (tests/test_readme.py keeps the two equal)."""
 
 from __future__ import annotations
 
