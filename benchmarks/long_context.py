@@ -32,6 +32,7 @@ import torch
 
 import hf_posext
 from hf_posext import embedded
+from hf_posext.documents import load_documents
 from hf_posext.evaluation.loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
 from hf_posext.evaluation.perplexity import sliding_windows
 
@@ -77,13 +78,12 @@ def code_path() -> Path:
     return Path(torch.__file__).parent / "_refs" / "__init__.py"
 
 
+TEXTS = {"tune": "embedded:shakespeare/king-lear"}  # the evaluation texts go through `hf-posext eval`
+
+
 def text_tokens(name: str, tokenizer) -> list[int]:
-    if name == "code":
-        path = code_path()
-    else:
-        stem = {"plays": "hamlet", "tune": "king-lear"}[name]
-        path = next(p for p in embedded.play_paths() if p.stem == stem)
-    return tokenizer(path.read_text(), verbose=False)["input_ids"]
+    doc, = load_documents(TEXTS[name])
+    return tokenizer(doc.text, verbose=False)["input_ids"]
 
 
 def grid_argv(command: str, dataset: str | None, out: Path, methods, lengths: str) -> list[str]:

