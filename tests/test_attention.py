@@ -190,6 +190,32 @@ def test_generate_with_cache_equals_without(tokens):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("method,knobs", CASES)
+def test_static_cache_generate_equals_dynamic_cache(arch, tokens, method, knobs):
+    """A static cache passes all max_cache_len key slots, the unfilled tail masked (or, at a 5.x
+    prefill, no mask at all): the same greedy tokens as the dynamic cache, whose keys are exact."""
+    model = hf_posext.patch(tiny_model(arch, attn_implementation="sdpa"), method, 3.0, **knobs)
+    prompt = tokens[:1, :120].clamp(min=1)  # 0 is the pad token: generate would mask it
+    a = model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    b = model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                       cache_implementation="static")
+    assert torch.equal(a, b)
+
+
+def test_static_cache_with_left_padding_equals_each_row_alone(tokens):
+    model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "self_extend",
+                            window=16, group_size=4, logn=True)
+    tokens = tokens.clamp(min=1)
+    short = tokens[1, 51:150]
+    batch = torch.stack([tokens[0, :150], torch.cat([torch.zeros(51, dtype=torch.long), short])])
+    mask = torch.ones_like(batch)
+    mask[1, :51] = 0
+    both = model.generate(batch, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                          pad_token_id=0, cache_implementation="static")
+    alone = model.generate(short[None], max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(both[1, 51:], alone[0])
+
+
 def test_unpatch_restores_and_nothing_leaks(arch, tokens):
     model, other = tiny_model(arch, attn_implementation="sdpa"), tiny_model(arch, attn_implementation="sdpa")
     before, before_config = logits(model, tokens), model.config.to_dict()

@@ -9,6 +9,9 @@ is transformers' own SDPA mask (None when there is no padding, else a bool [B, 1
 Queries and keys arrive rotated by the model's plain RoPE at their positions; the kernel
 re-rotates them by the difference to the method's positions (exact, R(a)·R(b) = R(a+b)).
 Positions: keys 0..K−1 in the cache, queries K−Q..K−1 (a dynamic cache; the usual case). A
+static cache hands over all of its max_cache_len slots, the unfilled tail masked (or, at a 5.x
+prefill of an empty cache without padding, no mask: SDPA's upper-left `is_causal`), so the keys
+no query can see are dropped first (`_seen_keys`). A
 left-padded row that the model positions from its first real token (`position_ids` =
 cumsum(mask) − 1, as `generate` does) has real positions index − p (p = its padding): the
 methods whose maps depend on absolute positions (Self-Extend's ⌊i/G⌋, Dual Chunk's chunks,
@@ -59,6 +62,19 @@ def _keep_mask(attention_mask, Q: int, K: int):
     return m > torch.finfo(m.dtype).min / 2
 
 
+def _seen_keys(keep, Q: int, K: int) -> int:
+    """How many leading key slots the queries can see: K, except under a static cache, whose
+    unfilled tail would otherwise be taken for the keys just before the queries (and re-rotated as
+    if it were). With a mask: up to the last key the last query sees (a real token under left
+    padding; causal, so no earlier query sees further). Without one and 1 < Q < K:
+    transformers' SDPA runs `is_causal` upper-left, query t on key t, "only during prefill with an
+    empty StaticCache" (integrations/sdpa_attention.py, which slices keys to Q the same way)."""
+    if keep is None:
+        return Q if 1 < Q < K else K
+    seen = keep[..., -1, :].reshape(-1, keep.shape[-1]).any(0).nonzero()
+    return int(seen.max()) + 1 if len(seen) else K
+
+
 def _row_padding(spec, position_ids, keep, offset: int, B: int, Q: int) -> list[int] | None:
     """Per-row shift p = index − real position of the queries (None when every row starts at
     0, or when the method only sees i − j), checked against the padding mask."""
@@ -91,9 +107,14 @@ def hf_posext_attention(module, query, key, value, attention_mask, dropout: floa
         raise NotImplementedError("hf_posext's attention methods are training-free; attention "
                                   "dropout is not supported. Call model.eval().")
     B, Q, K = query.shape[0], query.shape[2], key.shape[2]
-    offset = K - Q
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     keep = _keep_mask(attention_mask, Q, K)
+    seen = _seen_keys(keep, Q, K)
+    if seen < K:       # a static cache's unfilled tail: [B, H, K, D] -> [B, H, seen, D]
+        key, value, K = key[:, :, :seen], value[:, :, :seen], seen
+        keep = None if keep is None else keep[..., :seen]
+        attention_mask = None if attention_mask is None else attention_mask[..., :seen]
+    offset = K - Q
     shifts = _row_padding(spec, kwargs.get("position_ids"), keep, offset, B, Q)
     if shifts is None:
         return _attention(module, spec, query, key, value, attention_mask, keep, scaling, offset,
