@@ -98,6 +98,30 @@ def test_results_resume_and_heatmap(tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_later_run_with_more_lengths_and_depths_resumes_the_cells_already_there(tmp_path):
+    model = _stub(True)
+    kw = dict(methods=[], seeds=[0], progress=False)
+    with ResultsStore(tmp_path, "passkey") as store:
+        first = evaluate_passkey(model, model.tok, store=store, lengths=[400], depths=[0.5], **kw)
+    assert len(model.seen) == 1
+    with ResultsStore(tmp_path, "passkey", resume=True) as store:
+        rows = evaluate_passkey(model, model.tok, store=store, lengths=[400, 800],
+                                depths=[0.0, 0.5], **kw)
+    assert len(model.seen) == 1 + 3            # only the three new cells decoded
+    assert len(rows) == 4 and first[0] in rows
+
+
+def test_the_data_hash_follows_the_prompt_pieces():
+    tok = char_tokenizer()
+    model = _stub(True)
+    a = evaluate_passkey(model, tok, methods=[], lengths=[400], depths=[0.5], seeds=[0], progress=False)
+    with pytest.MonkeyPatch.context() as mp:   # another filler: other prompts, another data hash
+        mp.setattr("hf_posext.evaluation.passkey.FILLER", "Grass is green. " * 4 + "\n")
+        b = evaluate_passkey(model, tok, methods=[], lengths=[400], depths=[0.5], seeds=[0],
+                             progress=False)
+    assert a[0]["data_hash"] != b[0]["data_hash"]
+
+
 def test_cells_with_identical_rope_reuse_answers():
     """Below the trained length every method at s = 1 encodes positions exactly as the
     unpatched model, so its answers are copied; with reuse off they are recomputed, equal."""

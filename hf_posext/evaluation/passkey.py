@@ -61,6 +61,17 @@ def build_prompt(tokenizer, length: int, depth: float, key: int) -> PasskeyPromp
     return PasskeyPrompt(ids, key, start)
 
 
+def prompt_fingerprint(tokenizer) -> str:
+    """The data hash of a passkey run: the pieces `build_prompt` assembles, as this tokenizer
+    encodes them. A prompt is a function of these, the length, the depth and the key, and the
+    last three are in each cell's key; so the hash does not depend on which other cells a run
+    asks for, and a later run with more lengths or depths resumes the cells already there."""
+    enc = lambda text, special=False: tokenizer(text, add_special_tokens=special)["input_ids"]
+    pieces = [enc(PREFIX, special=True), enc(FILLER), enc(QUESTION),
+              *(enc(NEEDLE.format(key=k)) for k in (10000, 12345, 67890, 99999))]
+    return hashlib.sha256(repr(pieces).encode()).hexdigest()[:12]
+
+
 def first_number(text: str) -> int | None:
     m = re.search(r"\d+", text)
     return int(m.group()) if m else None
@@ -111,9 +122,8 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
     cells = passkey_cells(methods, lengths, depths, seeds, factors, trained, knobs)
     prompts = {(n, d): [build_prompt(tokenizer, n, d, passkey_for_seed(seed)) for seed in seeds]
                for n in set(lengths) for d in {c.extra["depth"] for c in cells}}
-    h = hashlib.sha256(repr([(k, [p.input_ids for p in v]) for k, v in sorted(prompts.items())]).encode())
     identity = run_identity(model, fingerprint=fingerprint, device=device,
-                            data_hash=h.hexdigest()[:12])
+                            data_hash=prompt_fingerprint(tokenizer))
     base_row = {"model": model_name, "trained_length": trained}
 
     def forward_lengths(cell: Cell) -> list[int]:
