@@ -156,10 +156,18 @@ def _earlier(rows: list[dict]) -> list[str]:
 def _passkey(rows: list[dict]) -> list[str]:
     if not rows:
         return ["Not run."]
-    out = ["| method | tokens | depth | correct / seeds |", "|---|---|---|---|"]
+    out = ["| method | tokens | depth | correct / seeds | answer |", "|---|---|---|---|---|"]
+    seen = set()
+    rows = sorted(rows, key=lambda r: (r["method"] != "none", r["method"], int(r["length"]), r["depth"]))
     for r in rows:
-        out.append(f"| {_label({**r, 'protocol': 'truncate'})} | {int(r['length']):,} | {r['depth']} | "
-                   f"{r['correct']} / {r['seeds']} |")
+        # Runs before the passkey data hash covered only the prompt pieces decoded the same
+        # prompt again (same key, length, depth): one line per distinct cell and answer.
+        label = _label({**r, "protocol": "truncate"})
+        cell = (label, int(r["length"]), r["depth"], r["seeds_list"], r["answers"])
+        if cell not in seen:
+            seen.add(cell)
+            out.append(f"| {label} | {int(r['length']):,} | {r['depth']} | {r['correct']} / "
+                       f"{r['seeds']} | {r['outputs'].replace('|', '/')} |")
     return out
 
 
