@@ -291,6 +291,7 @@ def run_eval(args, ranks) -> int:
     if not ranks.is_main:
         return 0
     out = store.out
+    rows = _folder_rows(store.rows, rows)
     # a local path by its file name: the whole path would run off the plot's title
     where = source.label if is_embedded(source.dataset) or not looks_like_path(source.dataset) \
         else Path(source.dataset).name
@@ -307,6 +308,19 @@ def run_eval(args, ranks) -> int:
             print(f"plot: {path}")
     print(f"results: {store.csv_path} and {store.json_path}")
     return 0
+
+
+def _series(row: dict) -> tuple:
+    return (row["method"], row.get("factor_spec"), row.get("knobs", ""), row["protocol"],
+            row.get("seeds_list"), row.get("data_hash"))
+
+
+def _folder_rows(stored: list[dict], rows: list[dict]) -> list[dict]:
+    """What the table and plots show: every row in the folder of the series this run asked for
+    (same method, factor, knobs, protocol, seeds and data), so a resumed run with other lengths
+    or depths draws them all rather than overwriting a plot with its own cells only."""
+    wanted = {_series(r) for r in rows}
+    return [r for r in stored if _series(r) in wanted]
 
 
 def run_passkey(args, ranks) -> int:
@@ -334,6 +348,7 @@ def run_passkey(args, ranks) -> int:
             store.close()
     if not ranks.is_main:
         return 0
+    rows = _folder_rows(store.rows, rows)
     # The table: accuracy averaged over depths, per method and length.
     summary = {}
     for r in rows:

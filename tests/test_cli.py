@@ -161,6 +161,35 @@ def test_passkey_end_to_end(model_dir, capsys, tmp_path):
     assert (out / "passkey_none.png").exists() and (out / "passkey_ntk.png").exists()
 
 
+def test_a_resumed_run_draws_every_row_of_its_series(model_dir, text_file, capsys, tmp_path,
+                                                     monkeypatch):
+    """A later run with other lengths plots (and tabulates) the folder's rows of its series, not
+    its own cells only; rows of other knobs stay out."""
+    import hf_posext.evaluation.results as results
+    drawn = {}
+    monkeypatch.setattr(results, "plot_passkey_heatmap",
+                        lambda rows, path, title: drawn.setdefault(path.name, []).append(rows))
+    monkeypatch.setattr(results, "plot_perplexity",
+                        lambda rows, path, title: drawn.setdefault(path.name, []).append(rows))
+    pk = ["passkey", "--model", str(model_dir), "--methods", "ntk", "--depths", "1", "--seeds", "1",
+          "--out", str(tmp_path / "pk"), "--no-progress", "--resume"]
+    assert cli.main(pk + ["--lengths", "400"]) == 0
+    assert cli.main(pk + ["--lengths", "500"]) == 0
+    last = drawn["passkey_ntk.png"][-1]
+    assert sorted(r["length"] for r in last) == [400, 500]
+    ev = ["eval", "--model", str(model_dir), "--dataset", str(text_file), "--column", "body",
+          "--methods", "self_extend", "--max-docs", "1", "--out", str(tmp_path / "ev"),
+          "--no-progress", "--resume", "--cache-dir", str(tmp_path / "cache")]
+    assert cli.main(ev + ["--lengths", "96", "--knobs", "self_extend:window=16"]) == 0
+    assert cli.main(ev + ["--lengths", "128", "--knobs", "self_extend:window=16"]) == 0
+    assert cli.main(ev + ["--lengths", "128", "--knobs", "self_extend:window=32"]) == 0
+    capsys.readouterr()
+    second, third = drawn["perplexity_truncate.png"][-2:]
+    assert sorted((r["method"], r["length"]) for r in second if r["protocol"] == "truncate") == \
+        [("none", 96), ("none", 128), ("self_extend", 96), ("self_extend", 128)]
+    assert {r["knobs"] for r in third if r["method"] == "self_extend"} == {"window=32"}
+
+
 def test_version_and_model_keyword_arguments(model_dir, capsys, tmp_path):
     import hf_posext
     with pytest.raises(SystemExit) as exc:
