@@ -202,6 +202,17 @@ def test_static_cache_generate_equals_dynamic_cache(arch, tokens, method, knobs)
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("method,knobs", CASES)
+def test_right_padding_in_every_row_matches_each_row_alone(tokens, method, knobs):
+    """Trailing columns no query sees are padding here, not a static cache's empty slots."""
+    model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), method, 3.0, **knobs)
+    mask = torch.ones_like(tokens)
+    mask[0, 180:], mask[1, 150:] = 0, 0
+    batch = logits(model, tokens, attention_mask=mask)
+    torch.testing.assert_close(batch[0, :180], logits(model, tokens[:1, :180])[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(batch[1, :150], logits(model, tokens[1:, :150])[0], rtol=1e-4, atol=1e-4)
+
+
 def test_static_cache_with_left_padding_equals_each_row_alone(tokens):
     model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "self_extend",
                             window=16, group_size=4, logn=True)

@@ -63,16 +63,27 @@ def _keep_mask(attention_mask, Q: int, K: int):
 
 
 def _seen_keys(keep, Q: int, K: int) -> int:
-    """How many leading key slots the queries can see: K, except under a static cache, whose
-    unfilled tail would otherwise be taken for the keys just before the queries (and re-rotated as
-    if it were). With a mask: up to the last key the last query sees (a real token under left
-    padding; causal, so no earlier query sees further). Without one and 1 < Q < K:
-    transformers' SDPA runs `is_causal` upper-left, query t on key t, "only during prefill with an
-    empty StaticCache" (integrations/sdpa_attention.py, which slices keys to Q the same way)."""
+    """How many leading key slots hold the cache up to the last query: K, except under a static
+    cache, whose unfilled tail would otherwise be taken for the keys just before the queries
+    (and re-rotated as if it were). Without a mask and 1 < Q < K: transformers' SDPA runs
+    `is_causal` upper-left, query t on key t, "only during prefill with an empty StaticCache"
+    (integrations/sdpa_attention.py, which slices the keys to Q the same way)."""
     if keep is None:
         return Q if 1 < Q < K else K
-    seen = keep[..., -1, :].reshape(-1, keep.shape[-1]).any(0).nonzero()
-    return int(seen.max()) + 1 if len(seen) else K
+    if bool(keep[..., -1, -1].any()):
+        return K        # the last query sees the last slot: nothing after it (the usual case)
+    # Trailing columns no query sees are either a static cache's unfilled slots or right
+    # padding (slots that are queries themselves). Query t sits at slot e − (Q − 1 − t), where e
+    # is the last query's slot; it sees at most its own slot, and exactly it when it is a real
+    # token. So e = max over rows and queries of (last slot seen + Q − 1 − t).
+    e, slots = -1, torch.arange(K, device=keep.device)
+    for a in range(0, Q, 256):          # [B, 1, C, K] at a time: the full mask may be large
+        blk = keep[..., a:a + 256, :]
+        last = torch.where(blk, slots, -1).amax(-1)                     # [B, 1, C]
+        t = torch.arange(a, a + blk.shape[-2], device=keep.device)
+        reach = torch.where(last >= 0, last + (Q - 1 - t), -1)
+        e = max(e, int(reach.max()))
+    return e + 1 if e >= 0 else K
 
 
 def _row_padding(spec, position_ids, keep, offset: int, B: int, Q: int) -> list[int] | None:
