@@ -42,13 +42,16 @@ class PasskeyPrompt:
     needle_start: int  # token index where the needle begins
 
 
+def _encode(tokenizer, text: str, special: bool = False) -> list[int]:
+    return tokenizer(text, add_special_tokens=special)["input_ids"]
+
+
 def build_prompt(tokenizer, length: int, depth: float, key: int) -> PasskeyPrompt:
     """A prompt of at most `length` tokens with the needle after round(depth·k) filler blocks."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be between 0 and 1 (a fraction of the filler), got {depth}")
-    enc = lambda text, special=False: tokenizer(text, add_special_tokens=special)["input_ids"]
-    prefix, filler = enc(PREFIX, special=True), enc(FILLER)
-    needle, question = enc(NEEDLE.format(key=key)), enc(QUESTION)
+    prefix, filler = _encode(tokenizer, PREFIX, special=True), _encode(tokenizer, FILLER)
+    needle, question = _encode(tokenizer, NEEDLE.format(key=key)), _encode(tokenizer, QUESTION)
     fixed = len(prefix) + len(needle) + len(question)
     k = (length - fixed) // len(filler)
     if k < 1:
@@ -66,9 +69,9 @@ def prompt_fingerprint(tokenizer) -> str:
     encodes them. A prompt is a function of these, the length, the depth and the key, and the
     last three are in each cell's key; so the hash does not depend on which other cells a run
     asks for, and a later run with more lengths or depths resumes the cells already there."""
-    enc = lambda text, special=False: tokenizer(text, add_special_tokens=special)["input_ids"]
-    pieces = [enc(PREFIX, special=True), enc(FILLER), enc(QUESTION),
-              *(enc(NEEDLE.format(key=k)) for k in (10000, 12345, 67890, 99999))]
+    pieces = [_encode(tokenizer, PREFIX, special=True), _encode(tokenizer, FILLER),
+              _encode(tokenizer, QUESTION),
+              *(_encode(tokenizer, NEEDLE.format(key=k)) for k in (10000, 12345, 67890, 99999))]
     return hashlib.sha256(repr(pieces).encode()).hexdigest()[:12]
 
 
