@@ -9,6 +9,8 @@ import json
 import textwrap
 from pathlib import Path
 
+from hf_posext.evaluation.results import format_length
+
 HERE = Path(__file__).resolve().parent
 EVAL_DIR = HERE.parent / "docs" / "results" / "eval"
 LENGTHS = (16384, 32768)
@@ -90,10 +92,10 @@ def plot_ratios(rows: list[dict], path: Path, title: str) -> Path | None:
     ax.axhline(1.0, color="black", linewidth=2, label="unpatched, sliding 8k window (stride 2k)")
     ax.plot(list(TARGETS), list(TARGETS.values()), linestyle="none", marker="_", markersize=18,
             markeredgewidth=2.5, color="crimson", label="target (issue #9)")
-    none = [f"{_fmt(n)}: {cells[(l, n)]['ratio']:.1f}" for l in labels if l.startswith("none (")
+    none = [f"{format_length(n)}: {cells[(l, n)]['ratio']:.1f}" for l in labels if l.startswith("none (")
             for n in LENGTHS if "ratio" in cells.get((l, n), {})]
     ax.set_xscale("log", base=2)
-    ax.set_xticks(LENGTHS, [_fmt(n) for n in LENGTHS])
+    ax.set_xticks(LENGTHS, [format_length(n) for n in LENGTHS])
     ax.minorticks_off()
     ax.set_xlim(LENGTHS[0] / 1.25, LENGTHS[-1] * 1.25)
     ax.set_xlabel("tokens read in one forward")
@@ -107,10 +109,6 @@ def plot_ratios(rows: list[dict], path: Path, title: str) -> Path | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def _fmt(n: int) -> str:
-    return f"{n // 1024}k"
 
 
 def _targets(rows: list[dict], text: str) -> list[str]:

@@ -10,13 +10,13 @@ from typing import Sequence
 from .store import ResultsStore  # noqa: F401  (its historical home; kept importable from here)
 
 
-def _fmt_len(n: int) -> str:
+def format_length(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)
 
 
 def _series_label(row: dict) -> str:
     if row.get("protocol") == "baseline":
-        return f"none, sliding {_fmt_len(int(row['window']))} window (stride {_fmt_len(int(row['stride']))})"
+        return f"none, sliding {format_length(int(row['window']))} window (stride {format_length(int(row['stride']))})"
     if row["method"] == "none":
         return "none"
     spec = row.get("factor_spec", "")
@@ -52,9 +52,9 @@ def _grid(rows: Sequence[dict], value: str) -> tuple[list[str], list[list[str]]]
             ratio = cells.get((label, ratio_at), {}).get("ratio_to_sliding")
             line.append("—" if ratio is None else f"{ratio:.3f}")
         body.append(line)
-    head = ["method"] + [_fmt_len(n) for n in lengths]
+    head = ["method"] + [format_length(n) for n in lengths]
     if ratio_at is not None and value == "perplexity":
-        head.append(f"ratio to sliding @{_fmt_len(ratio_at)}")
+        head.append(f"ratio to sliding @{format_length(ratio_at)}")
     return head, body
 
 
@@ -138,10 +138,10 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
                 linewidth=1.6, label=label, alpha=0.9)
     for t in {int(r["trained_length"]) for r in rows if r.get("trained_length")}:
         ax.axvline(t, color="grey", linestyle=":", linewidth=1)
-        ax.text(t, 0.98, f" trained {_fmt_len(t)}", transform=ax.get_xaxis_transform(),
+        ax.text(t, 0.98, f" trained {format_length(t)}", transform=ax.get_xaxis_transform(),
                 va="top", color="grey", fontsize=9)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [_fmt_len(n) for n in lengths])
+    ax.set_xticks(lengths, [format_length(n) for n in lengths])
     ax.xaxis.set_minor_locator(NullLocator())
     values = [r["perplexity"] for r in rows if r.get("perplexity")]
     ax.set_yscale("log")
@@ -186,7 +186,7 @@ def plot_passkey_heatmap(rows: Sequence[dict], path: str | Path, title: str = ""
                 dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
                 ax.text(j, i, f"{grid[i][j]:.0%}", ha="center", va="center", fontsize=11,
                         color="white" if dark else "black", fontweight="bold")
-    ax.set_xticks(range(len(lengths)), [_fmt_len(n) for n in lengths], fontsize=10)
+    ax.set_xticks(range(len(lengths)), [format_length(n) for n in lengths], fontsize=10)
     ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=10)
     ax.set_xlabel("context length (tokens)", fontsize=10)
     ax.set_ylabel("key depth (0% = start)", fontsize=10)
