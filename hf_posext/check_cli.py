@@ -3,6 +3,7 @@
     hf-posext check PATH [PATH ...]      # how each reader runs a checkpoint's rope
     hf-posext check --table              # the README table: every method, s = 4, Llama-like dims
     hf-posext export PATH OUT --target vllm
+    hf-posext export PATH OUT.gguf --target gguf --gguf CONVERTED.gguf
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from .verdicts import check, report
+from .verdicts import check, load_config, meaning, report
 from .engines import READERS
 from .exporting import TARGETS, export
+from .gguf_export import flags_text, rope_keys
 
 # reader (column) -> the export target that writes its form
 _TARGET_OF = {"transformers 5.x": "transformers", "transformers 4.x": "transformers",
@@ -45,8 +47,11 @@ def add_subcommands(sub) -> None:
                                     "TARGET reads exactly, checked before writing; refuse with "
                                     "the reason when TARGET cannot express the method.")
     ex.add_argument("path", help="checkpoint folder")
-    ex.add_argument("out", help="new folder to write")
+    ex.add_argument("out", help="new folder to write (--target gguf: the GGUF file to write)")
     ex.add_argument("--target", required=True, choices=list(TARGETS))
+    ex.add_argument("--gguf", help="--target gguf: the GGUF llama.cpp's convert_hf_to_gguf.py "
+                                   "wrote of PATH; its rope keys are rewritten to what "
+                                   "llama.cpp's runtime reads")
     ex.set_defaults(run=run_export)
 
 
@@ -64,12 +69,17 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    if args.gguf is not None and args.target != "gguf":
+        raise SystemExit("hf-posext export: error: --gguf is only for --target gguf")
     try:
-        verdicts = export(args.path, args.out, args.target)
-    except (ValueError, FileExistsError, FileNotFoundError) as err:
+        result = export(args.path, args.out, args.target, gguf=args.gguf)
+    except (ValueError, OSError, ImportError) as err:  # FileExistsError, FileNotFoundError too
         raise SystemExit(f"hf-posext export: error: {err}") from None
     print(f"wrote {args.out}")
-    print("\n".join("  " + v.line() for v in verdicts))
+    if args.target == "gguf":
+        print(f"  llama.cpp: {flags_text(result)}")
+    else:
+        print("\n".join("  " + v.line() for v in result))
     return 0
 
 
@@ -92,12 +102,21 @@ def _cell(verdict, path: Path, scratch: Path) -> str:
         return "refused without hf_posext; exact after `import hf_posext`"
     if verdict.status in ("exact", "n/a", "refused"):
         return verdict.status
+    cell = verdict.cell() + (" past L" if verdict.status == "broken" and "past" in verdict.detail
+                             else "")
     target = _TARGET_OF[verdict.reader]
     try:
         export(path, scratch / f"{path.name}-{target}", target)
-        return f"{verdict.cell()} → export: exact"
+        return f"{cell} → export: exact"
     except ValueError:
-        return f"{verdict.cell()} → export refused"
+        if target != "llama.cpp":
+            return f"{cell} → export refused"
+    try:  # llama.cpp: the converter's keys are not what the runtime reads; a GGUF can be
+        flags = rope_keys(meaning(load_config(path)))[1]
+    except ValueError:
+        return f"{cell} → export refused"
+    runtime = "".join(f" --{k.replace('_', '-')} {v:g}" for k, v in flags.items())
+    return f"{cell} → export --target gguf: exact" + (f" (run with{runtime})" if runtime else "")
 
 
 def table() -> str:

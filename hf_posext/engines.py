@@ -20,10 +20,12 @@ Freqs = Callable[[int | None], tuple[torch.Tensor, float]]
 
 @dataclass(frozen=True)
 class Reading:
-    """A reader's interpretation of one config: `freqs`, or `refused` with the reason."""
+    """A reader's interpretation of one config: `freqs`, or `refused` with the reason; `broken`
+    says why the reader crashes or computes NaN past some length although it loads."""
     freqs: Freqs | None = None
     refused: str | None = None
     note: str = ""
+    broken: str | None = None
 
 
 class NotApplicable(Exception):
@@ -85,6 +87,17 @@ def v5_rope(cfg: dict[str, Any]) -> dict[str, Any]:
     configuration_utils/modeling_rope_utils 5.23): `rope_scaling` wins over `rope_parameters`;
     rope_theta from the dict, else the top-level key, else 10000."""
     rope = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+    rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    return rope
+
+
+def converter_rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's converter (conversion/base.py `TextModel.__init__`, llama-cpp-python 0.3.36's
+    vendored llama.cpp): `hparams.get("rope_parameters", hparams.get("rope_scaling"))`, i.e.
+    `rope_parameters` first, the opposite of transformers 5.x; rope_theta from the dict, else
+    the top-level key."""
+    rope = dict(cfg.get("rope_parameters", cfg.get("rope_scaling")) or {})
     rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
     rope.setdefault("rope_type", rope.pop("type", "default"))
     return rope
@@ -163,8 +176,15 @@ def _vllm(cfg: dict[str, Any], current: bool) -> Reading:
         trained = rope.get("max_trained_positions", max_pos) if current else max_pos
         built_at = max_pos if current else max_pos * s
         factor = (s * built_at / trained - (s - 1)) if current else 1.0
+        # Measured (docs/portability.md, "Real engines"): vLLM 0.29.0 and 0.32.0 build this table
+        # with max_position_embeddings rows but derive max_model_len = max_position_embeddings·s
+        # (config/model.py `_get_and_verify_max_len`), so positions past it index out of range.
+        broken = (f"its dynamic cos/sin table has max_position_embeddings = {max_pos} rows but it "
+                  f"accepts {round(max_pos * s)} tokens: NaN logprobs past {max_pos} (eager), "
+                  "index-out-of-bounds abort (compiled); measured on vLLM 0.29.0 and 0.32.0"
+                  ) if s > 1 else None
         return Reading(static(plain(d, base * factor ** (d / (d - 2)))),
-                       note="vLLM builds `dynamic` once, at a fixed length")
+                       note="vLLM builds `dynamic` once, at a fixed length", broken=broken)
     if kind == "yarn":
         s = rope["factor"]
         if current:
@@ -246,27 +266,39 @@ def tgi(cfg: dict[str, Any]) -> Reading:
 
 
 def llama_cpp(cfg: dict[str, Any]) -> Reading:
-    """llama.cpp: convert_hf_to_gguf.py `TextModel.set_gguf_parameters` (master at commit
-    0024aa74) writes LINEAR (factor) and YARN (factor, original context, attention_factor or
-    attn_factor as rope.scaling.attn_factor, beta_fast/slow, extrapolation_factor); `dynamic`
-    and unknown types become NONE (plain RoPE, at most a warning). At run time
-    (src/llama-context.cpp, ggml rope_yarn) the YaRN cos/sin scale is
-    (0.1·ln s + 1) × attn_factor, and the correction dims are always floor/ceil'd."""
-    rope = v5_rope(cfg)  # converter: hparams["rope_parameters"] or hparams["rope_scaling"]
+    """llama.cpp = its converter + its runtime (llama-cpp-python 0.3.36's vendored llama.cpp).
+    Converter (conversion/base.py `TextModel.set_gguf_parameters`): reads `rope_parameters`
+    first; writes LINEAR (factor) and YARN (factor, original context, and `attention_factor` /
+    `attn_factor` as `rope.scaling.yarn_attn_factor`, betas as `yarn_beta_fast/slow`,
+    `extrapolation_factor` as `yarn_ext_factor`); `dynamic` and unknown types become no scaling.
+    Runtime (src/llama-model.cpp `load_hparams`): for Llama it reads `rope.scaling.attn_factor`
+    only; the `yarn_*` keys are read for grok (betas also mistral3), so a converted Llama runs
+    hparams' defaults: betas 32/1, ext factor 1, and the YaRN scale (llama-context.cpp: ggml's
+    built-in 1 + 0.1·ln s, times `attn_factor`, absent = 1) is 0.1·ln s + 1 whatever the config
+    says. Correction dims always floor/ceil'd. (`gguf_reading` is the runtime on a GGUF
+    `hf_posext.export --target gguf` wrote, which does carry `attn_factor`.)"""
+    rope = converter_rope(cfg)
     kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
     s = rope.get("factor")
     if kind == "linear" and s is not None:
         return Reading(static(plain(d, base) / s))
     if kind == "yarn" and s is not None:
-        attn = rope.get("attention_factor", rope.get("attn_factor"))
-        freqs = yarn_inv_freq(d, base, s, rope["original_max_position_embeddings"],
-                              rope.get("beta_fast", 32), rope.get("beta_slow", 1), True,
-                              rope.get("extrapolation_factor", 1))
-        return Reading(static(freqs, mscale(s) * (1.0 if attn is None else attn)))
+        return gguf_reading(d, base, s, rope["original_max_position_embeddings"])
     if kind in ("llama3", "longrope"):
         raise NotApplicable(kind)
     note = "" if kind == "default" else f"converted as plain RoPE ({kind!r} is not converted)"
     return Reading(static(plain(d, base)), note=note)
+
+
+def gguf_reading(d: int, base: float, s: float, L: int, attn_factor: float = 1.0,
+                 beta_fast: float = 32.0, beta_slow: float = 1.0) -> Reading:
+    """llama.cpp's runtime on a Llama GGUF with rope.scaling.type yarn: `attn_factor` from the
+    GGUF key `rope.scaling.attn_factor`, betas from the run-time flags (`--yarn-beta-fast/slow`;
+    default 32/1), ext factor 1; scale (0.1·ln s + 1)·attn_factor."""
+    freqs = yarn_inv_freq(d, base, s, L, beta_fast, beta_slow, True, 1.0)
+    note = "" if (beta_fast, beta_slow, attn_factor) != (32.0, 1.0, 1.0) else \
+        "llama.cpp reads neither yarn_attn_factor nor yarn_beta_* for Llama: runs betas 32/1, scale 0.1·ln s + 1"
+    return Reading(static(freqs, mscale(s) * attn_factor), note=note)
 
 
 READERS: dict[str, Callable[[dict[str, Any]], Reading]] = {

@@ -9,13 +9,23 @@ llama.cpp multiply their own YaRN scale 0.1·ln s + 1 by `attn_factor` (llama.cp
 reader family, each also exact in transformers 4.x and 5.x. Every candidate form is checked with
 `hf_posext.check` before it is written; when none is exact for the target, export refuses and
 says what the reader does instead (e.g. dynamic methods in a reader that builds its table once).
+Attention-level methods (the `hf_posext_attention` block) are refused for every target: no
+reader but hf_posext runs them. `--target gguf` rewrites a GGUF llama.cpp's converter made of
+the checkpoint with the keys llama.cpp's runtime reads (hf_posext/gguf_export.py).
+
+Nothing from the checkpoint is executed: config.json is read as JSON and the other files are
+copied byte for byte (weights are never unpickled, no remote code imported). The output is
+written into a temporary sibling and renamed into place, so a failure leaves nothing.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +38,7 @@ from .methods import yarn_mscale
 TARGETS: dict[str, tuple[str, ...]] = {
     "transformers": ("transformers 5.x", "transformers 4.x"),
     "vllm": ("vLLM 07b12f1", "vLLM 0cd5784"), "sglang": ("SGLang",), "tgi": ("TGI",),
-    "llama.cpp": ("llama.cpp",),
+    "llama.cpp": ("llama.cpp",), "gguf": (),
 }
 _HF = TARGETS["transformers"]
 
@@ -55,19 +65,35 @@ def _with_rope(cfg: dict[str, Any], rope: dict[str, Any], block: dict[str, Any])
             "rope_theta": rope["rope_theta"], portable.BLOCK: block}
 
 
-def export(model_or_path, out, target: str) -> list[Verdict]:
+def export(model_or_path, out, target: str, gguf=None):
     """Write the checkpoint (weights untouched) to `out` with the rope config `target` reads
     exactly; return the check of the written checkpoint. Raises ValueError, naming the reason,
-    when `target` cannot express the method."""
+    when `target` cannot express the method; OSError (one line) when `out` cannot be written.
+
+    `target="gguf"`: `gguf` is the GGUF llama.cpp's convert_hf_to_gguf.py wrote of this
+    checkpoint, `out` the GGUF file to write; returns the llama.cpp run-time flags still needed
+    (gguf_export.export_gguf)."""
     key = str(target).lower()
     if key not in TARGETS:
         raise ValueError(f"Unknown export target {target!r}; use one of {', '.join(TARGETS)}.")
+    out = Path(out)
     cfg = load_config(model_or_path)
+    _check_output(model_or_path, out, file=key == "gguf")
     try:
         target_meaning = meaning(cfg)
     except NotApplicable as err:
         raise ValueError(f"rope_type {err} is transformers' own, not an hf_posext method: "
                          "nothing to export.") from None
+    if target_meaning.attention is not None:
+        raise ValueError(f"export refused: the checkpoint uses the attention-level method "
+                         f"{target_meaning.attention.get('method')!r} (config.hf_posext_attention), "
+                         f"which {target} does not run: it reads no attention method from "
+                         "config.json and would run plain attention. Only transformers with "
+                         "`import hf_posext` runs it; for an engine, save a rope method instead.")
+    if key == "gguf":
+        from .gguf_export import export_gguf
+
+        return export_gguf(cfg, target_meaning, gguf, out)
     spec, theta, dim = target_meaning.spec, target_meaning.theta, target_meaning.dim
     if spec is None:
         chosen = None  # plain RoPE: every reader runs it as written
@@ -89,15 +115,77 @@ def export(model_or_path, out, target: str) -> list[Verdict]:
                 [v for v in first if v.status != "exact"]
             why = "; ".join(f"{v.reader} {v.cell()}" + (f" ({v.detail})" if v.detail else "")
                             for v in blame)
+            hint = (" llama.cpp reads no YaRN temperature or betas from the converter's keys: "
+                    "use --target gguf on the converter's GGUF instead."
+                    if key == "llama.cpp" and spec.method in ("yarn", "ntk_by_parts") else "")
             raise ValueError(f"export refused: {target} cannot run {target_meaning.label} exactly "
-                             f"in any form hf_posext knows: {why}.")
-    _write(model_or_path, Path(out), chosen)
+                             f"in any form hf_posext knows: {why}.{hint}")
+    with atomic_output(out) as tmp:
+        _write(model_or_path, tmp, chosen)
     return check(out)
 
 
+def _check_output(model_or_path, out: Path, file: bool) -> None:
+    """Refuse, before any work, an output that cannot be written or would overwrite something."""
+    if out.is_file() and not file:
+        raise FileExistsError(f"{out} is a file; pass a new folder for the exported checkpoint.")
+    if out.is_dir() and (file or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists{'' if file else ' and is not empty'}; pass a new "
+                              f"{'file name' if file else 'folder'}.")
+    if file and out.exists():
+        raise FileExistsError(f"{out} exists; pass a new file name.")
+    if isinstance(model_or_path, (str, Path)):
+        src = Path(model_or_path)
+        src = (src if src.is_dir() else src.parent).resolve()
+        if out.resolve() == src or src in out.resolve().parents:
+            raise ValueError(f"{out} is inside the checkpoint {src} it would copy; pass a folder "
+                             "outside it.")
+    if not out.resolve().parent.is_dir():
+        raise FileNotFoundError(f"{out.parent} does not exist; create it or pass another output.")
+
+
+class atomic_output:
+    """`with atomic_output(out) as tmp:` write into `tmp` (a hidden sibling of `out`); on success
+    it is renamed to `out`, on any error removed, so `out` is whole or absent. OS errors
+    (read-only place, full disk) become one line naming `out`."""
+
+    def __init__(self, out: Path):
+        self.out, self.tmp = Path(out), None
+
+    def __enter__(self) -> Path:
+        try:
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".partial",
+                                             dir=self.out.resolve().parent))
+        except OSError as err:
+            raise _one_line(err, self.out) from None
+        return self.tmp / self.out.name
+
+    def __exit__(self, kind, err, tb) -> bool:
+        try:
+            if kind is None:
+                if self.out.is_dir():  # an empty folder given as the output: replace it
+                    self.out.rmdir()
+                os.replace(self.tmp / self.out.name, self.out)
+        except OSError as failure:
+            err, kind = failure, OSError
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        if kind is not None and issubclass(kind, OSError):
+            raise _one_line(err, self.out) from None
+        return False
+
+
+def _one_line(err: OSError, out: Path) -> OSError:
+    reason = {errno.ENOSPC: "no space left on the device", errno.EACCES: "permission denied",
+              errno.EROFS: "read-only file system", errno.EPERM: "operation not permitted"}.get(
+        err.errno, err.strerror or str(err))
+    failure = OSError(f"cannot write {out}: {reason}; nothing was written. Free space or choose a "
+                      "writable place, then run again.")
+    failure.errno = err.errno
+    return failure
+
+
 def _write(model_or_path, out: Path, cfg: dict[str, Any] | None) -> None:
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; pass a new folder.")
     if isinstance(model_or_path, (str, Path)):
         src = Path(model_or_path)
         shutil.copytree(src if src.is_dir() else src.parent, out, dirs_exist_ok=True)

@@ -10,6 +10,10 @@ and at s·L (dynamic methods change with length), each reader gets one verdict:
 - ignored: the reader runs plain RoPE with the original base (the extension is lost);
 - different: anything else, with the max relative inv_freq error and scale error;
 - refused: the reader raises on load (unknown rope type);
+- broken: the reader loads it but computes NaN or crashes (vLLM's `dynamic` table past L, a
+  non-finite value in the config);
+- lost: an attention-level method (`hf_posext_attention` block, `attn_implementation:
+  hf_posext`): the reader runs plain attention, whatever its rope verdict;
 - n/a: transformers' own llama3 / longrope, not an hf_posext method.
 
 `export` (hf_posext/exporting.py) writes the form a named reader runs exactly, or refuses.
@@ -18,13 +22,15 @@ and at s·L (dynamic methods change with length), each reader gets one verdict:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import engines, portable
+from .attention.interface import CONFIG_KEY as ATTENTION_KEY, IMPLEMENTATION
 from .config import RopeExtensionConfig
 from .registry import compute
 
@@ -34,7 +40,7 @@ TOLERANCE = 1e-5
 @dataclass(frozen=True)
 class Verdict:
     reader: str
-    status: str  # exact | different | ignored | refused | n/a
+    status: str  # exact | different | ignored | refused | broken | lost | n/a
     freq_error: float | None = None
     scale_error: float | None = None
     detail: str = ""
@@ -53,11 +59,13 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Meaning:
-    """What a checkpoint means: its method (None: plain RoPE), original base, dim, lengths."""
+    """What a checkpoint means: its rope method (None: plain RoPE), original base, dim, the
+    lengths compared, and its attention-level method (the `hf_posext_attention` block) if any."""
     spec: RopeExtensionConfig | None
     theta: float
     dim: int
     lengths: tuple[int, ...]
+    attention: dict[str, Any] | None = None
 
     def freqs(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
         if self.spec is None:
@@ -68,9 +76,14 @@ class Meaning:
     @property
     def label(self) -> str:
         if self.spec is None:
-            return "plain RoPE"
-        knobs = ", ".join(f"{k}={v:g}" for k, v in self.spec.knobs.items())
-        return f"{self.spec.method} (factor {self.spec.factor:g}{', ' + knobs if knobs else ''})"
+            rope = "plain RoPE"
+        else:
+            knobs = ", ".join(f"{k}={v:g}" for k, v in self.spec.knobs.items())
+            rope = f"{self.spec.method} (factor {self.spec.factor:g}{', ' + knobs if knobs else ''})"
+        if self.attention is None:
+            return rope
+        knobs = ", ".join(f"{k}={v}" for k, v in self.attention.items() if k != "method")
+        return f"{rope} + attention method {self.attention.get('method')!r} ({knobs})"
 
 
 def load_config(model_or_path) -> dict[str, Any]:
@@ -90,8 +103,26 @@ def load_config(model_or_path) -> dict[str, Any]:
     return cfg
 
 
+def attention_block(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The attention-level method a checkpoint carries (attention/install.py writes the block and
+    `attn_implementation: hf_posext`); either one alone counts, so a half-edited config is not
+    taken for plain attention."""
+    block = cfg.get(ATTENTION_KEY)
+    if isinstance(block, dict):
+        return block
+    if cfg.get("attn_implementation") == IMPLEMENTATION or block is not None:
+        return {"method": f"unreadable ({ATTENTION_KEY} = {block!r})"}
+    return None
+
+
 def meaning(cfg: dict[str, Any]) -> Meaning:
-    """The checkpoint's intended rope. Raises engines.NotApplicable for llama3 / longrope."""
+    """The checkpoint's intended rope (and attention method). Raises engines.NotApplicable for
+    llama3 / longrope."""
+    found = _rope_meaning(cfg)
+    return replace(found, attention=attention_block(cfg))
+
+
+def _rope_meaning(cfg: dict[str, Any]) -> Meaning:
     rope = engines.v5_rope(cfg)
     dim, max_pos = engines.rotary_dim(cfg, rope), cfg["max_position_embeddings"]
     if cfg.get(portable.BLOCK) is not None:
@@ -130,15 +161,48 @@ def errors(reading: engines.Reading, target: Meaning) -> tuple[float, float]:
 
 
 def verdict(reader: str, cfg: dict[str, Any], target: Meaning) -> Verdict:
+    """The rope verdict; an attention-level method then makes it "lost" in every reader that
+    runs plain attention (all of them without hf_posext)."""
+    rope = _rope_verdict(reader, cfg, target)
+    if target.attention is None or rope.status in ("refused", "broken", "n/a"):
+        return rope
+    method = target.attention.get("method")
+    if reader == "transformers 5.x":  # config.json's attn_implementation is read on load
+        return Verdict(reader, "refused", rope.freq_error, rope.scale_error,
+                       f"without hf_posext: 'Specified attn_implementation=\"hf_posext\" is not "
+                       f"supported'; loading with attn_implementation='sdpa' runs plain "
+                       f"attention ({method!r} lost)")
+    why = ("4.57 drops attn_implementation on load" if reader == "transformers 4.x"
+           else "reads no attention method from config.json")
+    return Verdict(reader, "lost", rope.freq_error, rope.scale_error,
+                   f"{why}: runs plain attention, {method!r} is lost (rope: {rope.cell()})")
+
+
+def _finite(reading: engines.Reading, lengths) -> bool:
+    for length in lengths:
+        inv, scale = reading.freqs(length)
+        if not (torch.isfinite(inv).all() and math.isfinite(scale)):
+            return False
+    return True
+
+
+def _rope_verdict(reader: str, cfg: dict[str, Any], target: Meaning) -> Verdict:
     try:
         reading = engines.READERS[reader](cfg)
     except engines.NotApplicable as err:
         return Verdict(reader, "n/a", detail=f"transformers' own {err}")
     except KeyError as err:
         return Verdict(reader, "refused", detail=f"KeyError: missing {err}")
+    except (TypeError, ValueError) as err:  # e.g. a factor "4" or null edited into the config
+        return Verdict(reader, "broken", detail=f"cannot compute its rope from the config: {err}")
     if reading.refused:
         return Verdict(reader, "refused", detail=reading.refused)
+    if not _finite(reading, target.lengths):
+        return Verdict(reader, "broken", detail="non-finite frequencies or scale from the config's "
+                                                "rope (NaN logits)")
     freq_err, scale_err = errors(reading, target)
+    if reading.broken:
+        return Verdict(reader, "broken", freq_err, scale_err, reading.broken)
     if freq_err <= TOLERANCE and scale_err <= TOLERANCE:
         return Verdict(reader, "exact", freq_err, scale_err)
     plain = Meaning(None, target.theta, target.dim, target.lengths)
@@ -159,15 +223,27 @@ def check(model_or_path, readers=None) -> list[Verdict]:
 
 
 def report(model_or_path) -> str:
-    """The text `hf-posext check` prints."""
+    """The text `hf-posext check` prints: the meaning, contradictions in config.json, one
+    verdict per reader, then warnings (config_audit)."""
+    from .config_audit import problems, warnings
+
     cfg = load_config(model_or_path)
+    found = problems(cfg)
     try:
-        label = meaning(cfg).label
+        target = meaning(cfg)
+        label = target.label
     except engines.NotApplicable as err:
-        label = f"transformers' own {err}"
+        target, label = None, f"transformers' own {err}"
+    except (ValueError, TypeError) as err:
+        raise ValueError("; ".join(found + [f"cannot read what the checkpoint means: {err}"])) from None
     verdicts = check(model_or_path)
-    rows = [f"{model_or_path}: {label}"] + ["  " + v.line() for v in verdicts]
+    folder = Path(model_or_path) if isinstance(model_or_path, (str, Path)) else None
+    folder = folder if folder is None or folder.is_dir() else folder.parent
+    rows = [f"{model_or_path}: {label}"] + ["  " + line for line in found]
+    rows += ["  " + v.line() for v in verdicts]
     if any(v.status in ("different", "ignored") for v in verdicts):
         rows.append("  (hf-posext export PATH OUT --target READER writes the exact form a reader "
                     "runs, or says why it cannot)")
+    if not found:
+        rows += ["  " + line for line in warnings(cfg, target, folder)]
     return "\n".join(rows)

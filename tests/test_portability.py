@@ -102,12 +102,18 @@ def test_an_old_ntk_by_parts_checkpoint_still_loads(tmp_path):
 
 
 def test_dynamic_ntk_in_static_readers(tmp_path):
-    """vLLM builds `dynamic` once at s·L, where its multiplier (s·L/L) − (s−1) is 1: plain RoPE.
-    SGLang builds it once with b·(s·(s·L)/L − (s−1))^(d/(d−2)): static NTK at s² − s + 1, equal
-    to the dynamic rule only at s·L. llama.cpp's converter writes no scaling for `dynamic`."""
+    """vLLM builds `dynamic` once, with max_position_embeddings (= L, which transformers' dynamic
+    reads as the trained length) rows, but accepts L·s tokens: measured NaN / index-out-of-bounds
+    past L (vLLM 0.29.0 and 0.32.0, docs/portability.md). SGLang builds it once with
+    b·(s·(s·L)/L − (s−1))^(d/(d−2)): static NTK at s² − s + 1, equal to the dynamic rule only at
+    s·L. llama.cpp's converter writes no scaling for `dynamic`."""
     path, _ = saved(tmp_path, "dynamic_ntk")
     got = verdicts(path)
-    assert got["vLLM 07b12f1"].status == got["vLLM 0cd5784"].status == "ignored"
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["max_position_embeddings"] == TRAINED  # what transformers' dynamic needs ...
+    for reader in ("vLLM 07b12f1", "vLLM 0cd5784"):  # ... and what vLLM sizes its table with
+        assert got[reader].status == "broken", got[reader]
+        assert f"{TRAINED} rows" in got[reader].detail and f"{int(S * TRAINED)} tokens" in got[reader].detail
     assert got["llama.cpp"].status == "ignored"
     sglang_base = BASE * (S * S - (S - 1)) ** (D / (D - 2))
     at_L = methods.default_inv_freq(D, BASE).double()
@@ -123,17 +129,21 @@ def test_dynamic_ntk_in_static_readers(tmp_path):
     ("yarn", MISTRAL, 0.07 * math.log(S) + 1)])
 def test_yarn_temperature_per_reader(tmp_path, method, knobs, temperature):
     """Older vLLM and SGLang scale cos/sin by attn_factor × (0.1·ln s + 1) and read no
-    `attention_factor`; current vLLM reads it as transformers does; llama.cpp multiplies the
-    checkpoint's attention_factor by 0.1·ln s + 1."""
+    `attention_factor`; current vLLM reads it as transformers does; llama.cpp's runtime reads
+    neither the converter's yarn_attn_factor nor its betas (src/llama-model.cpp): it runs
+    0.1·ln s + 1 and betas 32/1 (measured: issue 16)."""
     path, _ = saved(tmp_path, method, **knobs)
     got = verdicts(path)
     own = 0.1 * math.log(S) + 1
     assert got["vLLM 0cd5784"].status == "exact"
     for reader in ("vLLM 07b12f1", "SGLang"):
         assert got[reader].scale_error == pytest.approx(abs(own - temperature) / temperature)
-    assert got["llama.cpp"].scale_error == pytest.approx(abs(own * temperature - temperature)
-                                                         / temperature)
-    assert got["llama.cpp"].freq_error < 1e-6  # the frequencies themselves are read right
+    assert got["llama.cpp"].scale_error == pytest.approx(abs(own - temperature) / temperature)
+    ref, _ = methods.ntk_by_parts(D, BASE, S, TRAINED, knobs.get("beta_fast", 32),
+                                  knobs.get("beta_slow", 1))
+    cpp, _ = methods.ntk_by_parts(D, BASE, S, TRAINED, 32, 1)
+    expected = ((cpp.double() - ref.double()).abs() / ref.double()).max().item()
+    assert got["llama.cpp"].freq_error == pytest.approx(expected, rel=1e-6, abs=1e-6)
 
 
 def test_tgi_ignores_linear_and_fixes_betas(tmp_path):
@@ -156,13 +166,12 @@ def test_dynamic_yarn_is_refused_loudly(tmp_path):
 
 @pytest.mark.parametrize("method, knobs, target", [
     ("ntk_by_parts", {}, "vllm"), ("ntk_by_parts", {}, "sglang"), ("ntk_by_parts", {}, "tgi"),
-    ("ntk_by_parts", {}, "llama.cpp"), ("yarn", MISTRAL, "vllm"), ("yarn", MISTRAL, "llama.cpp"),
-    ("yarn", MISTRAL, "sglang")])
+    ("yarn", MISTRAL, "vllm"), ("yarn", MISTRAL, "sglang")])
 def test_export_is_exact_for_its_target_and_for_transformers(tmp_path, method, knobs, target):
     path, model = saved(tmp_path, method, **knobs)
     got = {v.reader: v.status for v in export(path, tmp_path / "out", target)}
-    readers = {"vllm": ("vLLM 07b12f1", "vLLM 0cd5784"), "sglang": ("SGLang",), "tgi": ("TGI",),
-               "llama.cpp": ("llama.cpp",)}[target] + ("transformers 5.x", "transformers 4.x")
+    readers = {"vllm": ("vLLM 07b12f1", "vLLM 0cd5784"), "sglang": ("SGLang",),
+               "tgi": ("TGI",)}[target] + ("transformers 5.x", "transformers 4.x")
     assert {got[r] for r in readers} == {"exact"}, got
     # the weights are untouched and transformers still runs the same model
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
@@ -175,7 +184,8 @@ def test_export_is_exact_for_its_target_and_for_transformers(tmp_path, method, k
 
 
 @pytest.mark.parametrize("method, knobs, target, reason", [
-    ("dynamic_ntk", {}, "vllm", "vLLM 07b12f1 ignored"), ("dynamic_ntk", {}, "llama.cpp", "plain RoPE"),
+    ("dynamic_ntk", {}, "vllm", "vLLM 07b12f1 broken"), ("dynamic_ntk", {}, "llama.cpp", "plain RoPE"),
+    ("ntk_by_parts", {}, "llama.cpp", "--target gguf"), ("yarn", MISTRAL, "llama.cpp", "--target gguf"),
     ("dynamic_ntk", {}, "sglang", "SGLang different"), ("linear", {}, "tgi", "ignores linear"),
     ("yarn", MISTRAL, "tgi", "beta_fast=32"), ("dynamic_yarn", {}, "vllm", "Unknown RoPE")])
 def test_export_refuses_with_the_reason(tmp_path, method, knobs, target, reason):

@@ -1,0 +1,168 @@
+"""What `hf-posext check` reports about a config.json besides the per-reader verdicts
+(docs/portability.md, "What check also reports").
+
+- `problems(cfg)`: the config contradicts itself. Both rope layouts present and different
+  (transformers 5.x, vLLM and SGLang read `rope_scaling` first; 4.x and TGI read only
+  `rope_scaling` + `rope_theta`; llama.cpp's converter reads `rope_parameters` first, so the
+  same file runs two different ropes), a `hf_posext` block that no longer describes the rope a
+  reader reads (edited by hand), non-finite numbers (JSON allows NaN / Infinity).
+- `warnings(cfg, meaning, folder)`: what users trip over. The context length each engine derives
+  from the config and whether it is the extension's target s·L; a RoPE base too small for the
+  target length (Men et al. 2024, "Base of RoPE Bounds Context Length", arXiv 2405.14591:
+  base >= 0.0424·T^1.628); weights stored as pickles, or code a loader would run.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from . import engines, portable
+
+# reader -> how it reads the rope layouts (engines.v5_rope / v4_rope / converter_rope)
+_LAYOUTS = (("transformers 5.x, vLLM, SGLang (rope_scaling first)", engines.v5_rope),
+            ("transformers 4.x, TGI (rope_scaling + rope_theta only)", engines.v4_rope),
+            ("llama.cpp's converter (rope_parameters first)", engines.converter_rope))
+# arXiv 2405.14591, eq. (the fitted lower bound of the base for a context length T)
+BOUND_COEFFICIENT, BOUND_EXPONENT = 0.0424, 1.628
+
+
+def _describe(rope: dict[str, Any]) -> str:
+    keys = ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool)
+                     else f"{k} {v}" for k, v in sorted(rope.items()) if k != "rope_type")
+    return f"{rope.get('rope_type')} ({keys})"
+
+
+def _non_finite(value: Any, path: str) -> list[str]:
+    if isinstance(value, float) and not math.isfinite(value):
+        return [path]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _non_finite(v, f"{path}.{k}")]
+    return []
+
+
+def problems(cfg: dict[str, Any]) -> list[str]:
+    """One line per contradiction in the config (empty when it is consistent)."""
+    out = []
+    bad = [p for key in ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings",
+                         portable.BLOCK, "hf_posext_attention") for p in _non_finite(cfg.get(key), key)]
+    if bad:
+        out.append(f"error: non-finite values in config.json: {', '.join(bad)} (NaN logits in "
+                   "every reader that uses them); restore them from the checkpoint you saved")
+    readings = {}
+    for who, read in _LAYOUTS:
+        rope = {k: v for k, v in read(cfg).items() if k != "partial_rotary_factor"}
+        readings.setdefault(repr(sorted(rope.items(), key=str)), (rope, []))[1].append(who)
+    if len(readings) > 1:
+        out.append("error: the rope layouts disagree, so readers run different ropes: "
+                   + "; ".join(f"{' and '.join(who)} read {_describe(rope)}"
+                               for rope, who in readings.values())
+                   + ". Make rope_parameters and rope_scaling (+ rope_theta) say the same")
+    if isinstance(cfg.get(portable.BLOCK), dict) and not bad:
+        for rope, who in readings.values():
+            try:
+                view = SimpleNamespace(**{portable.BLOCK: cfg[portable.BLOCK]},
+                                       max_position_embeddings=cfg["max_position_embeddings"])
+                portable.logical_rope(view, {**rope}, engines.rotary_dim(cfg, rope))
+            except (ValueError, TypeError, KeyError) as err:
+                out.append(f"error: for {' and '.join(who)}: {err}")
+    return out
+
+
+def derived_lengths(cfg: dict[str, Any]) -> dict[str, int]:
+    """The context length each engine derives from config.json (before any user override)."""
+    M = cfg.get("max_position_embeddings")
+    if not isinstance(M, (int, float)):
+        return {}
+    v5 = engines.v5_rope(cfg)
+    factor = v5.get("factor") if isinstance(v5.get("factor"), (int, float)) else 1.0
+    kind = v5["rope_type"]
+    scaled = kind not in ("default", "su", "longrope", "llama3")
+    # vLLM config/model.py `_get_and_verify_max_len`: the smallest length key, times the factor
+    # (yarn: original_max_position_embeddings × factor); not for su/longrope/llama3.
+    keys = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+            "model_max_length", "max_sequence_length", "max_seq_length", "seq_len")
+    vllm = min(cfg[k] for k in keys if isinstance(cfg.get(k), (int, float)))
+    if scaled:
+        vllm = (v5.get("original_max_position_embeddings") or vllm) * factor if kind == "yarn" \
+            else vllm * factor
+    # SGLang hf_transformers_utils.get_context_length: the first length key, times the factor
+    # unless rope_scaling has original_max_position_embeddings or is llama3.
+    first = next(cfg[k] for k in ("max_sequence_length", "seq_length", "max_seq_len",
+                                  "model_max_length", "max_position_embeddings")
+                 if isinstance(cfg.get(k), (int, float)))
+    sglang = first * (factor if scaled and "original_max_position_embeddings" not in v5 else 1)
+    # llama.cpp's converter writes context_length = max_position_embeddings (n_ctx_train); the
+    # runtime's default n_ctx (0) is n_ctx_train.
+    return {"transformers (max_position_embeddings)": int(M), "vLLM (max_model_len)": int(vllm),
+            "SGLang (context_length)": int(sglang), "llama.cpp (n_ctx_train)": int(M)}
+
+
+def base_bound(target_length: int) -> float:
+    """The smallest base that keeps retrieval at `target_length` (arXiv 2405.14591)."""
+    return BOUND_COEFFICIENT * target_length ** BOUND_EXPONENT
+
+
+def warnings(cfg: dict[str, Any], target, folder: Path | None = None) -> list[str]:
+    """Warnings for a consistent config; `target` is verdicts.Meaning (None: unknown)."""
+    out = []
+    spec = getattr(target, "spec", None)
+    if spec is not None:
+        L = spec.original_max_position_embeddings or cfg["max_position_embeddings"]
+        T = round(L * spec.factor)
+    else:
+        attention = getattr(target, "attention", None) or {}
+        L = attention.get("trained_length")
+        T = cfg.get("max_position_embeddings") if L else None
+    lengths = derived_lengths(cfg)
+    if T and lengths:
+        off = {k: v for k, v in lengths.items() if v != T}
+        out.append(f"context length: the extension targets {T} tokens (s·L); engines derive "
+                   + ", ".join(f"{k} {v}" for k, v in lengths.items())
+                   + (f" — not the target in {', '.join(k.split(' (')[0] for k in off)}: set the "
+                      "engine's max length (vLLM --max-model-len, llama.cpp -c) yourself"
+                      if off else ""))
+    if T and target is not None:
+        base = _effective_base(cfg, target, T)
+        if base is not None and base < base_bound(T):
+            reach = (base / BOUND_COEFFICIENT) ** (1 / BOUND_EXPONENT)
+            out.append(f"warning: RoPE base {base:.4g} is below 0.0424·T^1.628 = {base_bound(T):.3g} "
+                       f"for T = {T} (\"Base of RoPE Bounds Context Length\", arXiv 2405.14591): "
+                       f"retrieval may fail past ~{reach:.0f} tokens even where perplexity looks "
+                       "fine")
+    if folder is not None:
+        out += _unsafe_files(cfg, folder)
+    return out
+
+
+def _effective_base(cfg: dict[str, Any], target, T: int) -> float | None:
+    """The base the rope runs at T: NTK's raised base, dynamic NTK's at T; interpolating methods
+    (linear, ntk_by_parts, yarn) keep the original base, to which the bound is applied as the
+    paper states it for the model's own base."""
+    spec, theta, d = target.spec, target.theta, target.dim
+    if spec is None or spec.method in ("linear", "ntk_by_parts", "yarn", "dynamic_yarn"):
+        return theta
+    if spec.method == "ntk":
+        return theta * spec.factor ** (d / (d - 2))
+    if spec.method == "dynamic_ntk":
+        L = spec.original_max_position_embeddings or cfg["max_position_embeddings"]
+        return theta * (spec.factor * T / L - (spec.factor - 1)) ** (d / (d - 2))
+    return None
+
+
+def _unsafe_files(cfg: dict[str, Any], folder: Path) -> list[str]:
+    """check and export never unpickle weights nor import code from a checkpoint; say where a
+    loader would."""
+    out = []
+    pickles = sorted(p.name for p in folder.iterdir()
+                     if p.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt"))
+    if pickles:
+        out.append(f"warning: {', '.join(pickles[:3])}{' …' if len(pickles) > 3 else ''} are "
+                   "pickles: loading them runs any code stored in them (torch.load without "
+                   "weights_only); hf_posext did not open them. Prefer safetensors")
+    if cfg.get("auto_map"):
+        out.append("warning: config.json has auto_map: loading it with trust_remote_code=True "
+                   "runs the checkpoint's own Python code; hf_posext did not import it")
+    return out
