@@ -13,10 +13,10 @@ from typing import Any
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from . import attention, dynamic
-from .compat import get_rope_parameters, text_config, write_both_layouts
+from .compat import get_rope_parameters, rotary_dim, text_config, write_both_layouts
 from .config import PASSTHROUGH_TYPES, method_of_rope_type
 from .patcher import apply_to_config, patch, plan_for_config
-from .portable import BLOCK
+from .portable import BLOCK, logical_rope
 from .registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, check_supported,
                        rotary_modules)
 
@@ -46,6 +46,10 @@ def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
     rope_type = get_rope_parameters(config).get("rope_type", "default")
     if rope_type not in ("default", *PASSTHROUGH_TYPES) and method_of_rope_type(rope_type) is None:
         raise ValueError(f"{name_or_path}: unknown rope_type {rope_type!r} in its config.")
+    decoder = text_config(config)
+    if getattr(decoder, BLOCK, None) is not None:
+        # a block edited against the rope config (or the reverse): refuse before weights load
+        logical_rope(decoder, get_rope_parameters(decoder), rotary_dim(decoder))
     return config
 
 

@@ -229,6 +229,8 @@ def report(model_or_path) -> str:
 
     cfg = load_config(model_or_path)
     found = problems(cfg)
+    if any("non-finite" in line for line in found):  # no verdict means anything then
+        raise ValueError("; ".join(line.removeprefix("error: ") for line in found))
     try:
         target = meaning(cfg)
         label = target.label
