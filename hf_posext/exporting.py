@@ -127,6 +127,12 @@ def export(model_or_path, out, target: str, gguf=None):
 
 def _check_output(model_or_path, out: Path, file: bool) -> None:
     """Refuse, before any work, an output that cannot be written or would overwrite something."""
+    if isinstance(model_or_path, (str, Path)) and not file:  # a folder copy would copy itself
+        src = Path(model_or_path)
+        src = (src if src.is_dir() else src.parent).resolve()
+        if out.resolve() == src or src in out.resolve().parents:
+            raise ValueError(f"{out} is inside the checkpoint {src} it would copy; pass a folder "
+                             "outside it.")
     if out.is_file() and not file:
         raise FileExistsError(f"{out} is a file; pass a new folder for the exported checkpoint.")
     if out.is_dir() and (file or any(out.iterdir())):
@@ -134,12 +140,6 @@ def _check_output(model_or_path, out: Path, file: bool) -> None:
                               f"{'file name' if file else 'folder'}.")
     if file and out.exists():
         raise FileExistsError(f"{out} exists; pass a new file name.")
-    if isinstance(model_or_path, (str, Path)):
-        src = Path(model_or_path)
-        src = (src if src.is_dir() else src.parent).resolve()
-        if out.resolve() == src or src in out.resolve().parents:
-            raise ValueError(f"{out} is inside the checkpoint {src} it would copy; pass a folder "
-                             "outside it.")
     if not out.resolve().parent.is_dir():
         raise FileNotFoundError(f"{out.parent} does not exist; create it or pass another output.")
 
