@@ -1,10 +1,10 @@
 """`hf_posext.export(model_or_path, out, target=...)`: write the rope a named reader runs exactly.
 
-Readers differ in which keys they read (docs/portability.md, "Readers"): older vLLM and
-llama.cpp multiply their own YaRN scale 0.1·ln s + 1 by `attn_factor` (llama.cpp: by
-`attention_factor` or `attn_factor`); SGLang and TGI take the scale from `mscale` /
-`mscale_all_dim`; transformers and current vLLM read `attention_factor`, else `mscale` /
-`mscale_all_dim`. So a YaRN temperature other than
+Readers differ in which keys they read (docs/portability.md, "Readers"): older vLLM
+multiplies its own YaRN scale 0.1·ln s + 1 by `attn_factor`; SGLang and TGI take the scale from
+`mscale` / `mscale_all_dim`; transformers and current vLLM read `attention_factor`, else `mscale`
+/ `mscale_all_dim`; llama.cpp's runtime reads none of what its converter writes from them (only
+a GGUF key, hence `--target gguf`). So a YaRN temperature other than
 0.1·ln s + 1 (NTK-by-parts: 1; the YaRN authors' Mistral runs: 0.07·ln s + 1) has one form per
 reader family, each also exact in transformers 4.x and 5.x. Every candidate form is checked with
 `hf_posext.check` before it is written; when none is exact for the target, export refuses and
