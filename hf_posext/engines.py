@@ -98,6 +98,8 @@ def converter_rope(cfg: dict[str, Any]) -> dict[str, Any]:
     `rope_parameters` first, the opposite of transformers 5.x; rope_theta from the dict, else
     the top-level key."""
     rope = dict(cfg.get("rope_parameters", cfg.get("rope_scaling")) or {})
+    if isinstance(rope.get("full_attention"), dict):  # per-layer-type (Gemma 3): the global one
+        rope = dict(rope["full_attention"])
     rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
     rope.setdefault("rope_type", rope.pop("type", "default"))
     return rope
@@ -297,7 +299,7 @@ def gguf_reading(d: int, base: float, s: float, L: int, attn_factor: float = 1.0
     default 32/1), ext factor 1; scale (0.1·ln s + 1)·attn_factor."""
     freqs = yarn_inv_freq(d, base, s, L, beta_fast, beta_slow, True, 1.0)
     note = "" if (beta_fast, beta_slow, attn_factor) != (32.0, 1.0, 1.0) else \
-        "llama.cpp reads neither yarn_attn_factor nor yarn_beta_* for Llama: runs betas 32/1, scale 0.1·ln s + 1"
+        "llama.cpp's runtime reads yarn_attn_factor / yarn_beta_* only for grok, mistral3: runs betas 32/1, scale 0.1·ln s + 1"
     return Reading(static(freqs, mscale(s) * attn_factor), note=note)
 
 

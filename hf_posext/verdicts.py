@@ -94,12 +94,23 @@ def load_config(model_or_path) -> dict[str, Any]:
         if not path.is_file():
             raise FileNotFoundError(f"{model_or_path}: no config.json there; pass a checkpoint "
                                     "folder (as written by save_pretrained) or its config.json.")
-        cfg = json.loads(path.read_text())
+        try:
+            cfg = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path} is not valid JSON ({err}); restore it from the checkpoint "
+                             "you saved.") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{path} holds a {type(cfg).__name__}, not a config object.")
     else:
         config = getattr(model_or_path, "config", model_or_path)
         cfg = config.to_dict()
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers: the decoder's settings
         cfg = {**cfg, **cfg["text_config"]}
+    if not isinstance(cfg.get("max_position_embeddings"), (int, float)) \
+            or isinstance(cfg.get("max_position_embeddings"), bool):
+        raise ValueError(f"config has no numeric max_position_embeddings (got "
+                         f"{cfg.get('max_position_embeddings')!r}); check reads RoPE decoder "
+                         "configs as transformers saves them.")
     return cfg
 
 
