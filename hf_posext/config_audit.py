@@ -118,7 +118,8 @@ def warnings(cfg: dict[str, Any], target, folder: Path | None = None) -> list[st
         T = cfg.get("max_position_embeddings") if L else None
     lengths = derived_lengths(cfg)
     if T and lengths:
-        off = {k: v for k, v in lengths.items() if v != T}
+        # transformers enforces no length: only the engines' limits can be "not the target"
+        off = {k: v for k, v in lengths.items() if v != T and not k.startswith("transformers")}
         out.append(f"context length: the extension targets {T} tokens (s·L); engines derive "
                    + ", ".join(f"{k} {v}" for k, v in lengths.items())
                    + (f" — not the target in {', '.join(k.split(' (')[0] for k in off)}: set the "
@@ -138,18 +139,18 @@ def warnings(cfg: dict[str, Any], target, folder: Path | None = None) -> list[st
 
 
 def _effective_base(cfg: dict[str, Any], target, T: int) -> float | None:
-    """The base the rope runs at T: NTK's raised base, dynamic NTK's at T; interpolating methods
-    (linear, ntk_by_parts, yarn) keep the original base, to which the bound is applied as the
-    paper states it for the model's own base."""
+    """The base the rope runs at T, for the methods that extend by changing the base (NTK: the
+    raised base; dynamic NTK: its base at T). The bound comes from the long-range decay of
+    Σ cos(m·θ_i) up to m = T; interpolating methods (linear, ntk_by_parts, yarn, dynamic_yarn)
+    divide the low frequencies by s, which maps m <= T back into the trained range, and
+    attention-level methods keep relative positions trained: no base to compare (None)."""
     spec, theta, d = target.spec, target.theta, target.dim
-    if spec is None or spec.method in ("linear", "ntk_by_parts", "yarn", "dynamic_yarn"):
-        return theta
+    if spec is None or spec.method not in ("ntk", "dynamic_ntk"):
+        return None
     if spec.method == "ntk":
         return theta * spec.factor ** (d / (d - 2))
-    if spec.method == "dynamic_ntk":
-        L = spec.original_max_position_embeddings or cfg["max_position_embeddings"]
-        return theta * (spec.factor * T / L - (spec.factor - 1)) ** (d / (d - 2))
-    return None
+    L = spec.original_max_position_embeddings or cfg["max_position_embeddings"]
+    return theta * (spec.factor * T / L - (spec.factor - 1)) ** (d / (d - 2))
 
 
 def _unsafe_files(cfg: dict[str, Any], folder: Path) -> list[str]:

@@ -147,20 +147,25 @@ def test_context_length_each_engine_derives(tmp_path, method):
     assert f"vLLM (max_model_len) {vllm_max_model_len(cfg)}" in line
     # linear: the patcher raised max_position_embeddings to s·L, and vLLM multiplies it by s again
     assert (vllm_max_model_len(cfg) != target) == (method == "linear")
-    assert ("not the target" in line) == (method in ("linear", "dynamic_ntk"))  # dynamic: L
+    # linear: vLLM and SGLang derive s²·L; dynamic NTK: llama.cpp's n_ctx_train is L
+    assert ("not the target" in line) == (method in ("linear", "dynamic_ntk"))
 
 
 def test_rope_base_bound_warning(tmp_path):
-    """arXiv 2405.14591: base >= 0.0424·T^1.628. T = 4·2048 = 8192 needs ~1.0e5 > 10000 (plain
-    YaRN keeps the base); NTK raises it to 10000·4^(16/14) ≈ 48,700, still below."""
+    """arXiv 2405.14591: base >= 0.0424·T^1.628. T = 4·2048 = 8192 needs ~1.0e5; static NTK
+    raises 10000 to 10000·4^(16/14) ≈ 48,700: still below; from 1e6 it is far above. YaRN
+    interpolates instead of changing the base: not compared."""
     bound = 0.0424 * 8192 ** 1.628
-    for method, base, warned in (("yarn", 10_000.0, True), ("yarn", 1e6, False)):
+    for method, base, warned in (("ntk", 10_000.0, True), ("ntk", 1e6, False),
+                                 ("yarn", 10_000.0, False)):
         model = hf_posext.patch(tiny_model("llama", max_position_embeddings=2048, rope_theta=base),
                                 method, factor=S)
         model.config.save_pretrained(tmp_path / f"{method}{base}")
         text = report(tmp_path / f"{method}{base}")
         assert ("arXiv 2405.14591" in text) == warned, text
         if warned:
+            raised = base * S ** (16 / 14)
+            assert f"RoPE base {raised:.4g} is below" in text
             assert f"{bound:.3g}" in text and "T = 8192" in text
     assert math.isclose(bound, 1.0e5, rel_tol=0.01)
 
