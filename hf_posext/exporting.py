@@ -20,16 +20,15 @@ written into a temporary sibling and renamed into place, so a failure leaves not
 
 from __future__ import annotations
 
-import errno
 import json
 import math
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from . import portable
+from .atomic import atomic_output
+from .gguf_export import export_gguf
 from .verdicts import Verdict, check, load_config, meaning, verdict
 from .compat import v4_scaling
 from .engines import NotApplicable
@@ -91,8 +90,6 @@ def export(model_or_path, out, target: str, gguf=None):
                          "config.json and would run plain attention. Only transformers with "
                          "`import hf_posext` runs it; for an engine, save a rope method instead.")
     if key == "gguf":
-        from .gguf_export import export_gguf
-
         return export_gguf(cfg, target_meaning, gguf, out)
     spec, theta, dim = target_meaning.spec, target_meaning.theta, target_meaning.dim
     if spec is None:
@@ -142,47 +139,6 @@ def _check_output(model_or_path, out: Path, file: bool) -> None:
         raise FileExistsError(f"{out} exists; pass a new file name.")
     if not out.resolve().parent.is_dir():
         raise FileNotFoundError(f"{out.parent} does not exist; create it or pass another output.")
-
-
-class atomic_output:
-    """`with atomic_output(out) as tmp:` write into `tmp` (a hidden sibling of `out`); on success
-    it is renamed to `out`, on any error removed, so `out` is whole or absent. OS errors
-    (read-only place, full disk) become one line naming `out`."""
-
-    def __init__(self, out: Path):
-        self.out, self.tmp = Path(out), None
-
-    def __enter__(self) -> Path:
-        try:
-            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".partial",
-                                             dir=self.out.resolve().parent))
-        except OSError as err:
-            raise _one_line(err, self.out) from None
-        return self.tmp / self.out.name
-
-    def __exit__(self, kind, err, tb) -> bool:
-        try:
-            if kind is None:
-                if self.out.is_dir():  # an empty folder given as the output: replace it
-                    self.out.rmdir()
-                os.replace(self.tmp / self.out.name, self.out)
-        except OSError as failure:
-            err, kind = failure, OSError
-        finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-        if kind is not None and issubclass(kind, OSError):
-            raise _one_line(err, self.out) from None
-        return False
-
-
-def _one_line(err: OSError, out: Path) -> OSError:
-    reason = {errno.ENOSPC: "no space left on the device", errno.EACCES: "permission denied",
-              errno.EROFS: "read-only file system", errno.EPERM: "operation not permitted"}.get(
-        err.errno, err.strerror or str(err))
-    failure = OSError(f"cannot write {out}: {reason}; nothing was written. Free space or choose a "
-                      "writable place, then run again.")
-    failure.errno = err.errno
-    return failure
 
 
 def _write(model_or_path, out: Path, cfg: dict[str, Any] | None) -> None:

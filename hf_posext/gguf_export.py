@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import engines
+from .atomic import atomic_output
 from .methods import yarn_mscale
 from .verdicts import TOLERANCE, errors
 
@@ -105,8 +106,6 @@ def _matches(cfg: dict[str, Any], fields: dict[str, Any], arch: str) -> list[str
 
 def export_gguf(cfg: dict[str, Any], target, source, out: Path) -> dict[str, float]:
     """Write `out`: the GGUF `source` with the rope keys for `target`; return the run-time flags."""
-    from .exporting import atomic_output
-
     keys, flags = rope_keys(target)  # refuse before opening anything
     if source is None:
         raise ValueError("export --target gguf rewrites the GGUF llama.cpp's converter made of "

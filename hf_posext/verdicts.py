@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from . import engines, portable
+from . import config_audit, engines, portable
 from .attention.interface import CONFIG_KEY as ATTENTION_KEY, IMPLEMENTATION
 from .config import RopeExtensionConfig
 from .registry import compute
@@ -236,10 +236,8 @@ def check(model_or_path, readers=None) -> list[Verdict]:
 def report(model_or_path) -> str:
     """The text `hf-posext check` prints: the meaning, contradictions in config.json, one
     verdict per reader, then warnings (config_audit)."""
-    from .config_audit import problems, warnings
-
     cfg = load_config(model_or_path)
-    found = problems(cfg)
+    found = config_audit.problems(cfg)
     if any("non-finite" in line for line in found):  # no verdict means anything then
         raise ValueError("; ".join(line.removeprefix("error: ") for line in found))
     try:
@@ -258,5 +256,5 @@ def report(model_or_path) -> str:
         rows.append("  (hf-posext export PATH OUT --target READER writes the exact form a reader "
                     "runs, or says why it cannot)")
     if not found:
-        rows += ["  " + line for line in warnings(cfg, target, folder)]
+        rows += ["  " + line for line in config_audit.warnings(cfg, target, folder)]
     return "\n".join(rows)

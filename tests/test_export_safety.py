@@ -18,7 +18,7 @@ import pytest
 from conftest import TRAINED, tiny_model
 
 import hf_posext
-from hf_posext import exporting
+from hf_posext import atomic, exporting
 from hf_posext.exporting import export
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -67,7 +67,7 @@ def test_read_only_place_is_one_line(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):  # the tests may run as root, for whom chmod does not refuse
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(exporting.tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(atomic.tempfile, "mkdtemp", refuse)
     with pytest.raises(OSError, match="permission denied; nothing was written") as err:
         export(path, tmp_path / "out", "vllm")
     assert "\n" not in str(err.value) and not (tmp_path / "out").exists()

@@ -1,0 +1,51 @@
+"""Write an output whole or not at all: `with atomic_output(out) as tmp:` (export's folders and
+GGUF files, docs/portability.md "Exact forms per reader")."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+class atomic_output:
+    """`with atomic_output(out) as tmp:` write into `tmp` (a hidden sibling of `out`); on success
+    it is renamed to `out`, on any error removed, so `out` is whole or absent. OS errors
+    (read-only place, full disk) become one line naming `out`."""
+
+    def __init__(self, out: Path):
+        self.out, self.tmp = Path(out), None
+
+    def __enter__(self) -> Path:
+        try:
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".partial",
+                                             dir=self.out.resolve().parent))
+        except OSError as err:
+            raise _one_line(err, self.out) from None
+        return self.tmp / self.out.name
+
+    def __exit__(self, kind, err, tb) -> bool:
+        try:
+            if kind is None:
+                if self.out.is_dir():  # an empty folder given as the output: replace it
+                    self.out.rmdir()
+                os.replace(self.tmp / self.out.name, self.out)
+        except OSError as failure:
+            err, kind = failure, OSError
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        if kind is not None and issubclass(kind, OSError):
+            raise _one_line(err, self.out) from None
+        return False
+
+
+def _one_line(err: OSError, out: Path) -> OSError:
+    reason = {errno.ENOSPC: "no space left on the device", errno.EACCES: "permission denied",
+              errno.EROFS: "read-only file system", errno.EPERM: "operation not permitted"}.get(
+        err.errno, err.strerror or str(err))
+    failure = OSError(f"cannot write {out}: {reason}; nothing was written. Free space or choose a "
+                      "writable place, then run again.")
+    failure.errno = err.errno
+    return failure
