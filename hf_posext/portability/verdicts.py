@@ -2,8 +2,8 @@
 (docs/portability.md, "Verdicts")
 
 What a checkpoint *means* is its hf_posext method (the `config.hf_posext` block, or the rope
-config read as an hf_posext method), computed by `hf_posext.methods`. What each reader *runs*
-is re-derived from its source in `hf_posext.engines`. Compared at the trained length L, midway
+config read as an hf_posext method), computed by `hf_posext.rope.methods`. What each reader *runs*
+is re-derived from its source in `hf_posext.portability.engines`. Compared at the trained length L, midway
 and at s·L (dynamic methods change with length), each reader gets one verdict:
 
 - exact: inv_freq and scale equal to float noise (relative error <= 1e-5);
@@ -12,7 +12,7 @@ and at s·L (dynamic methods change with length), each reader gets one verdict:
 - refused: the reader raises on load (unknown rope type);
 - n/a: transformers' own llama3 / longrope, not an hf_posext method.
 
-`export` (hf_posext/exporting.py) writes the form a named reader runs exactly, or refuses.
+`export` (hf_posext/portability/exporting.py) writes the form a named reader runs exactly, or refuses.
 """
 
 from __future__ import annotations
@@ -22,14 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from . import engines, portable
-from .config import RopeExtensionConfig
-from .registry import compute
-
-TOLERANCE = 1e-5
-
+from .meaning import TOLERANCE, Meaning, errors, meaning_of  # noqa: F401 (read as verdicts.*)
+from ..rope.config import RopeExtensionConfig
 
 @dataclass(frozen=True)
 class Verdict:
@@ -49,28 +44,6 @@ class Verdict:
 
     def line(self) -> str:
         return f"{self.reader:<17} {self.cell()}" + (f" — {self.detail}" if self.detail else "")
-
-
-@dataclass(frozen=True)
-class Meaning:
-    """What a checkpoint means: its method (None: plain RoPE), original base, dim, lengths."""
-    spec: RopeExtensionConfig | None
-    theta: float
-    dim: int
-    lengths: tuple[int, ...]
-
-    def freqs(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
-        if self.spec is None:
-            return engines.plain(self.dim, self.theta), 1.0
-        inv, scale = compute(self.spec, self.dim, self.theta, seq_len)
-        return inv.double(), float(scale)
-
-    @property
-    def label(self) -> str:
-        if self.spec is None:
-            return "plain RoPE"
-        knobs = ", ".join(f"{k}={v:g}" for k, v in self.spec.knobs.items())
-        return f"{self.spec.method} (factor {self.spec.factor:g}{', ' + knobs if knobs else ''})"
 
 
 def load_config(model_or_path) -> dict[str, Any]:
@@ -107,26 +80,6 @@ def meaning(cfg: dict[str, Any]) -> Meaning:
             raise engines.NotApplicable(f"{rope['rope_type']} ({err})") from None
         theta = float(rope["rope_theta"])
     return meaning_of(spec, theta, dim, max_pos)
-
-
-def meaning_of(spec: RopeExtensionConfig, theta: float, dim: int, max_pos: int) -> Meaning:
-    """`spec` on base `theta`, compared at L, midway and s·L (where dynamic methods differ)."""
-    if spec.factor == 1.0:
-        return Meaning(None, theta, dim, (max_pos,))
-    L = spec.original_max_position_embeddings or max_pos
-    return Meaning(spec, theta, dim, tuple(sorted({L, round(L * (1 + spec.factor) / 2),
-                                                   round(L * spec.factor)})))
-
-
-def errors(reading: engines.Reading, target: Meaning) -> tuple[float, float]:
-    """Max relative inv_freq error and scale error of `reading` against `target` over its lengths."""
-    freq_err = scale_err = 0.0
-    for length in target.lengths:
-        inv, scale = reading.freqs(length)
-        ref, ref_scale = target.freqs(length)
-        freq_err = max(freq_err, ((inv.double() - ref).abs() / ref).max().item())
-        scale_err = max(scale_err, abs(scale - ref_scale) / ref_scale)
-    return freq_err, scale_err
 
 
 def verdict(reader: str, cfg: dict[str, Any], target: Meaning) -> Verdict:
