@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from . import engines, portable
-from .meaning import TOLERANCE, Meaning, errors, meaning_of  # noqa: F401 (read as verdicts.*)
+from .meaning import TOLERANCE, Meaning, errors, meaning_of
 from ..rope.config import RopeExtensionConfig
+
 
 @dataclass(frozen=True)
 class Verdict:
