@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from . import attention
+from .catalog import canonical_method
 from .portability import portable
 from .rope import dynamic
 from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
@@ -91,6 +92,7 @@ def _build_spec(method, factor, target, trained: int, params: dict[str, Any]) ->
         if method.original_max_position_embeddings is None:
             return dataclasses.replace(method, original_max_position_embeddings=trained)
         return method  # immutable: safe to share
+    canonical_method(method)  # an unknown name: the error lists every method (catalog.METHODS)
     L = params.pop("original_max_position_embeddings", None)
     L = trained if L is None else L
     factor = _resolve_factor(factor, target, L)
