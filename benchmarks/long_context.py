@@ -32,7 +32,7 @@ import torch
 
 import hf_posext
 from hf_posext import embedded
-from hf_posext.documents import load_documents
+from hf_posext.data.documents import load_documents
 from hf_posext.evaluation.loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
 from hf_posext.evaluation.perplexity import sliding_windows
 

@@ -14,21 +14,24 @@ transformers, vLLM, SGLang, TGI and llama.cpp run a checkpoint's rope;
 (docs/portability.md).
 """
 
-from . import attention, methods
+from . import attention
+from ._version import __version__
 from .adapters import save_adapter
 from .attention import ATTENTION_METHODS, AttentionExtensionConfig
-from .config import METHODS, ROPE_METHODS, RopeExtensionConfig
-from .exporting import export
+from .catalog import METHODS
+from .data import embedded  # `from hf_posext import embedded` (README)
+from .rope import methods
+from .rope.config import ROPE_METHODS, RopeExtensionConfig
+from .portability.exporting import export
 from .generation import fixed_rope_scale, generate
 from .loading import from_pretrained
 from .patcher import is_patched, patch, trained_length, unpatch
-from .registry import SUPPORTED_MODEL_TYPES, compute, register
-from .verdicts import check
+from .rope.registry import SUPPORTED_MODEL_TYPES, compute, register
+from .portability.verdicts import check
 
 register()
 attention.register()
 
-__version__ = "0.1.0"
 __all__ = ["ATTENTION_METHODS", "AttentionExtensionConfig", "METHODS", "ROPE_METHODS",
            "RopeExtensionConfig", "SUPPORTED_MODEL_TYPES", "check", "compute", "export",
            "fixed_rope_scale", "from_pretrained", "generate", "is_patched", "methods", "patch",

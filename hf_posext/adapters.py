@@ -23,8 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .attention.interface import CONFIG_KEY as ATTENTION_BLOCK
-from .compat import get_rope_parameters, text_config
-from .portable import BLOCK
+from .rope.compat import get_rope_parameters, text_config
+from .portability.portable import BLOCK
 
 EXTENDED_BASE = "extended_base"
 

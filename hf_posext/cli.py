@@ -19,20 +19,33 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+from transformers import AutoTokenizer
+
+from ._version import __version__
+from .commands.check import add_subcommands  # `check` and `export`
+from .data.documents import is_embedded, looks_like_path
+from .data.embedded import DEFAULT_MODEL, load_model, load_tokenizer
+from .evaluation.data import TextSource, TokenCache, load_documents, select_documents
+from .evaluation.distributed import Ranks
+from .evaluation.identity import (attention_implementation, loaded_fingerprint, model_dtype,
+                                  source_fingerprint)
+from .evaluation.inputs import (InputError, check_device, check_model_arg, parse_factors,  # noqa: F401
+                                parse_floats01, parse_knobs, parse_length, parse_lengths,
+                                parse_methods, parse_seeds, positive_int)
+from .evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
+from .evaluation.perplexity import DEFAULT_STRIDE, PROTOCOLS, evaluate_perplexity
+from .evaluation.results import plot_passkey_heatmap, plot_perplexity, print_table
+from .evaluation.store import ResultsError, ResultsStore, RowsView
+from .loading import from_pretrained
+
 DEFAULT_METHODS = "none,linear,ntk,dynamic_ntk,yarn"
 DTYPES = ("float32", "bfloat16", "float16", "auto")
-
-
-from .evaluation.inputs import (InputError, parse_factors, parse_floats01, parse_knobs,  # noqa: F401
-                                parse_length, parse_lengths, parse_methods, parse_seeds,
-                                positive_int)
 
 
 # --- the parser ---------------------------------------------------------------------------------
 
 def _common(p: argparse.ArgumentParser, default_lengths: str) -> None:
-    from .embedded import DEFAULT_MODEL
-
     g = p.add_argument_group("model")
     g.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"Hub id, local folder, or {DEFAULT_MODEL} (SmolLM2-135M from the "
@@ -72,10 +85,6 @@ def _common(p: argparse.ArgumentParser, default_lengths: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .evaluation.perplexity import DEFAULT_STRIDE, PROTOCOLS
-
-    from . import __version__
-
     parser = argparse.ArgumentParser(prog="hf-posext", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -120,7 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cache-dir", default=None,
                    help="token-id cache (default $HF_POSEXT_CACHE or ~/.cache/hf_posext)")
 
-    from .check_cli import add_subcommands  # `check` and `export` (hf_posext/check_cli.py)
     add_subcommands(sub)
 
     pk = sub.add_parser("passkey", help="passkey retrieval accuracy",
@@ -138,8 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _model_kwargs(args) -> dict:
     """transformers keyword arguments the flags name (dtype, revision, attention, device map)."""
-    import torch
-
     kwargs = {"dtype": "auto" if args.dtype == "auto" else getattr(torch, args.dtype)}
     for flag, key in (("revision", "revision"), ("attn_implementation", "attn_implementation"),
                       ("device_map", "device_map"), ("gguf_file", "gguf_file")):
@@ -149,19 +155,13 @@ def _model_kwargs(args) -> dict:
 
 
 def _load_tokenizer(args):
-    from .embedded import DEFAULT_MODEL, load_tokenizer
-
     if args.model == DEFAULT_MODEL:
         return load_tokenizer()
-    from transformers import AutoTokenizer
     kwargs = {k: v for k, v in _model_kwargs(args).items() if k in ("revision", "gguf_file")}
     return AutoTokenizer.from_pretrained(args.model, **kwargs)
 
 
 def _load_model(args):
-    from .embedded import DEFAULT_MODEL, load_model
-    from .loading import from_pretrained
-
     kwargs = _model_kwargs(args)
     if args.model == DEFAULT_MODEL:
         model = load_model(**kwargs)
@@ -171,9 +171,6 @@ def _load_model(args):
 
 
 def _check_inputs(args, ranks) -> None:
-    from .embedded import DEFAULT_MODEL
-    from .evaluation.inputs import check_device, check_model_arg
-
     if ranks.size > 1 and args.device.startswith("cuda"):
         args.device = str(ranks.device)   # one GPU per rank under a multi-GPU launch
     check_device(args.device)
@@ -184,9 +181,6 @@ def _open_store(args, name: str, ranks):
     """Rank 0 opens (locks, checks, repairs) the results folder before the model loads and
     refuses to resume into another run's results; the other ranks get its rows.
     Returns (what the grid reads and writes, the store itself on rank 0 / None elsewhere)."""
-    from .evaluation.identity import source_fingerprint
-    from .evaluation.store import ResultsStore, RowsView
-
     out = Path(args.out or os.path.join("hf_posext_results", args.command))
     args.fingerprint = source_fingerprint(args.model, args.gguf_file, args.revision)
     early = {"model_fingerprint": args.fingerprint, "device": args.device,
@@ -212,8 +206,6 @@ def _refuse_conflicts(store, identity: dict) -> None:
 
 
 def _load_checked(args, store, ranks):
-    from .evaluation.identity import attention_implementation, loaded_fingerprint, model_dtype
-
     print(f"model: loading {args.model} ({args.dtype}, {args.device})", file=sys.stderr)
     model = _load_model(args)
     args.fingerprint = loaded_fingerprint(model, args.fingerprint)
@@ -224,11 +216,6 @@ def _load_checked(args, store, ranks):
 
 
 def run_eval(args, ranks) -> int:
-    from .evaluation.data import TextSource, TokenCache, load_documents, select_documents
-    from .evaluation.perplexity import PROTOCOLS, evaluate_perplexity
-    from .evaluation.results import plot_perplexity, print_table
-    from .documents import is_embedded, looks_like_path
-
     methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
     factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
     protocols = [p.strip() for p in args.protocol.split(",") if p.strip()]
@@ -324,9 +311,6 @@ def _folder_rows(stored: list[dict], rows: list[dict]) -> list[dict]:
 
 
 def run_passkey(args, ranks) -> int:
-    from .evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
-    from .evaluation.results import plot_passkey_heatmap, print_table
-
     methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
     factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
     depths, seeds = parse_floats01(args.depths, "--depths"), parse_seeds(args.seeds)
@@ -369,9 +353,6 @@ def run_passkey(args, ranks) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .evaluation.distributed import Ranks
-    from .evaluation.store import ResultsError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "run", None) is not None:  # subcommands that bring their own runner

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 import torch
 
-from . import dynamic
-from .registry import rotary_modules
+from .rope import dynamic
+from .rope.registry import rotary_modules
 
 
 @contextmanager

@@ -12,12 +12,13 @@ from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from . import attention, dynamic
-from .compat import get_rope_parameters, rotary_dim, text_config, write_both_layouts
-from .config import PASSTHROUGH_TYPES, method_of_rope_type
+from . import attention
+from .rope import dynamic
+from .rope.compat import get_rope_parameters, rotary_dim, text_config, write_both_layouts
+from .rope.config import PASSTHROUGH_TYPES, method_of_rope_type
 from .patcher import apply_to_config, patch, plan_for_config
-from .portable import BLOCK, logical_rope
-from .registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, check_supported,
+from .portability.portable import BLOCK, logical_rope
+from .rope.registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, check_supported,
                        rotary_modules)
 
 # Keywords that belong to the method, not to transformers.
@@ -102,7 +103,7 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
             # transformers 5.x keeps only rope_parameters after loading: restore the 4.x pair so
             # that re-saving writes both layouts again (docs/portability.md, "Both layouts")
             write_both_layouts(config, get_rope_parameters(config))
-        # a dynamic rope (transformers' `dynamic` too) becomes history-free (hf_posext.dynamic)
+        # a dynamic rope (transformers' `dynamic` too) becomes history-free (hf_posext.rope.dynamic)
         for _, _, module in rotary_modules(model):
             dynamic.make_history_free(module)
     return model

@@ -22,10 +22,13 @@ from typing import Any
 
 import torch
 
-from . import attention, dynamic, portable
-from .compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
-from .config import PASSTHROUGH_TYPES, RopeExtensionConfig, _check_number, method_of_rope_type
-from .registry import check_supported, rotary_modules
+from . import attention
+from .catalog import canonical_method
+from .portability import portable
+from .rope import dynamic
+from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
+from .rope.config import PASSTHROUGH_TYPES, RopeExtensionConfig, _check_number, method_of_rope_type
+from .rope.registry import check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
 _RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "head_dim",
@@ -89,6 +92,7 @@ def _build_spec(method, factor, target, trained: int, params: dict[str, Any]) ->
         if method.original_max_position_embeddings is None:
             return dataclasses.replace(method, original_max_position_embeddings=trained)
         return method  # immutable: safe to share
+    canonical_method(method)  # an unknown name: the error lists every method (catalog.METHODS)
     L = params.pop("original_max_position_embeddings", None)
     L = trained if L is None else L
     factor = _resolve_factor(factor, target, L)
@@ -244,7 +248,7 @@ def patch(model: torch.nn.Module, method, factor: float | None = None, *,
     Static methods raise `config.max_position_embeddings` to the target length. Dynamic ones
     leave it at the trained length (transformers' dynamic update reads it as L), and their
     rotary modules get a per-module hook that makes each forward's frequencies and attention
-    scale depend on that forward's length only (`hf_posext.dynamic`).
+    scale depend on that forward's length only (`hf_posext.rope.dynamic`).
     """
     check_supported(model)
     config = text_config(model.config)

@@ -7,7 +7,7 @@ from conftest import TRAINED, tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_posext
-from hf_posext.compat import get_rope_parameters
+from hf_posext.rope.compat import get_rope_parameters
 
 peft = pytest.importorskip("peft")
 pytestmark = pytest.mark.usefixtures("one_thread")

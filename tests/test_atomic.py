@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, modeling_rope_utils
 
 import hf_posext
 from hf_posext import RopeExtensionConfig
-from hf_posext.compat import IS_V5, get_rope_parameters
+from hf_posext.rope.compat import IS_V5, get_rope_parameters
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

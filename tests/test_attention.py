@@ -286,7 +286,7 @@ def test_bad_knobs_raise(method, knobs, message):
 
 def test_attention_methods_are_listed_and_defaults_follow_the_authors():
     assert set(hf_posext.ATTENTION_METHODS) <= set(hf_posext.METHODS)
-    from hf_posext.config import canonical_method
+    from hf_posext.catalog import canonical_method
     assert canonical_method("ReRoPE") == "rerope"
     spec = hf_posext.AttentionExtensionConfig("leaky_rerope", 4096)
     assert (spec.window, spec.leak, spec.logn) == (512, 16.0, True)       # bojone/rerope
@@ -305,7 +305,7 @@ def test_query_chunking_does_not_change_the_result(method, knobs, chunk):
     from hf_posext.attention import AttentionExtensionConfig
     from hf_posext.attention.kernel import attend
     from hf_posext.attention.plans import plan_for
-    from hf_posext.methods import default_inv_freq
+    from hf_posext.rope.methods import default_inv_freq
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4 if t == "q" else 2, 150, 16, generator=g) for t in "qkv")

@@ -13,7 +13,7 @@ from conftest import TRAINED, tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_posext
-from hf_posext.compat import IS_V5
+from hf_posext.rope.compat import IS_V5
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

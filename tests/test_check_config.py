@@ -7,16 +7,19 @@ length formulas written here from their source, arXiv 2405.14591's bound."""
 
 import json
 import math
+import pickle
 import subprocess
 import sys
 import textwrap
 
 import pytest
 from conftest import TRAINED, tiny_model
+from transformers import AutoConfig
 
 import hf_posext
-from hf_posext.verdicts import check, report
-from hf_posext.exporting import export
+from hf_posext.portability.exporting import export
+from hf_posext.portability.verdicts import check, report
+from hf_posext.rope.compat import IS_V5, get_rope_parameters
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 S = 4.0
@@ -76,7 +79,6 @@ def test_transformers_without_hf_posext_does_what_check_says(tmp_path):
     path = saved(tmp_path, "rerope", weights=True)
     out = subprocess.run([sys.executable, "-c", PLAIN_LOAD, str(path)], capture_output=True,
                          text=True, timeout=300)
-    from hf_posext.compat import IS_V5
     reader = "transformers 5.x" if IS_V5 else "transformers 4.x"
     status = {v.reader: v.status for v in check(path)}[reader]
     if out.stdout.startswith("refused"):
@@ -88,9 +90,6 @@ def test_transformers_without_hf_posext_does_what_check_says(tmp_path):
 def test_layouts_that_disagree_are_reported_per_reader(tmp_path):
     """factor 8 in rope_parameters, 2 in rope_scaling, no block: transformers 5.x reads
     rope_scaling (asked of transformers itself), llama.cpp's converter rope_parameters."""
-    from transformers import AutoConfig
-
-    from hf_posext.compat import IS_V5, get_rope_parameters
     path = edit(saved(tmp_path, "linear"), hf_posext=None,
                 rope_parameters={"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
                 rope_scaling={"rope_type": "linear", "factor": 2.0})
@@ -182,7 +181,7 @@ class Evil:
 
 
 def test_check_and_export_never_unpickle_or_import_the_checkpoint(tmp_path):
-    import pickle
+
 
     path = saved(tmp_path, "yarn")
     marker = tmp_path / "ran"

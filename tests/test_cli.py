@@ -52,10 +52,11 @@ def test_parse_lengths_and_factors():
 def test_methods_and_knobs_come_from_the_config(monkeypatch):
     import dataclasses
 
-    import hf_posext.config as config
+    import hf_posext.catalog as config   # every method name (rope + attention)
+    from hf_posext.rope.config import RopeExtensionConfig
     from hf_posext.evaluation.grid import knob_names
     from hf_posext.attention import AttentionExtensionConfig
-    fields = {f.name for f in dataclasses.fields(config.RopeExtensionConfig)} - {"method", "factor", "_extra"}
+    fields = {f.name for f in dataclasses.fields(RopeExtensionConfig)} - {"method", "factor", "_extra"}
     attention = {f.name for f in dataclasses.fields(AttentionExtensionConfig)} - {
         "method", "trained_length", "target_length"}
     assert set(knob_names()) == fields | attention
@@ -165,7 +166,7 @@ def test_a_resumed_run_draws_every_row_of_its_series(model_dir, text_file, capsy
                                                      monkeypatch):
     """A later run with other lengths plots (and tabulates) the folder's rows of its series, not
     its own cells only; rows of other knobs stay out."""
-    import hf_posext.evaluation.results as results
+    results = cli  # cli imports the plotting functions at its top: patch them where they are read
     drawn = {}
     monkeypatch.setattr(results, "plot_passkey_heatmap",
                         lambda rows, path, title: drawn.setdefault(path.name, []).append(rows))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_posext.compat import IS_V5
+from hf_posext.rope.compat import IS_V5
 
 REPO = Path(__file__).resolve().parents[1]
 OTHER_VENV = ".venv-tf4" if IS_V5 else ".venv"
@@ -71,7 +71,7 @@ LOAD = textwrap.dedent("""
         err = (out - ref["logits"]).abs().max().item()
         report["results"].append({"arch": arch, "method": method, "plain": plain, "max_abs": err})
     import hf_posext
-    from hf_posext.compat import get_rope_parameters
+    from hf_posext.rope.compat import get_rope_parameters
     for arch, method, path in order:
         model = AutoModelForCausalLM.from_pretrained(path)
         report.setdefault("trained_length", {})[f"{arch}-{method}"] = hf_posext.trained_length(model)

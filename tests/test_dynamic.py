@@ -14,8 +14,8 @@ from test_methods import ref_ramp_by_parts
 from transformers import AutoModelForCausalLM
 
 import hf_posext
-from hf_posext import dynamic, methods
-from hf_posext.compat import get_rope_parameters
+from hf_posext.rope import dynamic, methods
+from hf_posext.rope.compat import get_rope_parameters
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

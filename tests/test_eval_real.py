@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def real():
-    embedded = pytest.importorskip("hf_posext.embedded")
+    embedded = pytest.importorskip("hf_posext.data.embedded")
     try:
         embedded.model_location()
         embedded.play_paths()
@@ -20,7 +20,7 @@ def real():
 
 
 def test_chunked_loss_matches_plain_loss_on_the_real_model(real):
-    from hf_posext.embedded import play_paths
+    from hf_posext.data.embedded import play_paths
     from hf_posext.evaluation.loss import causal_targets, chunked_nll
 
     model, tok = real

@@ -18,8 +18,8 @@ import pytest
 from conftest import TRAINED, tiny_model
 
 import hf_posext
-from hf_posext import atomic, exporting
-from hf_posext.exporting import export
+from hf_posext.portability import atomic, exporting
+from hf_posext.portability.exporting import export
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 S = 4.0

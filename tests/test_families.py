@@ -14,9 +14,9 @@ from test_methods import ref_default, ref_ramp_by_parts
 from transformers import AutoModelForCausalLM
 
 import hf_posext
-from hf_posext import dynamic
-from hf_posext.compat import GLOBAL_LAYER_TYPE, IS_V5, get_rope_parameters
-from hf_posext.registry import SUPPORTED_MODEL_TYPES, check_supported, rotary_modules
+from hf_posext.rope import dynamic
+from hf_posext.rope.compat import GLOBAL_LAYER_TYPE, IS_V5, get_rope_parameters
+from hf_posext.rope.registry import SUPPORTED_MODEL_TYPES, check_supported, rotary_modules
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -63,7 +63,7 @@ def test_fixed_scale_uses_the_frequencies_of_the_total_length_and_restores():
     rotary = model.model.rotary_emb
     before = rotary.inv_freq.clone()
     with hf_posext.fixed_rope_scale(model, 3 * TRAINED):
-        expected, scale = hf_posext.methods.dynamic_yarn(16, 10_000.0, TRAINED, 3 * TRAINED)
+        expected, scale = hf_posext.rope.methods.dynamic_yarn(16, 10_000.0, TRAINED, 3 * TRAINED)
         torch.testing.assert_close(model.model.rotary_emb.inv_freq, expected)
         assert model.model.rotary_emb.attention_scaling == pytest.approx(scale)
         model(torch.zeros(1, 10, dtype=torch.long))  # a short forward must not reset it

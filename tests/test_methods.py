@@ -11,7 +11,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posext
 from hf_posext import methods
-from hf_posext.compat import IS_V5
+from hf_posext.rope.compat import IS_V5
 
 GRID = [(d, b, s) for d in (16, 64, 128) for b in (10_000.0, 100_000.0, 500_000.0) for s in (1.0, 2.0, 4.0, 16.0)]
 L = 4096
@@ -43,7 +43,7 @@ def tf_config(d, b, rope: dict, max_pos):
     """A transformers config carrying a rope dict, in the installed version's layout."""
     cfg = LlamaConfig(hidden_size=d * 2, num_attention_heads=2, head_dim=d, num_hidden_layers=1,
                       intermediate_size=8, vocab_size=8, max_position_embeddings=max_pos)
-    from hf_posext.compat import set_rope_parameters
+    from hf_posext.rope.compat import set_rope_parameters
     set_rope_parameters(cfg, {"rope_theta": b, **rope})
     return cfg
 

@@ -10,7 +10,7 @@ from conftest import TRAINED, tiny_model
 
 import hf_posext
 from hf_posext import methods
-from hf_posext.compat import fill_head_dim, get_rope_parameters, set_rope_parameters
+from hf_posext.rope.compat import fill_head_dim, get_rope_parameters, set_rope_parameters
 
 
 def logits(model, tokens):

@@ -4,7 +4,7 @@
   itself builds from the saved checkpoint, in the running version;
 - vLLM's, SGLang's, TGI's and llama.cpp's readers against their formulas written here from
   their source (docs/portability.md), never against engines.py itself;
-- what a checkpoint means: hf_posext.methods.
+- what a checkpoint means: hf_posext.rope.methods.
 """
 
 import json
@@ -19,10 +19,11 @@ from conftest import TRAINED, tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_posext
-from hf_posext import engines, methods
-from hf_posext.verdicts import check, load_config
-from hf_posext.compat import IS_V5
-from hf_posext.exporting import export
+from hf_posext.portability import engines
+from hf_posext.rope import methods
+from hf_posext.portability.verdicts import check, load_config
+from hf_posext.rope.compat import IS_V5
+from hf_posext.portability.exporting import export
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 D, BASE, S = 16, 10_000.0, 4.0  # the tiny models' head dim and theta; the scale used below
@@ -210,9 +211,9 @@ def test_method_spec_sees_through_the_portable_form(tmp_path):
     """What the recipe reads from a loaded model: `ntk`, though config.json says plain RoPE."""
     path, _ = saved(tmp_path, "ntk")
     config = AutoModelForCausalLM.from_pretrained(path).config
-    spec = hf_posext.portable.method_spec(config)
+    spec = hf_posext.portability.portable.method_spec(config)
     assert (spec.method, spec.factor, spec.original_max_position_embeddings) == ("ntk", S, TRAINED)
-    assert hf_posext.portable.method_spec(tiny_model("llama").config) is None
+    assert hf_posext.portability.portable.method_spec(tiny_model("llama").config) is None
 
 
 def test_check_is_not_applicable_to_transformers_own_types(tmp_path):
@@ -263,7 +264,7 @@ def test_readme_table_is_what_check_prints():
     """The README's method × reader table is the output of `hf-posext check --table`."""
     from pathlib import Path
 
-    from hf_posext.check_cli import table
+    from hf_posext.commands.check import table
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     block = readme.split("<!-- portability-table")[1].split("<!-- /portability-table -->")[0]

@@ -27,7 +27,7 @@ def test_quickstart_runs_as_written(tmp_path, monkeypatch, capsys):
     exec(compile(quickstart(), "README.md:quickstart", "exec"), namespace)
     assert "yarn 16384" in capsys.readouterr().out
     import hf_posext
-    from hf_posext.compat import get_rope_parameters
+    from hf_posext.rope.compat import get_rope_parameters
 
     reloaded = namespace["reloaded"]
     assert not hf_posext.is_patched(reloaded)

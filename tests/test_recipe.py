@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from _recipekit import (RECIPES, ROOT, SUBPROCESS_ENV, VENV_BIN, assert_same_run, checkpoint_steps,
                         final_weights, load_finetune, log_rows, logits, make_assets, recipe_argv)
-from hf_posext.compat import get_rope_parameters
+from hf_posext.rope.compat import get_rope_parameters
 from hf_posext.training.loop import LOG_COLUMNS
 from hf_posext.training.model import apply_lora
 from hf_posext.training.outputs import save_lora_model

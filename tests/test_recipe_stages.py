@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from _recipekit import RECIPES, char_tokenizer, checkpoint_steps, make_assets, recipe_argv
-from hf_posext.documents import Document
+from hf_posext.data.documents import Document
 from hf_posext.training.outputs import plot_loss, read_log, trailing_mean
 from hf_posext.training.packing import packed_sequences
 from hf_posext.training.recipe import prepare_data, run

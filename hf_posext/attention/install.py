@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..rope.compat import text_config
 from .config import ALL_KNOBS, ATTENTION_METHODS, AttentionExtensionConfig
 from .interface import CONFIG_KEY, IMPLEMENTATION
 
@@ -76,7 +77,6 @@ def after_load(model, explicit: bool = False) -> None:
     the caller chose an attn_implementation. transformers 5.x already did (from config.json's
     `attn_implementation`); 4.57 drops that key on load. Either way it is written back, so saving
     the loaded model keeps the method."""
-    from ..compat import text_config
 
     config = text_config(model.config)
     block = getattr(config, CONFIG_KEY, None)

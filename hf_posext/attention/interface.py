@@ -28,8 +28,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..compat import get_rope_parameters, rotary_dim
-from ..methods import default_inv_freq
+from ..rope.compat import get_rope_parameters, rotary_dim
+from ..rope.methods import default_inv_freq
 from .config import AttentionExtensionConfig
 from .kernel import attend
 from .plans import plan_for

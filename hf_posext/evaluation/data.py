@@ -1,6 +1,6 @@
 """Evaluation text: tokenise documents once and cache the token ids on disk.
 
-Documents come from `hf_posext.documents` (the loader shared with the fine-tuning recipe); this
+Documents come from `hf_posext.data.documents` (the loader shared with the fine-tuning recipe); this
 module adds the tokenizer fingerprint, the on-disk token cache and the selection of documents
 long enough for a grid.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..documents import Document, TextSource, keep_long, load_documents, looks_like_path
+from ..data.documents import Document, TextSource, keep_long, load_documents, looks_like_path
 
 __all__ = ["Document", "TextSource", "TokenCache", "TokenizedDocs", "load_documents",
            "looks_like_path", "select_documents", "tokenizer_fingerprint"]

@@ -1,7 +1,7 @@
 """The grid shared by perplexity and passkey: which (method, factor) cells run at each length,
 with which knobs, and how a model is put into a cell's state.
 
-Method names come from one source (`hf_posext.config.METHODS` / `canonical_method`), knob names
+Method names come from one source (`hf_posext.catalog.METHODS` / `canonical_method`), knob names
 from the fields of `RopeExtensionConfig` and the attention methods' knobs (`attention.ALL_KNOBS`),
 so a method or knob added there is accepted here without a hand-kept list.
 """
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Iterable, Mapping, Sequence
 
-from .. import config as _config   # read at call time: methods registered later count too
+from .. import catalog as _catalog   # read at call time: methods registered later count too
 from ..attention import ALL_KNOBS, is_attention_method, split
-from ..config import RopeExtensionConfig
+from ..rope.config import RopeExtensionConfig
 from ..patcher import is_patched, patch, unpatch
 from .distributed import Ranks
 from .identity import computation_signature, config_state, digest
@@ -37,14 +37,14 @@ def knob_names() -> tuple[str, ...]:
 
 def canonical(name: str) -> str:
     """`none` (and its aliases) or a canonical method name; ValueError for unknown names."""
-    return "none" if name.lower() in NONE_ALIASES else _config.canonical_method(name)
+    return "none" if name.lower() in NONE_ALIASES else _catalog.canonical_method(name)
 
 
 def normalize_methods(methods: Iterable[str]) -> list[str]:
     """`none` first (always a row), then each method once, canonical names; `all` = METHODS."""
     out = ["none"]
     for m in methods:
-        for name in (_config.METHODS if m.lower() == "all" else [canonical(m)]):
+        for name in (_catalog.METHODS if m.lower() == "all" else [canonical(m)]):
             if name not in out:
                 out.append(name)
     return out

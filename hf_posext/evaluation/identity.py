@@ -18,9 +18,12 @@ import os
 from pathlib import Path
 
 import torch
+import transformers
 
-from ..compat import text_config
-from ..registry import rotary_modules
+from .._version import __version__
+from ..data.embedded import DEFAULT_MODEL, model_location
+from ..rope.compat import text_config
+from ..rope.registry import rotary_modules
 
 # Config entries that only shape the rotary cos/sin (already compared through the cos/sin).
 ROPE_KEYS = {"rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings"}
@@ -67,7 +70,6 @@ def source_fingerprint(model: str, gguf_file: str | None = None, revision: str |
     """The content fingerprint of what `--model` names, before loading it: a local folder's
     files, the embedded GGUF, or the git commit of a Hub snapshot already in the local cache
     (git commits are content hashes). None for a Hub model not cached yet (see `loaded_fingerprint`)."""
-    from ..embedded import DEFAULT_MODEL, model_location
 
     if model == DEFAULT_MODEL:
         folder, gguf = model_location()
@@ -110,10 +112,6 @@ def attention_implementation(model) -> str:
 
 def run_identity(model, *, fingerprint: str | None, device, data_hash: str, **extra) -> dict:
     """The identity every cell of a run shares (`extra`: the protocol's run-wide settings)."""
-    import transformers
-
-    from .. import __version__
-
     return {"model_fingerprint": fingerprint or weights_fingerprint(model),
             "dtype": model_dtype(model), "device": str(torch.device(device)),
             "attn_implementation": attention_implementation(model), "data_hash": data_hash,

@@ -8,11 +8,15 @@ import os
 import re
 from pathlib import Path
 
+import torch
+
+from .. import catalog as _catalog   # read at call time: methods registered later count too
+from ..data.documents import looks_like_path
+from .grid import canonical, check_knobs, knob_names
+
 
 class InputError(ValueError):
     """Bad command-line input, reported as `hf-posext <cmd>: error: ...` (exit status 2)."""
-
-
 # --- argument types: each names the flag and the fix --------------------------------------------
 
 def parse_length(text: str) -> int:
@@ -34,17 +38,14 @@ def parse_lengths(text: str) -> list[int]:
 
 
 def parse_methods(text: str) -> list[str]:
-    """Names from `hf_posext.config.METHODS` (aliases resolved), `none`, or `all`."""
-    from ..config import METHODS
-    from .grid import canonical
-
+    """Names from `hf_posext.catalog.METHODS` (aliases resolved), `none`, or `all`."""
     out = []
     for name in [t.strip() for t in text.split(",") if t.strip()]:
         try:
-            names = list(METHODS) if name.lower() == "all" else [canonical(name)]
+            names = list(_catalog.METHODS) if name.lower() == "all" else [canonical(name)]
         except ValueError:
             raise InputError(f"--methods: unknown method {name!r}; use none or any of "
-                             f"{', '.join(METHODS)} (or all).") from None
+                             f"{', '.join(_catalog.METHODS)} (or all).") from None
         out += [n for n in names if n not in out]
     if not out:
         raise InputError("--methods is empty; give e.g. none,linear,ntk,yarn.")
@@ -69,7 +70,6 @@ def _knob_value(item: str, name: str, value: str):
 def parse_knobs(text: str | None, methods: list[str]) -> dict:
     """`beta_fast=64,yarn:mscale_coefficient=0.07` -> {"*": {...}, "yarn": {...}}; names from
     the fields of `RopeExtensionConfig`, values checked by it for every method of the grid."""
-    from .grid import check_knobs, knob_names
 
     knobs: dict = {}
     for item in [t.strip() for t in (text or "").split(",") if t.strip()]:
@@ -147,8 +147,6 @@ def positive_int(flag: str, value) -> int | None:
 
 def check_device(device: str) -> None:
     """A device string torch accepts and this machine has (checked before loading)."""
-    import torch
-
     m = re.fullmatch(r"(cpu|mps|cuda|xpu)(?::(\d+))?", device)
     if not m:
         raise InputError(f"--device {device!r}: use cpu, cuda, cuda:N or mps.")
@@ -167,8 +165,6 @@ def check_device(device: str) -> None:
 
 
 def check_model_arg(model: str, gguf_file: str | None, default_model: str) -> None:
-    from ..documents import looks_like_path
-
     if model == default_model:
         if gguf_file:
             raise InputError(f"--gguf-file is for your own GGUF checkpoint; {default_model} "

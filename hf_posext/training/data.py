@@ -14,16 +14,16 @@ from typing import Sequence
 
 import torch
 
-# The loader is shared with the evaluation (hf_posext.documents); these names stay for callers.
-from ..documents import EMBEDDED_TEXT as EMBEDDED_PLAYS
-from ..documents import Document, TextSource
-from ..documents import load_documents as _load
+# The loader is shared with the evaluation (hf_posext.data.documents); these names stay for callers.
+from ..data.documents import EMBEDDED_TEXT as EMBEDDED_PLAYS
+from ..data.documents import Document, TextSource
+from ..data.documents import load_documents as _load
 
 
 def load_documents(source: str, *, text_column: str = "text", split: str = "train",
                    subset: str | None = None, max_documents: int | None = None,
                    streaming: bool = False) -> list[Document]:
-    """`hf_posext.documents.load_documents` with the recipe's option names, as a list."""
+    """`hf_posext.data.documents.load_documents` with the recipe's option names, as a list."""
     return list(_load(TextSource(source, subset, split, text_column, column_flag="data.text_column"),
                       max_docs=max_documents, streaming=streaming))
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import torch
+from transformers import AutoTokenizer
 
-import hf_posext
-
+from ..data import embedded
+from ..loading import from_pretrained
+from ..portability.portable import method_spec
+from ..rope.compat import text_config
 from .pose import PoseCollator
 
 EMBEDDED_PREFIX = "embedded:"
@@ -13,9 +16,7 @@ EMBEDDED_PREFIX = "embedded:"
 
 def load_tokenizer(name: str):
     if name.startswith(EMBEDDED_PREFIX):
-        from hf_posext import embedded
         return embedded.load_tokenizer()
-    from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(name)
 
 
@@ -27,11 +28,10 @@ def load_model(mc, extend: bool = True):
         kwargs["attn_implementation"] = mc.attn_implementation
     method, factor, knobs = (mc.method, mc.factor, dict(mc.knobs)) if extend else (None, None, {})
     if mc.name.startswith(EMBEDDED_PREFIX):
-        from hf_posext import embedded
         if mc.name != embedded.DEFAULT_MODEL:
             raise ValueError(f"Unknown embedded model {mc.name!r}; the only one is {embedded.DEFAULT_MODEL!r}.")
         return embedded.load_model(method, factor, **knobs, **kwargs)
-    return hf_posext.from_pretrained(mc.name, method, factor, **knobs, **kwargs)
+    return from_pretrained(mc.name, method, factor, **knobs, **kwargs)
 
 
 def special_id(tokenizer, setting: str | None, which: str) -> int | None:
@@ -50,8 +50,6 @@ def extended_length(model) -> int:
     """factor x trained length, read back from the model's rope config (through its portable
     form: `ntk` is saved as plain RoPE with a raised theta and the `hf_posext` block). Without a
     rope method (plain RoPE, an attention-level method) it is max_position_embeddings."""
-    from hf_posext.compat import text_config
-    from hf_posext.portable import method_spec
     mconf = text_config(model.config)
     spec = method_spec(mconf)
     if spec is None:

@@ -10,6 +10,7 @@ import math
 from typing import Iterable
 
 import torch
+from transformers import get_scheduler
 
 SCHEDULES = ("constant_with_warmup", "linear", "cosine")
 
@@ -26,7 +27,6 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, betas: tupl
 def build_scheduler(optimizer, name: str, warmup_steps: int, total_steps: int):
     """`transformers.get_scheduler(name)`: warm-up from 0 over `warmup_steps`, then `name`'s shape;
     stepped once per optimizer step."""
-    from transformers import get_scheduler
     if name not in SCHEDULES:
         raise ValueError(f"Unknown lr schedule {name!r}; use one of {SCHEDULES}.")
     return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)

@@ -8,6 +8,8 @@ import csv
 from pathlib import Path
 from typing import Sequence
 
+from ..adapters import is_extended, save_adapter
+from ..rope.compat import text_config
 from .loop import LOG_COLUMNS
 
 TRAILING = 10   # steps in the trailing mean of the loss plot (one-window losses are noisy)
@@ -62,9 +64,6 @@ def save_lora_model(peft_model, final_dir: Path):
     `hf_posext.save_adapter`, so PEFT's one-liners (`AutoPeftModelForCausalLM.from_pretrained`)
     reload it on the *extended* base; then the adapter is merged into the base weights and saved
     as a plain transformers checkpoint in `final_dir`. Returns the merged model."""
-    from hf_posext.adapters import is_extended, save_adapter
-    from hf_posext.compat import text_config
-
     if is_extended(text_config(peft_model.get_base_model().config)):
         save_adapter(peft_model, final_dir / "adapter")
     else:  # an unextended base: peft's own save already reloads it as trained

@@ -13,6 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from ..data.documents import keep_long
+from ..evaluation.data import tokenizer_fingerprint
+
 PACK_BATCH = 1000
 
 
@@ -36,8 +39,6 @@ def packed_sequences(docs: Sequence, tokenizer, seq_len: int, bos_id: int | None
     import datasets
     from datasets.fingerprint import Hasher
 
-    from ..documents import keep_long
-    from ..evaluation.data import tokenizer_fingerprint
 
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
@@ -53,7 +54,7 @@ def packed_sequences(docs: Sequence, tokenizer, seq_len: int, bos_id: int | None
 
     tokens = raw.map(tokenize, batched=True, remove_columns=["text"], desc="tokenizing",
                      cache_file_name=str(root / f"{key}-tokens.arrow"), new_fingerprint=f"{key}-t")
-    # The shared rule (hf_posext.documents.keep_long) on the lengths only: no token list in Python.
+    # The shared rule (hf_posext.data.documents.keep_long) on the lengths only: no token list in Python.
     kept = keep_long((range(n) for n in tokens["n"]), seq_len, purpose="training window",
                      what="training document")
     long_docs = tokens.select([i for i, _ in kept]).remove_columns("n")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..evaluation.data import TokenCache, select_documents
 from . import data as datalib
 from .accel import load_checkpoint, make_accelerator, resume_path
 from .loop import TrainState, train_loop
@@ -22,6 +23,7 @@ from .model import build_collator, load_model, load_tokenizer, prepare_for_train
 from .optim import build_optimizer, build_scheduler
 from .outputs import append_log, plot_loss, save_final, write_log
 from .packing import packed_sequences
+from .recipe_eval import evaluate_recipe
 
 # Sections whose change would make a resumed run a different run.
 _RESUME_SECTIONS = ("model", "data", "pose", "lora")
@@ -50,7 +52,6 @@ def prepare_data(cfg, tokenizer, accelerator=None, log: Callable[[str], None] = 
     if cfg.eval.enabled:
         # The evaluation's own selection (the CLI's): the first eval.max_documents held-out
         # documents with at least max(lengths) tokens, tokenised through its on-disk cache.
-        from ..evaluation.data import TokenCache, select_documents
         chosen = select_documents(eval_docs, TokenCache(tokenizer), max(cfg.eval.lengths),
                                   cfg.eval.max_documents)
         eval_names, eval_ids = chosen.names, chosen.docs
@@ -119,7 +120,6 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
         plot_loss(out / "loss_curve.png", state.rows, loss_title(cfg, accelerator.num_processes))
         log(f"saved {final_dir} (reloads with AutoModelForCausalLM.from_pretrained)")
         if cfg.eval.enabled:
-            from .recipe_eval import evaluate_recipe
             result["eval"] = evaluate_recipe(cfg, final_dir, data.eval_ids, data.eval_names,
                                              out / "eval", state.step, log)
     accelerator.wait_for_everyone()

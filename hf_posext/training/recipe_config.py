@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import re
 from typing import Sequence
 
-from ..config import RopeExtensionConfig, canonical_method
+from ..catalog import canonical_method
+from ..rope.config import RopeExtensionConfig
 from . import data as datalib
 from .optim import SCHEDULES
 

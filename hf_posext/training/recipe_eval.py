@@ -15,8 +15,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import canonical_method
+import torch
+from transformers import AutoModelForCausalLM
+
+from ..catalog import canonical_method
+from ..evaluation import ResultsStore, evaluate_perplexity, format_table, plot_perplexity
 from ..evaluation.distributed import Ranks
+from ..evaluation.identity import checkpoint_fingerprint, loaded_fingerprint, source_fingerprint
 from .model import load_model
 
 SERIES = {"base": "unpatched base (plain RoPE)", "free": "{m} s={s:g}, training-free",
@@ -33,7 +38,6 @@ class MainProcessOnly(Ranks):
 def draw_results(labelled, out: Path, model_name: str, method: str, s: float, doc_names) -> tuple[Path, str]:
     """`out/perplexity.png` and `out/table.txt` from (series label, row) pairs; the title says what
     the plot shows."""
-    from ..evaluation import format_table, plot_perplexity
     shown = [{**r, "method": label, "factor_spec": ""} for label, r in labelled]
     what = f"perplexity of the first L tokens of held-out {', '.join(doc_names)}"
     series = f"unpatched vs {method} s={s:g} training-free vs fine-tuned"
@@ -50,10 +54,6 @@ def evaluate_recipe(cfg, final_dir: Path, eval_ids, doc_names, out: Path, steps:
     """Evaluate and write `out/results.{csv,json}`, `out/perplexity.png`, `out/table.txt`. The
     fine-tuned model is the one saved in `final_dir`, reloaded as a user would (plain
     `AutoModelForCausalLM.from_pretrained`, rope config inside)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from ..evaluation import ResultsStore, evaluate_perplexity
-    from ..evaluation.identity import checkpoint_fingerprint, loaded_fingerprint, source_fingerprint
 
     method, s = canonical_method(cfg.model.method), float(cfg.model.factor)
     common = dict(lengths=sorted(cfg.eval.lengths), dataset=cfg.data.source, chunk_size=cfg.eval.chunk_size,

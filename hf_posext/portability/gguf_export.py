@@ -26,8 +26,8 @@ from typing import Any
 
 from . import engines
 from .atomic import atomic_output
-from .methods import yarn_mscale
-from .verdicts import TOLERANCE, errors
+from ..rope.methods import yarn_mscale
+from .meaning import TOLERANCE, errors
 
 _READS_YARN_KEYS = ("grok", "mistral3")  # architectures whose runtime reads the yarn_* keys
 _UNREAD = ("yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_ext_factor",

@@ -12,10 +12,13 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from .verdicts import check, load_config, meaning, report
-from .engines import READERS
-from .exporting import TARGETS, export
-from .gguf_export import flags_text, rope_keys
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from ..patcher import patch
+from ..portability.engines import READERS
+from ..portability.exporting import TARGETS, export
+from ..portability.gguf_export import flags_text, rope_keys
+from ..portability.verdicts import check, load_config, meaning, report
 
 # reader (column) -> the export target that writes its form
 _TARGET_OF = {"transformers 5.x": "transformers", "transformers 4.x": "transformers",
@@ -85,10 +88,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 def _tiny_checkpoint(folder: Path, method: str, knobs: dict, factor: float = 4.0) -> Path:
     """A one-layer Llama with Llama-2 rope dims (head_dim 128, theta 10000, L 4096), extended."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from .patcher import patch
-
     config = LlamaConfig(hidden_size=128, num_attention_heads=1, num_key_value_heads=1,
                          head_dim=128, intermediate_size=8, num_hidden_layers=1, vocab_size=8,
                          max_position_embeddings=4096, rope_theta=10_000.0)

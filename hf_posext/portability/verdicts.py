@@ -2,8 +2,8 @@
 (docs/portability.md, "Verdicts")
 
 What a checkpoint *means* is its hf_posext method (the `config.hf_posext` block, or the rope
-config read as an hf_posext method), computed by `hf_posext.methods`. What each reader *runs*
-is re-derived from its source in `hf_posext.engines`. Compared at the trained length L, midway
+config read as an hf_posext method), computed by `hf_posext.rope.methods`. What each reader *runs*
+is re-derived from its source in `hf_posext.portability.engines`. Compared at the trained length L, midway
 and at s·L (dynamic methods change with length), each reader gets one verdict:
 
 - exact: inv_freq and scale equal to float noise (relative error <= 1e-5);
@@ -16,7 +16,7 @@ and at s·L (dynamic methods change with length), each reader gets one verdict:
   hf_posext`): the reader runs plain attention, whatever its rope verdict;
 - n/a: transformers' own llama3 / longrope, not an hf_posext method.
 
-`export` (hf_posext/exporting.py) writes the form a named reader runs exactly, or refuses.
+`export` (hf_posext/portability/exporting.py) writes the form a named reader runs exactly, or refuses.
 """
 
 from __future__ import annotations
@@ -30,11 +30,9 @@ from typing import Any
 import torch
 
 from . import config_audit, engines, portable
-from .attention.interface import CONFIG_KEY as ATTENTION_KEY, IMPLEMENTATION
-from .config import RopeExtensionConfig
-from .registry import compute
-
-TOLERANCE = 1e-5
+from .meaning import TOLERANCE, Meaning, errors, meaning_of
+from ..attention.interface import CONFIG_KEY as ATTENTION_KEY, IMPLEMENTATION
+from ..rope.config import RopeExtensionConfig
 
 
 @dataclass(frozen=True)
@@ -55,35 +53,6 @@ class Verdict:
 
     def line(self) -> str:
         return f"{self.reader:<17} {self.cell()}" + (f" — {self.detail}" if self.detail else "")
-
-
-@dataclass(frozen=True)
-class Meaning:
-    """What a checkpoint means: its rope method (None: plain RoPE), original base, dim, the
-    lengths compared, and its attention-level method (the `hf_posext_attention` block) if any."""
-    spec: RopeExtensionConfig | None
-    theta: float
-    dim: int
-    lengths: tuple[int, ...]
-    attention: dict[str, Any] | None = None
-
-    def freqs(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
-        if self.spec is None:
-            return engines.plain(self.dim, self.theta), 1.0
-        inv, scale = compute(self.spec, self.dim, self.theta, seq_len)
-        return inv.double(), float(scale)
-
-    @property
-    def label(self) -> str:
-        if self.spec is None:
-            rope = "plain RoPE"
-        else:
-            knobs = ", ".join(f"{k}={v:g}" for k, v in self.spec.knobs.items())
-            rope = f"{self.spec.method} (factor {self.spec.factor:g}{', ' + knobs if knobs else ''})"
-        if self.attention is None:
-            return rope
-        knobs = ", ".join(f"{k}={v}" for k, v in self.attention.items() if k != "method")
-        return f"{rope} + attention method {self.attention.get('method')!r} ({knobs})"
 
 
 def load_config(model_or_path) -> dict[str, Any]:
@@ -149,26 +118,6 @@ def _rope_meaning(cfg: dict[str, Any]) -> Meaning:
             raise engines.NotApplicable(f"{rope['rope_type']} ({err})") from None
         theta = float(rope["rope_theta"])
     return meaning_of(spec, theta, dim, max_pos)
-
-
-def meaning_of(spec: RopeExtensionConfig, theta: float, dim: int, max_pos: int) -> Meaning:
-    """`spec` on base `theta`, compared at L, midway and s·L (where dynamic methods differ)."""
-    if spec.factor == 1.0:
-        return Meaning(None, theta, dim, (max_pos,))
-    L = spec.original_max_position_embeddings or max_pos
-    return Meaning(spec, theta, dim, tuple(sorted({L, round(L * (1 + spec.factor) / 2),
-                                                   round(L * spec.factor)})))
-
-
-def errors(reading: engines.Reading, target: Meaning) -> tuple[float, float]:
-    """Max relative inv_freq error and scale error of `reading` against `target` over its lengths."""
-    freq_err = scale_err = 0.0
-    for length in target.lengths:
-        inv, scale = reading.freqs(length)
-        ref, ref_scale = target.freqs(length)
-        freq_err = max(freq_err, ((inv.double() - ref).abs() / ref).max().item())
-        scale_err = max(scale_err, abs(scale - ref_scale) / ref_scale)
-    return freq_err, scale_err
 
 
 def verdict(reader: str, cfg: dict[str, Any], target: Meaning) -> Verdict:

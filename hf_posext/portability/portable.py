@@ -25,8 +25,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .config import RopeExtensionConfig
-from .methods import ntk_base
+from .._version import __version__
+from ..rope.compat import get_rope_parameters, rotary_dim
+from ..rope.config import RopeExtensionConfig, method_of_rope_type
+from ..rope.methods import ntk_base
+from .engines import NotApplicable, transformers_reading
+from .meaning import TOLERANCE, errors, meaning_of
 
 BLOCK = "hf_posext"  # the config attribute (and config.json key) holding what hf_posext needs
 _NOT_PORTABLE = {"dynamic_yarn"}
@@ -57,8 +61,6 @@ def saved_rope(spec: RopeExtensionConfig, base: dict[str, Any], dim: int) -> dic
 
 def block(spec: RopeExtensionConfig, rope_theta: float) -> dict[str, Any]:
     """The `config.hf_posext` block: method, factor, knobs, the original theta and L, version."""
-    from . import __version__
-
     return {**spec.to_dict(), "rope_theta": float(rope_theta), "version": __version__}
 
 
@@ -111,9 +113,6 @@ def method_spec(config) -> RopeExtensionConfig | None:
     """The hf_posext method a (text) config is extended with, seen through its portable form
     (e.g. `ntk` for plain RoPE with a raised theta and a block); None for plain RoPE or
     transformers' own types."""
-    from .compat import get_rope_parameters, rotary_dim
-    from .config import method_of_rope_type
-
     rope = logical_rope(config, get_rope_parameters(config), rotary_dim(config))
     if method_of_rope_type(rope.get("rope_type", "default")) is None:
         return None
@@ -124,9 +123,6 @@ def _reads_as(config, rope: dict[str, Any], spec: RopeExtensionConfig, theta: fl
               dim: int) -> bool:
     """True when transformers runs `rope` exactly as `spec`: an engine form written by
     `hf_posext.export` (other keys, same meaning) matches its block too."""
-    from .verdicts import TOLERANCE, errors, meaning_of
-    from .engines import NotApplicable, transformers_reading
-
     try:
         reading = transformers_reading(rope, dim, config.max_position_embeddings)
     except (NotApplicable, KeyError):

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from .embedded import play_paths
+
 EMBEDDED_TEXT = "embedded:shakespeare"
 EMBEDDED_NAMES = (EMBEDDED_TEXT, "shakespeare", "embedded")
 TEXT_SUFFIXES = (".txt", ".md", ".text", ".rst", ".py")  # .py: long source code is a document too
@@ -63,7 +65,6 @@ def _play_name(dataset: str | None) -> str:
 def embedded_plays(dataset: str | None) -> list[Path]:
     """The plays `dataset` names: all of them, or the one after the slash (ValueError naming
     the plays when there is no such play)."""
-    from .embedded import play_paths
     paths = play_paths()
     play = _play_name(dataset).lower()
     if not play:

@@ -12,6 +12,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
+from ..loading import from_pretrained
+
 DEFAULT_MODEL = "embedded:smollm2-135m"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TRAINED_CONTEXT = 8192
@@ -35,15 +39,11 @@ def model_location() -> tuple[str, str]:
 
 def load_model(method=None, factor=None, **kwargs):
     """The embedded SmolLM2-135M through `hf_posext.from_pretrained` (about 30 s on 2 CPU cores)."""
-    from .loading import from_pretrained
-
     folder, gguf = model_location()
     return from_pretrained(folder, method, factor, gguf_file=gguf, **kwargs)
 
 
 def load_tokenizer():
-    from transformers import AutoTokenizer
-
     folder, gguf = model_location()
     return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
 

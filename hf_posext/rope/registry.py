@@ -168,4 +168,4 @@ def check_supported(model: torch.nn.Module) -> None:
                          f"{reason}. Supported: {supported}.")
     raise ValueError(f"model_type {model_type!r} uses RoPE but is not supported by hf_posext yet "
                      f"(supported: {supported}). Add it to "
-                     "hf_posext.registry.SUPPORTED_MODEL_TYPES once its rotary module is tested.")
+                     "hf_posext.rope.registry.SUPPORTED_MODEL_TYPES once its rotary module is tested.")

@@ -4,7 +4,7 @@ own source, without installing it (docs/portability.md, "Readers", names each fi
 Every reader is a function `config dict -> Reading`: `Reading.freqs(seq_len)` gives the
 `(inv_freq, attention_scale)` the reader runs at that length (float64, shape [d/2]; the scale
 multiplies cos and sin), or the reader refuses (raises at load) / is not meant for this type.
-`hf_posext.check` compares these with what the checkpoint means (`hf_posext.methods`).
+`hf_posext.check` compares these with what the checkpoint means (`hf_posext.rope.methods`).
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .methods import yarn_mscale
+
 # method -> (rope_type written into the model config, knobs it uses besides factor/L, dynamic?)
 # linear, dynamic_ntk and yarn are saved under transformers' own rope types so a checkpoint
 # loads even where hf_posext is absent; the other three are types hf_posext registers.
@@ -24,9 +26,7 @@ _METHOD_TABLE: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "dynamic_yarn": ("dynamic_yarn", ("beta_fast", "beta_slow", "mscale_coefficient", "finetuned"), True),
 }
 ROPE_METHODS: tuple[str, ...] = tuple(_METHOD_TABLE)
-# + the attention-level methods (hf_posext/attention), so the CLI and patch know every name
-from .attention.config import ATTENTION_METHODS  # noqa: E402
-METHODS: tuple[str, ...] = ROPE_METHODS + ATTENTION_METHODS
+# Every method name (+ the attention-level ones): hf_posext.catalog.METHODS, built above both.
 ALIASES = {"dynamic": "dynamic_ntk", "pi": "linear", "ntk_aware": "ntk"}
 # transformers' own rope types that hf_posext passes through untouched (no math of ours).
 PASSTHROUGH_TYPES = {
@@ -40,15 +40,17 @@ DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale_coefficient": 0.1, "att
 _KNOBS = ("beta_fast", "beta_slow", "mscale_coefficient", "attention_factor", "finetuned")
 
 
-def canonical_method(method: str) -> str:
-    """Resolve aliases (`dynamic` -> `dynamic_ntk`); raise a helpful error for unknown names."""
+def canonical_method(method: str, known: tuple[str, ...] = ROPE_METHODS) -> str:
+    """Resolve aliases (`dynamic` -> `dynamic_ntk`); raise a helpful error for names not in
+    `known` (the rope methods here; `hf_posext.catalog` passes every method)."""
     if not isinstance(method, str):
         raise TypeError(f"method must be a string such as 'yarn', got {type(method).__name__}")
     name = ALIASES.get(method.lower(), method.lower())
-    if name not in METHODS:
-        known = ", ".join(METHODS)
-        raise ValueError(f"Unknown RoPE extension method {method!r}. Use one of: {known} "
-                         f"(aliases: {', '.join(ALIASES)}).")
+    if name not in known:
+        hint = ("; attention-level methods (hf_posext.ATTENTION_METHODS) are not rope configs: use "
+                "hf_posext.patch(model, method) or AttentionExtensionConfig") if known is ROPE_METHODS else ""
+        raise ValueError(f"Unknown RoPE extension method {method!r}. Use one of: {', '.join(known)} "
+                         f"(aliases: {', '.join(ALIASES)}){hint}.")
     return name
 
 
@@ -114,9 +116,6 @@ class RopeExtensionConfig:
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the only writes happen here, after each check
         set_(self, "method", canonical_method(self.method))
-        if self.method in ATTENTION_METHODS:
-            raise ValueError(f"{self.method!r} is an attention-level method, not a rope config: "
-                             "use hf_posext.patch(model, method) or AttentionExtensionConfig.")
         set_(self, "factor", _check_number("factor", self.factor, minimum=1.0))
         if self.original_max_position_embeddings is not None:
             L = self.original_max_position_embeddings
@@ -199,7 +198,6 @@ class RopeExtensionConfig:
             if self.attention_factor is not None:
                 d["attention_factor"] = float(self.attention_factor)
             elif self.mscale_coefficient != DEFAULTS["mscale_coefficient"]:
-                from .methods import yarn_mscale
                 d["attention_factor"] = float(yarn_mscale(self.factor, self.mscale_coefficient))
         if self.method == "dynamic_yarn":
             d["mscale_coefficient"] = self.mscale_coefficient

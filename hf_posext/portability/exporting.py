@@ -30,9 +30,9 @@ from . import portable
 from .atomic import atomic_output
 from .gguf_export import export_gguf
 from .verdicts import Verdict, check, load_config, meaning, verdict
-from .compat import v4_scaling
+from ..rope.compat import v4_scaling
 from .engines import NotApplicable
-from .methods import yarn_mscale
+from ..rope.methods import yarn_mscale
 
 TARGETS: dict[str, tuple[str, ...]] = {
     "transformers": ("transformers 5.x", "transformers 4.x"),

