@@ -158,14 +158,16 @@ def check(model_or_path, readers=None) -> list[Verdict]:
     return [verdict(r, cfg, target) for r in readers or engines.READERS]
 
 
-def report(model_or_path) -> str:
-    """The text `hf-posext check` prints."""
+def report(model_or_path, view=None) -> str:
+    """The text `hf-posext check` prints; `view(cfg, verdicts)` may replace verdicts (the CLI
+    passes `measured.overlay`: measured engine releases in place of their re-derivations)."""
     cfg = load_config(model_or_path)
     try:
         label = meaning(cfg).label
     except engines.NotApplicable as err:
         label = f"transformers' own {err}"
     verdicts = check(model_or_path)
+    verdicts = view(cfg, verdicts) if view else verdicts
     rows = [f"{model_or_path}: {label}"] + ["  " + v.line() for v in verdicts]
     if any(v.status in ("different", "ignored") for v in verdicts):
         rows.append("  (hf-posext export PATH OUT --target READER writes the exact form a reader "
