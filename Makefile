@@ -98,7 +98,7 @@ $(eval $(call vllm_venv,.venv-vllm029,$(VLLM_OLD)))
 	.venv-llamacpp/bin/pip install -q $(TORCH) "$(TRANSFORMERS)" $(LLAMACPP_DEPS)
 	nice -n 10 .venv-llamacpp/bin/pip install -q $(TORCH) "$(LLAMACPP)"
 	rm -rf .venv-llamacpp/sdist
-	.venv-llamacpp/bin/pip download -q --no-deps --no-binary :all: "$(LLAMACPP)" -d .venv-llamacpp/sdist
+	.venv-llamacpp/bin/pip download -q --no-deps --no-binary llama-cpp-python "$(LLAMACPP)" -d .venv-llamacpp/sdist
 	tar -xzf .venv-llamacpp/sdist/*.tar.gz -C .venv-llamacpp/sdist
 	test -f .venv-llamacpp/sdist/*/vendor/llama.cpp/convert_hf_to_gguf.py
 	touch $@
@@ -112,10 +112,10 @@ engine-venvs: .venv-vllm/.installed .venv-vllm029/.installed .venv-llamacpp/.ins
 test-engines: install engine-venvs
 	$(BIN)/pytest -q -m engines tests/engines $(PYTEST_ARGS)
 
-# Re-measure and rewrite hf_posext/measured_engines.json (then `make portability-table` and
+# The same run, writing hf_posext/measured_engines.json first (then `make portability-table` and
 # paste the table into the README: tests/test_portability.py holds README == command).
 engine-table: install engine-venvs
-	$(BIN)/python tests/engines/measure.py --write
+	HF_POSEXT_WRITE_MEASURED=1 $(BIN)/pytest -q -m engines tests/engines $(PYTEST_ARGS)
 
 clean:
-	rm -rf .venv .venv-tf4 build *.egg-info
+	rm -rf .venv .venv-tf4 .venv-vllm .venv-vllm029 .venv-llamacpp build *.egg-info

@@ -88,9 +88,10 @@ def _tiny_checkpoint(folder: Path, method: str, knobs: dict, factor: float = 4.0
     return folder
 
 
-def _cell(shown, reader: str, path: Path, scratch: Path) -> str:
+def _cell(shown, reader: str, row: str, path: Path, scratch: Path) -> str:
     """`shown` (check's verdict as the CLI prints it), and when not exact what `export --target`
-    for that engine gives, as the same column shows it for the exported checkpoint."""
+    for that engine gives, as the same column shows it for the exported checkpoint (for a GGUF
+    written by export: the measured cell of table row `row`)."""
     if shown.status == "refused" and "import hf_posext" in shown.detail:
         return "refused without hf_posext; exact after `import hf_posext`"
     if shown.status in ("exact", "n/a", "refused"):
@@ -99,10 +100,15 @@ def _cell(shown, reader: str, path: Path, scratch: Path) -> str:
     out = scratch / f"{path.name}-{target}"
     try:
         export(path, out, target)
+        again = measured.overlay(load_config(out), check(out))
+        text = f"{shown.cell()} → export: {next(v for v in again if v.reader == shown.reader).cell()}"
     except ValueError:
-        return f"{shown.cell()} → export refused"
-    again = measured.overlay(load_config(out), check(out))
-    return f"{shown.cell()} → export: {next(v for v in again if v.reader == shown.reader).cell()}"
+        text = f"{shown.cell()} → export refused"
+    for file_row in measured.file_exports(getattr(shown, "release", ""), row):
+        flags = file_row["detail"].split("; ")[0] if file_row["detail"].startswith("run with") else ""
+        text += (f"; export --target {file_row['form'].split(':', 1)[1]}: "
+                 f"{measured.of_row(file_row).cell()}" + (f" ({flags})" if flags else ""))
+    return text
 
 
 def table() -> str:
@@ -118,7 +124,7 @@ def table() -> str:
             if not lines:
                 lines = ["| method (s = 4) | " + " | ".join(v.reader for v in shown) + " |",
                          "|---" * (len(shown) + 1) + "|"]
-            cells = [_cell(v, d.reader, path, scratch) for v, d in zip(shown, derived)]
+            cells = [_cell(v, d.reader, method, path, scratch) for v, d in zip(shown, derived)]
             lines.append(f"| `{method.split(' ')[0]}`{method[len(method.split(' ')[0]):]} | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines)

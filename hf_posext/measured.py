@@ -91,15 +91,25 @@ class Measured(Verdict):
     below_L: float | None = None
     above_L: float | None = None
     measured: bool = True  # False: this form was not measured; the re-derived verdict
+    release: str = ""
 
     def cell(self) -> str:
         if not self.measured:
             return f"{super().cell()} (re-derived: form not measured)"
         if self.status == "different":
-            return f"different (max |Δ logprob| {self.below_L:.2g} below L, {self.above_L:.2g} above)"
+            return (f"different (Δ logprob up to {self.below_L:.2g} nats below L, "
+                    f"{self.above_L:.2g} above)")
         if self.status == "broken":
-            return f"broken ({self.detail.split(': ', 1)[-1]})"
+            return f"broken ({self.detail.split('; ')[0]})"
         return self.status
+
+    def line(self) -> str:
+        if not self.measured:
+            return super().line()
+        nums = "" if self.below_L is None else \
+            f"max |Δ logprob| {self.below_L:.1e} below L, {self.above_L:.1e} above"
+        said = [x for x in (nums, "" if self.status == "broken" else self.detail) if x]
+        return f"{self.reader} {self.cell()}" + (f" — {'; '.join(said)}" if said else "")
 
 
 def releases() -> list[tuple[str, str]]:
@@ -127,12 +137,25 @@ def overlay(cfg: dict[str, Any], verdicts: list[Verdict]) -> list[Verdict]:
             out.append(Verdict(f"{v.reader} ({NOT_RUN})", v.status, v.freq_error,
                                v.scale_error, v.detail))
         elif (row := find(release, cfg)) is not None:
-            out.append(Measured(column(release), row["verdict"], detail=row.get("detail", ""),
-                                below_L=row.get("below_L"), above_L=row.get("above_L")))
+            out.append(of_row(row))
         else:
             out.append(Measured(column(release), v.status, v.freq_error, v.scale_error,
-                                v.detail, measured=False))
+                                v.detail, measured=False, release=release))
     return out
+
+
+def of_row(row: dict[str, Any]) -> Measured:
+    release = f"{row['engine']} {row['release']}"
+    return Measured(column(release), row["verdict"], detail=row.get("detail", ""),
+                    below_L=row.get("below_L"), above_L=row.get("above_L"), release=release)
+
+
+def file_exports(release: str, case: str) -> list[dict[str, Any]]:
+    """Measured cells of `release` for exports written as a GGUF file (no config.json, so
+    `check` cannot be pointed at them) of the table row `case`."""
+    return [r for r in load()["cells"] if f"{r['engine']} {r['release']}" == release
+            and r["case"] == case and r["form"].startswith("export:") and "signature" in r
+            and r["signature"] is None and r["verdict"] != "export refused"]
 
 
 def summary(data: dict[str, Any]) -> str:

@@ -3,7 +3,8 @@
     .venv-llamacpp/bin/python _run_llamacpp.py JOBS.json OUT.jsonl
 
 JOBS.json: {"ids": [token ids], "n_ctx": N, "converter": path of convert_hf_to_gguf.py,
-            "jobs": [{"id", "path": HF folder or .gguf file, "gguf_out": where to convert to}]}
+            "jobs": [{"id", "path": HF folder or .gguf file, "gguf_out": where to convert to,
+                      "flags": {llama_cpp.Llama keyword: value} run-time flags}]}
 An HF folder goes through llama.cpp's own converter (the one vendored in the llama-cpp-python
 sdist, f32), as a user would; a .gguf file (an `export` target writing GGUF) is run as it is.
 OUT.jsonl: {"version"} first, then one line per job as in _run_vllm.py (stage "convert" when the
@@ -61,11 +62,15 @@ def run_one(job: dict, ids: list[int], n_ctx: int, converter) -> dict:
         # llama-cpp-python's own defaults for the YaRN knobs (attn factor 1, betas 32/1)
         # override the GGUF's; -1 (and 0 for base/scale/orig ctx) take the model's values
         # (llama.cpp src/llama-context.cpp: `params.x >= 0 ? params.x : hparams.x`).
+        # An export may name run-time flags for knobs with no GGUF key (job["flags"]).
+        rope = {**dict(rope_freq_base=0.0, rope_freq_scale=0.0, yarn_ext_factor=-1.0,
+                       yarn_attn_factor=-1.0, yarn_beta_fast=-1.0, yarn_beta_slow=-1.0,
+                       yarn_orig_ctx=0), **job.get("flags", {})}
+        # float32 KV cache (llama.cpp's default is f16: ~2e-3 nats of noise on this model)
         llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
                               logits_all=True, n_threads=2, seed=0, verbose=False,
-                              rope_freq_base=0.0, rope_freq_scale=0.0, yarn_ext_factor=-1.0,
-                              yarn_attn_factor=-1.0, yarn_beta_fast=-1.0, yarn_beta_slow=-1.0,
-                              yarn_orig_ctx=0)
+                              type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
+                              **rope)
     except Exception as err:
         traceback.print_exc()
         return {"id": job["id"], "logprobs": None, "stage": "load", "error": last_line(err)}

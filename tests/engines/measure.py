@@ -1,6 +1,9 @@
 """Run every method's checkpoint in the real engines and measure what they compute.
 
-    python tests/engines/measure.py [--write] [--workdir DIR]     (make engine-table writes)
+    python tests/engines/measure.py [--write] [--workdir DIR] [--venv VENV ...]
+
+(`make test-engines` runs it through tests/engines/test_engines.py; `make engine-table` does the
+same and writes the result.)
 
 In this (main) venv, with transformers + hf_posext: a tiny random Llama with a real tokenizer,
 one checkpoint per case (every rope and attention method of `hf_posext.METHODS`, plus YaRN with
@@ -56,6 +59,10 @@ ENGINES = [  # (engine, venv (Makefile pins the release), runner, re-derived rea
     ("llama.cpp", ".venv-llamacpp", "_run_llamacpp.py", "llama.cpp"),
 ]
 CONTROL = "plain RoPE (control)"
+# Export targets that rewrite the GGUF llama.cpp's converter made of the checkpoint
+# (`export(ckpt, out, target, gguf=CONVERTED)`, which returns the run-time flags still needed):
+# measured after llama.cpp's converter ran on the saved form, with those flags.
+GGUF_TARGETS = tuple(t for t in TARGETS if t == "gguf")
 # vLLM's default (compiled, CUDA-graph-free on CPU) mode is measured too, for the forms whose
 # path differs with length (`dynamic`): eager mode is what the other cells use, since compiling
 # every checkpoint would take minutes each. Only the newest release, to keep CI short.
@@ -100,12 +107,13 @@ def logprobs(model, ids: list[int]) -> torch.Tensor:
     return torch.cat([torch.tensor([float("nan")], dtype=torch.float64), lp])
 
 
-def digest(path: Path) -> str:
-    """Content id of a checkpoint form: its GGUF, or its config.json without hf_posext's own
-    blocks, which no engine reads (the weights are shared): each distinct form runs once."""
-    ggufs = sorted(path.glob("*.gguf"))
-    if ggufs:
-        return hashlib.sha256(b"".join(f.read_bytes() for f in ggufs)).hexdigest()[:16]
+def digest(path: Path, flags: dict | None = None) -> str:
+    """Content id of a checkpoint form: a GGUF file (and its run-time flags), or config.json
+    without hf_posext's own blocks, which no engine reads (the weights are shared): each
+    distinct form runs once."""
+    if path.is_file():
+        return hashlib.sha256(path.read_bytes() + json.dumps(flags or {}, sort_keys=True)
+                              .encode()).hexdigest()[:16]
     cfg = json.loads((path / "config.json").read_text())
     for block in measured.BLOCKS:
         cfg.pop(block, None)
@@ -138,7 +146,7 @@ def build(work: Path):
         m.save_pretrained(folder / "saved")
         tok.save_pretrained(folder / "saved")
         outputs = {"saved": folder / "saved"}
-        for target in TARGETS if method else ():
+        for target in (t for t in TARGETS if t not in GGUF_TARGETS) if method else ():
             out = folder / f"export-{target}"
             try:
                 hf_posext.export(folder / "saved", out, target=target)
@@ -149,20 +157,47 @@ def build(work: Path):
         for form, path in outputs.items():
             key = digest(path)
             forms.setdefault(key, path)
-            cfg = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else None
-            cells.append(dict(case=label, method=method, knobs=knobs, form=form, key=key, path=str(path),
-                              signature=measured.signature(cfg) if cfg else None,
-                              gguf=not (path / "config.json").exists()))
+            cells.append(dict(case=label, method=method, knobs=knobs, form=form, key=key,
+                              path=str(path), signature=measured.signature(load_config(path))))
     return forms, refs, ids, cells
 
 
+def gguf_exports(cells: list[dict], work: Path) -> tuple[dict, dict, list[dict]]:
+    """(forms, run-time flags by form, cells) of the GGUF_TARGETS exports of every saved case,
+    from the GGUF llama.cpp's converter wrote of it (work/KEY.gguf, by _run_llamacpp.py)."""
+    forms, flags, out = {}, {}, []
+    for cell in cells:
+        if cell["form"] != "saved" or cell["method"] is None:
+            continue
+        converted = work / f"{cell['key']}.gguf"
+        for target in GGUF_TARGETS:
+            row = dict(case=cell["case"], method=cell["method"], knobs=cell["knobs"],
+                       form=f"export:{target}", signature=None)
+            gguf_out = Path(cell["path"]).parent / f"export-{target}.gguf"
+            try:
+                if not converted.exists():
+                    raise ValueError("llama.cpp's converter wrote no GGUF of the checkpoint")
+                needed = hf_posext.export(cell["path"], gguf_out, target=target,
+                                          gguf=converted) or {}
+            except ValueError as err:
+                out.append(dict(row, verdict="export refused", detail=str(err)[:300]))
+                continue
+            key = digest(gguf_out, needed)
+            forms[key], flags[key] = gguf_out, dict(needed)
+            said = ", ".join(f"{k}={v:g}" for k, v in needed.items())
+            out.append(dict(row, key=key, path=str(gguf_out),
+                            flags=f"run with {said}" if said else ""))
+    return forms, flags, out
+
+
 def run_engine(venv: str, runner: str, forms: dict[str, Path], ids: list[int], work: Path,
-               compiled: bool = False) -> tuple[str, dict[str, dict]]:
-    """Run `forms` in the engine; a crash of the engine process (abort) marks the job it died
-    in `broken` and the rest run in a fresh process. Returns (engine version, results by key)."""
-    todo = [{"id": k, "path": str(p), "gguf_out": str(work / f"{k}.gguf")}
-            for k, p in forms.items()
-            if runner != "_run_vllm.py" or (p / "config.json").exists()]
+               compiled: bool = False, flags: dict | None = None) -> tuple[str, dict[str, dict]]:
+    """Run `forms` in the engine (vLLM: the HF folders only); a crash of the engine process
+    (abort) marks the job it died in `broken` and the rest run in a fresh process. Returns
+    (engine version, results by key)."""
+    todo = [{"id": k, "path": str(p), "gguf_out": str(work / f"{k}.gguf"),
+             "flags": (flags or {}).get(k, {})}
+            for k, p in forms.items() if runner != "_run_vllm.py" or p.is_dir()]
     results, version = {}, None
     if not todo:
         return version, results
@@ -219,10 +254,10 @@ def decide(result: dict, ref: torch.Tensor, plain: torch.Tensor, threshold: floa
         return (got[mask] - a[mask]).abs().max().item()
     bad = ~torch.isfinite(got)
     if bad.any():
-        first = int(pos[bad][0])
+        first, what = int(pos[bad][0]), "NaN" if got[bad].isnan().all() else "NaN/inf"
         return dict(verdict="broken", below_L=None, above_L=None,
-                    detail=f"non-finite logprobs at {int(bad.sum())} of {len(got)} positions, "
-                           f"the first at {first} ({'≥' if first >= L else '<'} L = {L})")
+                    detail=f"{what} from position {first} (L = {L}); at {int(bad.sum())} of "
+                           f"{len(got)} positions")
     cell = dict(below_L=gap(ref, below), above_L=gap(ref, above))
     if max(cell.values()) <= threshold:
         return dict(cell, verdict="exact", detail="")
@@ -241,16 +276,21 @@ def measure(work: Path, venvs: list[str] | None = None) -> dict:
         if venvs and venv not in venvs:
             continue
         version, results = run_engine(venv, runner, forms, ids, work)
+        engine_cells = cells
+        if engine == "llama.cpp" and GGUF_TARGETS:
+            more, flags, more_cells = gguf_exports(cells, work)
+            results.update(run_engine(venv, runner, more, ids, work, flags=flags)[1])
+            engine_cells = cells + more_cells
         modes = [("eager", results)] if engine == "vLLM" else [("", results)]
         if venv in COMPILED_VENVS:
-            dynamic = {k: p for k, p in forms.items() if (p / "config.json").exists() and
+            dynamic = {k: p for k, p in forms.items() if p.is_dir() and
                        measured.signature(load_config(p))["rope_type"] == "dynamic"}
             modes.append(("compiled", run_engine(venv, runner, dynamic, ids, work, True)[1]))
         release = f"{engine} {version}"
         engines_seen.append(dict(engine=engine, release=version, venv=venv, re_derived=reader))
         for mode, found in modes:
-            for cell in cells:
-                row = {k: v for k, v in cell.items() if k not in ("key", "gguf")}
+            for cell in engine_cells:
+                row = {k: v for k, v in cell.items() if k != "key"}
                 row.update(engine=engine, release=version, mode=mode)
                 if "key" not in cell:
                     if mode != "compiled":
@@ -259,6 +299,8 @@ def measure(work: Path, venvs: list[str] | None = None) -> dict:
                 if cell["key"] not in found:  # a GGUF file (not given to vLLM); eager-only forms
                     continue
                 row.update(decide(found[cell["key"]], refs[cell["case"]], plain, THRESHOLD[engine]))
+                if row.pop("flags", ""):
+                    row["detail"] = "; ".join(x for x in (cell["flags"], row["detail"]) if x)
                 rows.append(row)
                 if cell["case"] == CONTROL:
                     noise[release] = max(row["below_L"] or math.inf, row["above_L"] or math.inf)
@@ -269,6 +311,14 @@ def measure(work: Path, venvs: list[str] | None = None) -> dict:
                            dtype="float32"),
                 threshold=THRESHOLD, noise=noise, effect_vs_plain=effects,
                 engines=engines_seen, command="make engine-table", cells=rows)
+
+
+def write(data: dict) -> None:
+    """Store a measurement as hf_posext/measured_engines.json (what check and the README read)."""
+    cells = [{k: v for k, v in c.items() if k != "path"} for c in data["cells"]]  # temp folders
+    text = json.dumps({**data, "cells": cells}, indent=1, sort_keys=True, ensure_ascii=False)
+    measured.PATH.write_text(text + "\n")
+    print(f"wrote {measured.PATH}")
 
 
 def main() -> None:
@@ -285,14 +335,12 @@ def main() -> None:
         raise SystemExit(f"engine venvs missing: {', '.join(missing_venvs())}; run make engine-venvs")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
+        if work.exists() and any(work.iterdir()):
+            raise SystemExit(f"--workdir {work} is not empty; pass a new folder")
         work.mkdir(parents=True, exist_ok=True)
         data = measure(work, args.venv)
-    for cell in data["cells"]:
-        cell.pop("path", None)  # the temporary checkpoint folder
-    text = json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
     if args.write:
-        measured.PATH.write_text(text)
-        print(f"wrote {measured.PATH}")
+        write(data)
     print(measured.summary(data))
 
 
