@@ -96,7 +96,8 @@ def base_model(tok) -> LlamaForCausalLM:
 def prompt_ids(tok) -> list[int]:
     """The first PROMPT tokens of Hamlet, with the tokenizer's BOS first."""
     hamlet = next(p for p in embedded.play_paths() if p.stem == "hamlet")
-    return [tok.bos_token_id] + tok(hamlet.read_text(), add_special_tokens=False)["input_ids"][:PROMPT - 1]
+    text = tok(hamlet.read_text(), add_special_tokens=False)["input_ids"]
+    return [tok.bos_token_id] + text[:PROMPT - 1]
 
 
 def logprobs(model, ids: list[int]) -> torch.Tensor:
@@ -132,7 +133,7 @@ def build(work: Path):
         folder = work / f"case{number}"
         # the control keeps max_position_embeddings as the extended ones write it (4·L): vLLM
         # sizes its cos/sin table from it, so L would cut the control off at L
-        cfg = dict(base_cfg, max_position_embeddings=int(FACTOR * L)) if method is None else base_cfg
+        cfg = base_cfg if method else dict(base_cfg, max_position_embeddings=int(FACTOR * L))
         m = LlamaForCausalLM(LlamaConfig.from_dict(cfg)).eval()
         m.load_state_dict(state)
         if method is not None:
@@ -230,9 +231,11 @@ def run_engine(venv: str, runner: str, forms: dict[str, Path], ids: list[int], w
 
 
 def converter_path() -> Path:
-    found = sorted((ROOT / ".venv-llamacpp" / "sdist").glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+    sdist = ROOT / ".venv-llamacpp" / "sdist"
+    found = sorted(sdist.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
     if not found:
-        raise FileNotFoundError("convert_hf_to_gguf.py not found: run `make .venv-llamacpp/.installed`")
+        raise FileNotFoundError(f"no convert_hf_to_gguf.py under {sdist}: run "
+                                "`make .venv-llamacpp/.installed`")
     return found[0]
 
 
@@ -244,8 +247,10 @@ def decide(result: dict, ref: torch.Tensor, plain: torch.Tensor, threshold: floa
         status = "refused" if result["stage"] in ("load", "convert") else "broken"
         where = {"load": "on load", "convert": "by the converter", "run": "while running",
                  "crash": "crashed"}[result["stage"]]
-        return dict(verdict=status, below_L=None, above_L=None, detail=f"{where}: {result['error']}")
-    got = torch.tensor([math.nan if x is None else x for x in result["logprobs"]], dtype=torch.float64)[1:]
+        return dict(verdict=status, below_L=None, above_L=None,
+                    detail=f"{where}: {result['error']}")
+    got = torch.tensor([math.nan if x is None else x for x in result["logprobs"]],
+                       dtype=torch.float64)[1:]
     ref, plain = ref[1:], plain[1:]
     pos = torch.arange(1, len(got) + 1)
     below, above = pos < L, pos >= L
@@ -263,7 +268,8 @@ def decide(result: dict, ref: torch.Tensor, plain: torch.Tensor, threshold: floa
         return dict(cell, verdict="exact", detail="")
     to_plain = max(gap(plain, below), gap(plain, above))
     if to_plain <= threshold:
-        return dict(cell, verdict="ignored", detail=f"runs plain RoPE (max |Δ| to it {to_plain:.1e})")
+        return dict(cell, verdict="ignored",
+                    detail=f"runs plain RoPE (max |Δ| to it {to_plain:.1e})")
     return dict(cell, verdict="different", detail=f"max |Δ| to plain RoPE {to_plain:.2g}")
 
 
@@ -332,7 +338,8 @@ def main() -> None:
     if args.write and args.venv:
         raise SystemExit("--write stores every engine: drop --venv")
     if missing_venvs() and not args.venv:
-        raise SystemExit(f"engine venvs missing: {', '.join(missing_venvs())}; run make engine-venvs")
+        raise SystemExit(f"engine venvs missing: {', '.join(missing_venvs())}; "
+                         "run make engine-venvs")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
         if work.exists() and any(work.iterdir()):
