@@ -84,7 +84,7 @@ $(1)/.installed: Makefile
 	$(1)/bin/pip install -q $(TORCH)
 	$(1)/bin/pip install -q "$(2)" $(TORCH)
 	$(1)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(1)/bin/python -c "import vllm" 2>/dev/null
+	$(1)/bin/python -c "import vllm"
 	touch $$@
 endef
 $(eval $(call vllm_venv,.venv-vllm,$(VLLM)))
