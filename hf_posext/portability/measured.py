@@ -1,0 +1,170 @@
+"""What the real engines did with each method's checkpoint, measured by running them.
+
+`tests/engines/measure.py` (`make engine-table`) runs every method's checkpoint, as saved and as
+each `export` target writes it, in vLLM and llama.cpp installed from PyPI, and compares prompt
+logprobs with transformers + hf_posext; the verdicts are stored in `measured_engines.json` next to
+this file (docs/portability.md, "Measured on the real engines"). `hf-posext check` shows, for the
+engine releases measured there, the measured verdict of the same method (with the same
+non-default knobs) in the same config form; other engines and forms keep the re-derivations of
+`hf_posext.engines`, labelled as such.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from . import engines
+from ..rope.config import RopeExtensionConfig
+from .verdicts import Verdict
+
+PATH = Path(__file__).with_name("measured_engines.json")
+NOT_RUN = "re-derived, not run"
+BLOCKS = ("hf_posext", "hf_posext_attention")  # the rope and the attention method blocks
+_NOT_KNOBS = {"method", "factor", "original_max_position_embeddings", "trained_length",
+              "target_length", "rope_theta", "version"}
+
+
+@lru_cache(maxsize=1)
+def load() -> dict[str, Any]:
+    return json.loads(PATH.read_text()) if PATH.exists() else {"engines": [], "cells": []}
+
+
+def trained_length(cfg: dict[str, Any]) -> int:
+    rope_block, attention_block = (cfg.get(b) or {} for b in BLOCKS)
+    return int(rope_block.get("original_max_position_embeddings")
+               or attention_block.get("trained_length") or cfg["max_position_embeddings"])
+
+
+def signature(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What an engine's rope code path depends on in config.json: the rope type and which keys
+    it carries (as transformers 5.x reads them), and max_position_embeddings relative to L
+    (vLLM sizes its cos/sin table from it)."""
+    rope = engines.v5_rope(cfg)
+    return {"rope_type": rope["rope_type"], "keys": sorted(k for k in rope if k != "rope_theta"),
+            "max_position": f"{cfg['max_position_embeddings'] / trained_length(cfg):g}·L"}
+
+
+def case_of(cfg: dict[str, Any]) -> tuple[str | None, tuple[str, ...]] | None:
+    """(method, names of its knobs that differ from hf_posext's defaults) of a checkpoint,
+    (None, ()) for plain RoPE, None for a rope config hf_posext did not write."""
+    for name in BLOCKS:
+        data = cfg.get(name)
+        if isinstance(data, dict) and "method" in data:
+            knobs = {k: v for k, v in data.items() if k not in _NOT_KNOBS}
+            if name != "hf_posext":  # attention methods: engines run attention as they always do
+                return data["method"], ()
+            try:
+                default = RopeExtensionConfig(method=data["method"], factor=data.get("factor", 2.0),
+                                              original_max_position_embeddings=trained_length(cfg))
+            except (ValueError, TypeError):
+                return None
+            return data["method"], tuple(sorted(k for k, v in knobs.items()
+                                                if getattr(default, k, None) != v))
+    return (None, ()) if engines.v5_rope(cfg)["rope_type"] == "default" else None
+
+
+def _knob_names(row: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(sorted(row.get("knobs") or {}))
+
+
+def find(release: str, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The measured cell of `release` ("vLLM 0.32.0") for a checkpoint like `cfg`, or None
+    (vLLM: the eager-mode cell; the compiled one is in the notes of docs/portability.md)."""
+    case, sig = case_of(cfg), signature(cfg)
+    if case is None:
+        return None
+    for row in load()["cells"]:
+        if f"{row['engine']} {row['release']}" == release and row.get("signature") == sig \
+                and row.get("mode") != "compiled" \
+                and (row["method"], _knob_names(row)) == case:
+            return row
+    return None
+
+
+@dataclass(frozen=True)
+class Measured(Verdict):
+    """A verdict read from measured_engines.json; numbers are max |Δ logprob| in nats."""
+    below_L: float | None = None
+    above_L: float | None = None
+    measured: bool = True  # False: this form was not measured; the re-derived verdict
+    release: str = ""
+
+    def cell(self) -> str:
+        if not self.measured:
+            return f"{super().cell()} (re-derived: form not measured)"
+        if self.status == "different":
+            return (f"different (Δ logprob up to {self.below_L:.2g} nats below L, "
+                    f"{self.above_L:.2g} above)")
+        if self.status == "broken":
+            return f"broken ({self.detail.split('; ')[0]})"
+        return self.status
+
+    def line(self) -> str:
+        if not self.measured:
+            return super().line()
+        nums = "" if self.below_L is None else \
+            f"max |Δ logprob| {self.below_L:.1e} below L, {self.above_L:.1e} above"
+        said = [x for x in (nums, "" if self.status == "broken" else self.detail) if x]
+        return f"{self.reader} {self.cell()}" + (f" — {'; '.join(said)}" if said else "")
+
+
+def releases() -> list[tuple[str, str]]:
+    """(measured release, the re-derived reader it replaces), in measurement order."""
+    return [(f"{e['engine']} {e['release']}", e["re_derived"]) for e in load()["engines"]]
+
+
+def column(release: str) -> str:
+    engine, _, version = release.partition(" ")
+    if engine == "llama.cpp":
+        return f"llama.cpp (llama-cpp-python {version}, measured)"
+    return f"{release} (measured)"
+
+
+def overlay(cfg: dict[str, Any], verdicts: list[Verdict]) -> list[Verdict]:
+    """`check`'s re-derived verdicts with the measured ones in place of the readers a measured
+    release stands for; readers not run here are labelled "re-derived, not run"."""
+    by_reader = {reader: release for release, reader in releases()}
+    out = []
+    for v in verdicts:
+        release = by_reader.get(v.reader)
+        if v.reader.startswith("transformers"):
+            out.append(v)
+        elif release is None:
+            out.append(Verdict(f"{v.reader} ({NOT_RUN})", v.status, v.freq_error,
+                               v.scale_error, v.detail))
+        elif (row := find(release, cfg)) is not None:
+            out.append(of_row(row))
+        else:
+            out.append(Measured(column(release), v.status, v.freq_error, v.scale_error,
+                                v.detail, measured=False, release=release))
+    return out
+
+
+def of_row(row: dict[str, Any]) -> Measured:
+    release = f"{row['engine']} {row['release']}"
+    return Measured(column(release), row["verdict"], detail=row.get("detail", ""),
+                    below_L=row.get("below_L"), above_L=row.get("above_L"), release=release)
+
+
+def file_exports(release: str, case: str) -> list[dict[str, Any]]:
+    """Measured cells of `release` for exports written as a GGUF file (no config.json, so
+    `check` cannot be pointed at them) of the table row `case`."""
+    return [r for r in load()["cells"] if f"{r['engine']} {r['release']}" == release
+            and r["case"] == case and r["form"].startswith("export:") and "signature" in r
+            and r["signature"] is None and r["verdict"] != "export refused"]
+
+
+def summary(data: dict[str, Any]) -> str:
+    """One line per measured cell, for the measuring command's output."""
+    lines = [f"noise (plain RoPE control, max |Δ logprob|): {data['noise']}; "
+             f"thresholds {data['threshold']}"]
+    for row in data["cells"]:
+        nums = "" if row.get("below_L") is None else \
+            f"  |Δ| below L {row['below_L']:.1e}, above {row['above_L']:.1e}"
+        lines.append(f"{row['engine']} {row['release']:<8} {row.get('mode', ''):<8} {row['case'][:40]:<40} "
+                     f"{row['form']:<20} {row['verdict']:<14}{nums}  {row.get('detail', '')[:90]}")
+    return "\n".join(lines)

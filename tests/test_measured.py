@@ -1,0 +1,59 @@
+"""hf_posext/portability/measured_engines.json (written by `make engine-table` from the real engines) and what
+`hf-posext check` shows for the measured releases.
+
+The engines themselves run in tests/engines (make test-engines); here, without them: every
+committed cell is what `check` prints in that release's column for the same method and form,
+built again on other dims (check's table model: head dim 128, L 4096, not the measured 64 / 256),
+so the lookup by method and config form holds beyond the model it was measured on.
+"""
+
+import json
+
+import pytest
+
+from hf_posext.portability import measured
+from hf_posext.commands.check import _tiny_checkpoint
+from hf_posext.portability.exporting import export
+from hf_posext.portability.verdicts import check, load_config
+
+DATA = measured.load()
+CELLS = [c for c in DATA["cells"] if c.get("signature") and c.get("mode") != "compiled"]
+
+
+def test_the_committed_measurement_covers_three_engine_releases():
+    releases = {f"{e['engine']} {e['release']}" for e in DATA["engines"]}
+    assert {r.split(" ")[0] for r in releases} == {"vLLM", "llama.cpp"} and len(releases) == 3
+    for release in releases:  # the plain-RoPE control ran, within the threshold
+        assert DATA["noise"][release] <= DATA["threshold"][release.split(" ")[0]]
+
+
+@pytest.mark.parametrize("case", sorted({c["case"] for c in CELLS if c["method"]}))
+def test_check_shows_the_committed_measurement(tmp_path, case):
+    cells = [c for c in CELLS if c["case"] == case]
+    path = _tiny_checkpoint(tmp_path / "saved", cells[0]["method"], cells[0]["knobs"])
+    forms = {"saved": path}
+    wrong = []
+    for cell in cells:
+        form = cell["form"]
+        if form not in forms:
+            forms[form] = tmp_path / form.replace(":", "-")
+            export(path, forms[form], form.split(":", 1)[1])
+        cfg = load_config(forms[form])
+        shown = {v.reader: v for v in measured.overlay(cfg, check(forms[form]))}
+        got = shown[measured.column(f"{cell['engine']} {cell['release']}")]
+        if not (got.status == cell["verdict"] and got.measured):
+            wrong.append((cell["engine"], cell["release"], form, cell["verdict"], got.cell()))
+    assert not wrong, json.dumps(wrong, ensure_ascii=False)
+
+
+def test_forms_not_measured_say_so(tmp_path):
+    """A form no engine ran (here: yarn with only beta_fast changed) keeps the re-derivation,
+    labelled; SGLang and TGI are never run here."""
+    path = _tiny_checkpoint(tmp_path / "b", "yarn", {"beta_fast": 64})
+    shown = measured.overlay(load_config(path), check(path))
+    columns = [v for v in shown if isinstance(v, measured.Measured)]
+    assert len(columns) == 3
+    for v in columns:
+        assert not v.measured and "form not measured" in v.cell()
+    not_run = {"SGLang (re-derived, not run)", "TGI (re-derived, not run)"}
+    assert {v.reader for v in shown} >= not_run
