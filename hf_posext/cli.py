@@ -33,6 +33,8 @@ from .evaluation.inputs import (InputError, parse_factors, parse_floats01, parse
 def _common(p: argparse.ArgumentParser, default_lengths: str) -> None:
     from .embedded import DEFAULT_MODEL
 
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the Python traceback of an error (default: one line)")
     g = p.add_argument_group("model")
     g.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"Hub id, local folder, or {DEFAULT_MODEL} (SmolLM2-135M from the "
@@ -79,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-posext", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error (default: one line)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="perplexity across context lengths",
@@ -369,20 +373,29 @@ def run_passkey(args, ranks) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .errors import ConfigError, PosextError
     from .evaluation.distributed import Ranks
     from .evaluation.store import ResultsError
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "run", None) is not None:  # subcommands that bring their own runner
-        return args.run(args)
+    debug = getattr(args, "debug", False)
     try:
+        if getattr(args, "run", None) is not None:  # subcommands that bring their own runner
+            return args.run(args)
         ranks = Ranks()
         return run_eval(args, ranks) if args.command == "eval" else run_passkey(args, ranks)
-    except (InputError, ResultsError) as err:
-        parser.exit(2, f"hf-posext {args.command}: error: {err}\n")
     except KeyboardInterrupt:
         parser.exit(130, "\ninterrupted; finished cells are saved (rerun with --resume).\n")
+    except (InputError, ResultsError, PosextError, ValueError, TypeError, OSError) as err:
+        # One line, no traceback (--debug shows it): usage errors exit 2 (argparse's convention),
+        # a run that could not finish (damaged files, disk) exits 1.
+        if debug:
+            raise
+        usage = isinstance(err, (ConfigError, ValueError, TypeError, FileNotFoundError))
+        text = " ".join(str(err).split()) or type(err).__name__
+        parser.exit(2 if usage else 1, f"hf-posext {args.command}: error: {text} "
+                                       "(rerun with --debug for the traceback)\n")
 
 
 if __name__ == "__main__":

@@ -41,9 +41,29 @@ def stop_with_parent() -> None:
         pass
 
 
-if __name__ == "__main__":
-    stop_with_parent()
+def cli(argv: list[str] | None = None) -> int:
+    """The script's entry: every hf_posext error (and a bad value) is one line on stderr, exit 2
+    for a bad configuration, 1 for a run that could not continue (diverged, damaged checkpoint);
+    `--debug` shows the traceback."""
+    from hf_posext.errors import ConfigError, PosextError
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     try:
-        main()
+        main(argv)
+        return 0
+    except (PosextError, ValueError, TypeError, OSError) as err:
+        if debug:
+            raise
+        code = 2 if isinstance(err, (ConfigError, ValueError, TypeError, FileNotFoundError)) else 1
+        code = 1 if isinstance(err, PosextError) and not isinstance(err, ConfigError) else code
+        print(f"finetune.py: error: {' '.join(str(err).split())} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return code
     finally:
         end_process_group()
+
+
+if __name__ == "__main__":
+    stop_with_parent()
+    sys.exit(cli())

@@ -8,8 +8,10 @@ import os
 import re
 from pathlib import Path
 
+from ..errors import ConfigError
 
-class InputError(ValueError):
+
+class InputError(ConfigError):
     """Bad command-line input, reported as `hf-posext <cmd>: error: ...` (exit status 2)."""
 
 
@@ -30,7 +32,11 @@ def parse_lengths(text: str) -> list[int]:
     items = [t for t in text.split(",") if t.strip()]
     if not items:
         raise InputError("--lengths is empty; give e.g. 4k,8k,16k.")
-    return sorted({parse_length(t) for t in items})
+    lengths = sorted({parse_length(t) for t in items})
+    if lengths[0] < 2:   # a 1-token window predicts nothing: perplexity over 0 tokens
+        raise InputError(f"--lengths: {lengths[0]} is too short; a window scores its tokens after "
+                         "the first, so use lengths >= 2 (e.g. 4k,8k).")
+    return lengths
 
 
 def parse_methods(text: str) -> list[str]:
