@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
+import math
+from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from . import attention, dynamic
-from .compat import get_rope_parameters, text_config, write_both_layouts
+from .compat import get_rope_parameters, rotary_dim, text_config, write_both_layouts
 from .config import PASSTHROUGH_TYPES, method_of_rope_type
+from .errors import ConfigError
 from .patcher import apply_to_config, patch, plan_for_config
-from .portable import BLOCK
+from .portable import BLOCK, logical_rope
 from .registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, check_supported,
                        rotary_modules)
 
@@ -46,7 +50,41 @@ def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
     rope_type = get_rope_parameters(config).get("rope_type", "default")
     if rope_type not in ("default", *PASSTHROUGH_TYPES) and method_of_rope_type(rope_type) is None:
         raise ValueError(f"{name_or_path}: unknown rope_type {rope_type!r} in its config.")
+    _check_saved_rope(name_or_path, config)
     return config
+
+
+def _check_saved_rope(name_or_path, config) -> None:
+    """A hand-edited config fails here, naming the key, instead of loading and giving non-finite
+    logits later: a non-finite rope number, the two layouts of a local config.json disagreeing
+    (transformers reads one, other engines the other), or a rope edited against the hf_posext
+    block (portable.logical_rope raises)."""
+    rope = get_rope_parameters(config)
+    for key, value in rope.items():
+        numbers = value if isinstance(value, list) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+            raise ConfigError(f"{name_or_path}: config.json rope {key}={value!r} is not finite; "
+                              "restore the saved value (or re-save the model with hf_posext).")
+    raw_path = Path(str(name_or_path)) / "config.json"
+    if raw_path.is_file():
+        try:
+            raw = json.loads(raw_path.read_text())
+        except ValueError as err:
+            raise ConfigError(f"{raw_path} is not valid JSON ({err}); restore the file.") from None
+        raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
+        a, b = raw.get("rope_scaling"), raw.get("rope_parameters")
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) & set(b) - {"rope_theta", "type"}):
+                if a[key] != b[key] and not (isinstance(a[key], (int, float)) and isinstance(b[key], (int, float))
+                                             and math.isclose(a[key], b[key], rel_tol=1e-12)):
+                    raise ConfigError(f"{raw_path}: rope_scaling[{key!r}]={a[key]!r} disagrees with "
+                                      f"rope_parameters[{key!r}]={b[key]!r}; make both the same "
+                                      "(transformers 5 reads rope_parameters, 4.x rope_scaling).")
+    if getattr(config, BLOCK, None) is not None:
+        try:
+            logical_rope(config, rope, rotary_dim(config))
+        except ValueError as err:
+            raise ConfigError(f"{name_or_path}: {err}") from None
 
 
 def _refuse_misspelt_knobs(kwargs: dict[str, Any]) -> None:
