@@ -182,6 +182,13 @@ def _check_inputs(args, ranks) -> None:
         args.device = str(ranks.device)   # one GPU per rank under a multi-GPU launch
     check_device(args.device)
     check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL)
+    if args.model != DEFAULT_MODEL:   # config.json / GGUF metadata only, no weights: RoPE? supported?
+        from .loading import check_config_early
+        kwargs = {k: v for k, v in (("gguf_file", args.gguf_file), ("revision", args.revision)) if v}
+        try:
+            check_config_early(args.model, kwargs)
+        except ValueError as err:
+            raise InputError(f"--model: {err}") from None
 
 
 def _open_store(args, name: str, ranks):

@@ -10,6 +10,7 @@ import copy
 import difflib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,20 @@ _CONFIG_KWARGS = {"revision", "token", "cache_dir", "gguf_file", "local_files_on
                   "trust_remote_code", "force_download", "proxies"}
 
 
-def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
+def check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
     """Fail before loading weights when the architecture or its rope type is unsupported.
     Returns the (text) config."""
-    full = AutoConfig.from_pretrained(
-        name_or_path, **{k: v for k, v in hf_kwargs.items() if k in _CONFIG_KWARGS})
+    from .documents import looks_like_path
+    if isinstance(name_or_path, (str, os.PathLike)) and looks_like_path(str(name_or_path)) \
+            and not Path(name_or_path).expanduser().exists():
+        raise ConfigError(f"{name_or_path}: no such folder; pass a saved model folder or a Hub id.")
+    try:
+        full = AutoConfig.from_pretrained(
+            name_or_path, **{k: v for k, v in hf_kwargs.items() if k in _CONFIG_KWARGS})
+    except (OSError, ValueError) as err:   # transformers' message spans lines: keep the first
+        first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+        raise ConfigError(f"{name_or_path}: cannot read its config ({first.strip()}); pass a folder "
+                          "with a valid config.json or a Hub id.") from None
     config = text_config(full)
     model_type = getattr(full, "model_type", None)  # what the loaded model will report
     if model_type not in SUPPORTED_MODEL_TYPES or model_type in UNSUPPORTED_MODEL_TYPES:
@@ -65,6 +75,10 @@ def _check_saved_rope(name_or_path, config) -> None:
         if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
             raise ConfigError(f"{name_or_path}: config.json rope {key}={value!r} is not finite; "
                               "restore the saved value (or re-save the model with hf_posext).")
+    omp = rope.get("original_max_position_embeddings")
+    if omp is not None and (isinstance(omp, bool) or not isinstance(omp, int) or omp < 1):
+        raise ConfigError(f"{name_or_path}: config.json rope original_max_position_embeddings={omp!r} "
+                          "must be a positive integer (the trained length); restore the saved value.")
     raw_path = Path(str(name_or_path)) / "config.json"
     if raw_path.is_file():
         try:
@@ -116,7 +130,7 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
         raise ValueError(f"{given} need a method: pass method='yarn' (or another of "
                          "hf_posext.METHODS), or drop them to load the checkpoint as saved.")
     _refuse_misspelt_knobs(kwargs)
-    config = _check_config_early(name_or_path, kwargs)
+    config = check_config_early(name_or_path, kwargs)
     if method is not None:
         # Every argument error before any weight loads: plan the patch on the config and let
         # transformers validate the result on a copy (what `patch` will do to the model).

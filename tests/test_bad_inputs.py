@@ -178,8 +178,17 @@ def test_resume_never_runs_a_planted_pickle(assets, saved_run, tmp_path, victim)
         pickle.dump(_Plant(marker), fh)
     argv = recipe_argv(assets, run, training__max_steps="2", training__save_every="1",
                        eval__enabled="false") + ["--resume"]
-    with pytest.raises(CheckpointError, match="(did not write|changed since).*delete"):
-        finetune.main(argv)
+    import transformers
+    loads = []
+    real = transformers.PreTrainedModel.from_pretrained.__func__
+    transformers.PreTrainedModel.from_pretrained = classmethod(
+        lambda cls, *a, **k: (loads.append(a), real(cls, *a, **k))[1])
+    try:
+        with pytest.raises(CheckpointError, match="(did not write|changed since).*delete"):
+            finetune.main(argv)
+    finally:
+        transformers.PreTrainedModel.from_pretrained = classmethod(real)
+    assert loads == []      # refused before the model loads
     assert not marker.exists() and not (run / "final").exists()
 
 
@@ -229,3 +238,72 @@ def test_failed_save_leaves_no_half_checkpoint(assets, tmp_path, monkeypatch):
         finetune.main(recipe_argv(assets, out, training__save_every="1", eval__enabled="false"))
     assert list(checkpoint_steps(out).values()) == [1]             # the good one, intact
     assert not list((out / "checkpoints").glob(".partial_*"))
+
+
+# ------------------------------------------------------------------------------ loading
+def _edited_copy(tmp_path, edit, extended=True):
+    import json
+    from conftest import tiny_model
+    model = tiny_model()
+    if extended:
+        hf_posext.patch(model, "yarn", factor=4)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    edit(cfg)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def _set_both(key, value):
+    def edit(cfg):
+        for layout in ("rope_scaling", "rope_parameters"):
+            if isinstance(cfg.get(layout), dict):
+                cfg[layout][key] = value
+    return edit
+
+
+@pytest.mark.parametrize("case,match", [
+    ("scaling_only", r"rope_scaling\['factor'\]=8.0 disagrees with rope_parameters\['factor'\]=4.0; make both"),
+    ("both_vs_block", r"config.hf_posext describes 'yarn' \(factor 4\).*Delete config.hf_posext"),
+    ("nan_no_block", r"rope factor=nan is not finite; restore"),
+    ("bad_original", r"original_max_position_embeddings=-4 must be a positive integer"),
+])
+def test_hand_edited_config_fails_on_load_naming_the_key(tmp_path, monkeypatch, case, match):
+    import math
+    import transformers
+    edits = {"scaling_only": lambda c: c["rope_scaling"].update(factor=8.0),
+             "both_vs_block": _set_both("factor", 8.0),
+             "nan_no_block": lambda c: (c.pop("hf_posext"), _set_both("rope_type", "linear")(c),
+                                        _set_both("factor", math.nan)(c)),
+             "bad_original": _set_both("original_max_position_embeddings", -4)}
+    folder = _edited_copy(tmp_path, edits[case])
+    loads = []
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: loads.append(a)))
+    with pytest.raises(ConfigError, match=match):
+        hf_posext.from_pretrained(str(folder))
+    assert loads == []      # refused before any weight loads
+
+
+def test_cli_refuses_a_model_without_rope_before_loading(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).save_pretrained(tmp_path / "gpt2")
+    for cmd in ("eval", "passkey"):
+        out = tmp_path / f"out_{cmd}"
+        r = _cli(cmd, "--model", str(tmp_path / "gpt2"), "--out", str(out))
+        assert r.returncode == 2 and "no rotary position embedding" in _one_line(r.stderr)
+        assert "Loading weights" not in r.stderr and not out.exists()
+
+
+def test_corrupted_token_cache_names_the_file_to_delete(tmp_path):
+    from _recipekit import char_tokenizer
+    from hf_posext.evaluation.data import TokenCache
+    cache = TokenCache(char_tokenizer(), tmp_path)
+    cache.encode("abc abc")
+    f = next(cache.folder.glob("*.npy"))
+    marker = tmp_path / "PWNED"
+    f.write_bytes(pickle.dumps(_Plant(marker)))
+    with pytest.raises(CheckpointError, match=rf"{f.name} is corrupted.*delete it"):
+        TokenCache(char_tokenizer(), tmp_path).encode("abc abc")
+    assert not marker.exists()

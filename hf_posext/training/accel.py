@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError
 from .checkpoint import checkpoints
 
 def has_accelerator_device() -> bool:
@@ -113,10 +114,10 @@ def resume_path(output_dir: str | Path, resume: str | None) -> Path | None:
     found = checkpoints(output_dir)
     if not resume:
         if found:   # every rank checks, so none is left waiting
-            raise FileExistsError(f"{Path(output_dir) / 'checkpoints'} already holds checkpoints: pass "
+            raise ConfigError(f"{Path(output_dir) / 'checkpoints'} already holds checkpoints: pass "
                                   "--resume to continue, or choose a new output_dir.")
         return None
     path = found[-1] if resume == "latest" and found else Path(resume) if resume != "latest" else None
     if path is None or not path.exists():
-        raise FileNotFoundError(f"--resume: no checkpoint found in {Path(output_dir) / 'checkpoints'}")
+        raise ConfigError(f"--resume: no checkpoint found in {Path(output_dir) / 'checkpoints'}")
     return path

@@ -120,10 +120,11 @@ def verify_checkpoint(path: Path) -> dict:
         raise CheckpointError(f"{path / STATE} is corrupted; {fix}.") from None
 
 
-def load_checkpoint(accelerator, state, scheduler, path: Path) -> None:
-    """Verify `path`, then `accelerator.load_state` with `weights_only=True` and the recipe's JSON
-    state. A file accelerate cannot read (truncated optimizer, ...) is one CheckpointError."""
-    saved = verify_checkpoint(path)
+def load_checkpoint(accelerator, state, scheduler, path: Path, saved: dict | None = None) -> None:
+    """`accelerator.load_state` with `weights_only=True`, then the recipe's JSON state `saved`
+    (verify_checkpoint's, which `run` calls before the model loads; verified here when None).
+    A file accelerate cannot read (truncated optimizer, ...) is one CheckpointError."""
+    saved = verify_checkpoint(path) if saved is None else saved
     try:
         accelerator.load_state(str(path), load_kwargs={"weights_only": True})
     except Exception as err:   # torch/safetensors raise many types for a damaged file

@@ -17,7 +17,7 @@ from typing import Callable
 
 from . import data as datalib
 from .accel import make_accelerator, resume_path
-from .checkpoint import load_checkpoint
+from .checkpoint import load_checkpoint, verify_checkpoint
 from .loop import TrainState, train_loop
 from .model import build_collator, load_model, load_tokenizer, prepare_for_training, special_id
 from .optim import build_optimizer, build_scheduler
@@ -81,8 +81,10 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
     log, main = accelerator.print, accelerator.is_main_process
     set_seed(t.seed)
     checkpoint = resume_path(out, resume)
-    if checkpoint is not None:
+    saved_state = None
+    if checkpoint is not None:   # all before the model loads: a bad folder fails in a second
         check_resume_config(json.loads((out / "config.json").read_text()), cfg)
+        saved_state = verify_checkpoint(checkpoint)
     tokenizer = load_tokenizer(cfg.model.name)
     data = prepare_data(cfg, tokenizer, accelerator, log)
     model = load_model(cfg.model)
@@ -93,7 +95,7 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
     model, optimizer = accelerator.prepare(model, optimizer)
     state = TrainState()   # with the scheduler: saved as JSON by checkpoint.save_checkpoint, never
     if checkpoint is not None:   # registered with accelerate (whose custom states are pickles)
-        load_checkpoint(accelerator, state, scheduler, checkpoint)
+        load_checkpoint(accelerator, state, scheduler, checkpoint, saved_state)
         log(f"resumed from {checkpoint} at step {state.step}")
     log_path = out / "train_log.csv"
     if main:

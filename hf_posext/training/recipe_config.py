@@ -17,6 +17,7 @@ import re
 from typing import Sequence
 
 import math
+import os
 
 from ..config import RopeExtensionConfig, canonical_method
 from ..errors import ConfigError
@@ -169,8 +170,8 @@ class _UniqueKeyLoader:
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{source}:{where} is not valid YAML ({getattr(err, 'problem', None) or err}); "
-                              "fix the syntax.") from None
+            what = " ".join(str(getattr(err, "problem", None) or err).split())
+            raise ConfigError(f"{source}:{where} is not valid YAML ({what}); fix the syntax.") from None
 
 
 def _check_config_files(argv: Sequence[str]) -> None:
@@ -238,6 +239,12 @@ def validate(cfg: RecipeConfig) -> None:
 def _validate(cfg: RecipeConfig) -> None:
     m, t, p, e = cfg.model, cfg.training, cfg.pose, cfg.eval
     canonical_method(m.method)                        # unknown method -> ValueError naming METHODS
+    from ..documents import looks_like_path
+    from .model import EMBEDDED_PREFIX
+    if not m.name.startswith(EMBEDDED_PREFIX) and looks_like_path(m.name) \
+            and not os.path.isdir(os.path.expanduser(m.name)):
+        raise ValueError(f"model.name {m.name!r}: no such folder; pass a saved model folder, a Hub id "
+                         f"or {EMBEDDED_PREFIX}<name>.")
     RopeExtensionConfig(canonical_method(m.method), m.factor, **m.knobs)  # factor < 1, bad knobs
     for name in ("seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "save_every",
                  "keep_checkpoints"):
