@@ -1,9 +1,8 @@
 """Stage 1a of the recipe: the `accelerate.Accelerator` and the checks that must pass before any
 data or weights load.
 
-- Checkpoints: accelerate's `ProjectConfiguration(automatic_checkpoint_naming=True,
-  total_limit=keep_checkpoints)` names them `output_dir/checkpoints/checkpoint_<i>` and deletes the
-  oldest (rank 0 only); no hand-written rotation.
+- Checkpoints: named, rotated and written atomically by `checkpoint.save_checkpoint` (not
+  accelerate's automatic naming, which writes in place).
 - CPU ranks: accelerate only runs several CPU processes over gloo when told it is on the CPU
   (`Accelerator(cpu=True)` or ACCELERATE_USE_CPU); otherwise each rank started by torchrun on a
   machine without GPUs silently becomes its own single-process run (`DistributedType.NO`), all
