@@ -14,7 +14,7 @@ transformers, vLLM, SGLang, TGI and llama.cpp run a checkpoint's rope;
 (docs/portability.md).
 """
 
-from . import attention, methods
+from . import attention, errors, methods
 from .adapters import save_adapter
 from .attention import ATTENTION_METHODS, AttentionExtensionConfig
 from .config import METHODS, ROPE_METHODS, RopeExtensionConfig
