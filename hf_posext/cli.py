@@ -181,14 +181,7 @@ def _check_inputs(args, ranks) -> None:
     if ranks.size > 1 and args.device.startswith("cuda"):
         args.device = str(ranks.device)   # one GPU per rank under a multi-GPU launch
     check_device(args.device)
-    check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL)
-    if args.model != DEFAULT_MODEL:   # config.json / GGUF metadata only, no weights: RoPE? supported?
-        from .loading import check_config_early
-        kwargs = {k: v for k, v in (("gguf_file", args.gguf_file), ("revision", args.revision)) if v}
-        try:
-            check_config_early(args.model, kwargs)
-        except ValueError as err:
-            raise InputError(f"--model: {err}") from None
+    check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL, args.revision)
 
 
 def _open_store(args, name: str, ranks):
@@ -380,9 +373,8 @@ def run_passkey(args, ranks) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .errors import ConfigError, PosextError
+    from .errors import PosextError, exit_status, one_line
     from .evaluation.distributed import Ranks
-    from .evaluation.store import ResultsError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -394,15 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_eval(args, ranks) if args.command == "eval" else run_passkey(args, ranks)
     except KeyboardInterrupt:
         parser.exit(130, "\ninterrupted; finished cells are saved (rerun with --resume).\n")
-    except (InputError, ResultsError, PosextError, ValueError, TypeError, OSError) as err:
-        # One line, no traceback (--debug shows it): usage errors exit 2 (argparse's convention),
-        # a run that could not finish (damaged files, disk) exits 1.
-        if debug:
+    except (PosextError, ValueError, TypeError, OSError) as err:
+        if debug:   # one line, no traceback, unless --debug
             raise
-        usage = isinstance(err, (ConfigError, ValueError, TypeError, FileNotFoundError))
-        text = " ".join(str(err).split()) or type(err).__name__
-        parser.exit(2 if usage else 1, f"hf-posext {args.command}: error: {text} "
-                                       "(rerun with --debug for the traceback)\n")
+        parser.exit(exit_status(err), one_line(f"hf-posext {args.command}", err))
 
 
 if __name__ == "__main__":

@@ -20,3 +20,19 @@ class CheckpointError(PosextError, RuntimeError):
 
 class TrainingDiverged(PosextError, RuntimeError):
     """The training loss became non-finite; the last good checkpoint is kept, nothing else saved."""
+
+
+def exit_status(err: BaseException) -> int:
+    """The command-line status of an error: 2 for a bad input (argparse's convention for usage
+    errors), 1 for a run that could not continue (damaged file, divergence, disk)."""
+    if isinstance(err, ConfigError):
+        return 2
+    if isinstance(err, PosextError):
+        return 1
+    return 2 if isinstance(err, (ValueError, TypeError, FileNotFoundError)) else 1
+
+
+def one_line(prog: str, err: BaseException) -> str:
+    """`prog: error: <message on one line> (rerun with --debug for the traceback)`."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return f"{prog}: error: {text} (rerun with --debug for the traceback)\n"

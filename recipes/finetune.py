@@ -45,7 +45,7 @@ def cli(argv: list[str] | None = None) -> int:
     """The script's entry: every hf_posext error (and a bad value) is one line on stderr, exit 2
     for a bad configuration, 1 for a run that could not continue (diverged, damaged checkpoint);
     `--debug` shows the traceback."""
-    from hf_posext.errors import ConfigError, PosextError
+    from hf_posext.errors import PosextError, exit_status, one_line
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
@@ -55,11 +55,8 @@ def cli(argv: list[str] | None = None) -> int:
     except (PosextError, ValueError, TypeError, OSError) as err:
         if debug:
             raise
-        code = 2 if isinstance(err, (ConfigError, ValueError, TypeError, FileNotFoundError)) else 1
-        code = 1 if isinstance(err, PosextError) and not isinstance(err, ConfigError) else code
-        print(f"finetune.py: error: {' '.join(str(err).split())} (rerun with --debug for the traceback)",
-              file=sys.stderr)
-        return code
+        sys.stderr.write(one_line("finetune.py", err))
+        return exit_status(err)
     finally:
         end_process_group()
 

@@ -172,8 +172,12 @@ def check_device(device: str) -> None:
         raise InputError(f"--device {device}: XPU is not available here; use --device cpu.")
 
 
-def check_model_arg(model: str, gguf_file: str | None, default_model: str) -> None:
+def check_model_arg(model: str, gguf_file: str | None, default_model: str,
+                    revision: str | None = None) -> None:
+    """--model and --gguf-file, then the model's config.json (or GGUF metadata) read without
+    weights: no RoPE, an unsupported architecture or a hand-edited config fail here."""
     from ..documents import looks_like_path
+    from ..loading import check_config_early
 
     if model == default_model:
         if gguf_file:
@@ -186,3 +190,8 @@ def check_model_arg(model: str, gguf_file: str | None, default_model: str) -> No
             raise InputError(f"--model {model!r}: no such folder.")
         if gguf_file and not (path / gguf_file).is_file():
             raise InputError(f"--gguf-file {gguf_file!r} is not in {path}.")
+    kwargs = {k: v for k, v in (("gguf_file", gguf_file), ("revision", revision)) if v}
+    try:
+        check_config_early(model, kwargs)
+    except ValueError as err:
+        raise InputError(f"--model: {err}") from None
