@@ -14,7 +14,7 @@ transformers, vLLM, SGLang, TGI and llama.cpp run a checkpoint's rope;
 (docs/portability.md).
 """
 
-from . import attention
+from . import attention, errors
 from ._version import __version__
 from .adapters import save_adapter
 from .attention import ATTENTION_METHODS, AttentionExtensionConfig

@@ -26,6 +26,7 @@ from ._version import __version__
 from .commands.check import add_subcommands  # `check` and `export`
 from .data.documents import is_embedded, looks_like_path
 from .data.embedded import DEFAULT_MODEL, load_model, load_tokenizer
+from .errors import PosextError, exit_status, one_line
 from .evaluation.data import TextSource, TokenCache, load_documents, select_documents
 from .evaluation.distributed import Ranks
 from .evaluation.identity import (attention_implementation, loaded_fingerprint, model_dtype,
@@ -46,6 +47,8 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 # --- the parser ---------------------------------------------------------------------------------
 
 def _common(p: argparse.ArgumentParser, default_lengths: str) -> None:
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the Python traceback of an error (default: one line)")
     g = p.add_argument_group("model")
     g.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"Hub id, local folder, or {DEFAULT_MODEL} (SmolLM2-135M from the "
@@ -88,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-posext", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error (default: one line)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="perplexity across context lengths",
@@ -174,7 +179,7 @@ def _check_inputs(args, ranks) -> None:
     if ranks.size > 1 and args.device.startswith("cuda"):
         args.device = str(ranks.device)   # one GPU per rank under a multi-GPU launch
     check_device(args.device)
-    check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL)
+    check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL, args.revision)
 
 
 def _open_store(args, name: str, ranks):
@@ -355,15 +360,18 @@ def run_passkey(args, ranks) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "run", None) is not None:  # subcommands that bring their own runner
-        return args.run(args)
+    debug = getattr(args, "debug", False)
     try:
+        if getattr(args, "run", None) is not None:  # subcommands that bring their own runner
+            return args.run(args)
         ranks = Ranks()
         return run_eval(args, ranks) if args.command == "eval" else run_passkey(args, ranks)
-    except (InputError, ResultsError) as err:
-        parser.exit(2, f"hf-posext {args.command}: error: {err}\n")
     except KeyboardInterrupt:
         parser.exit(130, "\ninterrupted; finished cells are saved (rerun with --resume).\n")
+    except (PosextError, ValueError, TypeError, OSError) as err:
+        if debug:   # one line, no traceback, unless --debug
+            raise
+        parser.exit(exit_status(err), one_line(f"hf-posext {args.command}", err))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
+import math
+import os
+from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -16,6 +20,7 @@ from . import attention
 from .rope import dynamic
 from .rope.compat import get_rope_parameters, rotary_dim, text_config, write_both_layouts
 from .rope.config import PASSTHROUGH_TYPES, method_of_rope_type
+from .errors import ConfigError
 from .patcher import apply_to_config, patch, plan_for_config
 from .portability.portable import BLOCK, logical_rope
 from .rope.registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, check_supported,
@@ -30,11 +35,21 @@ _CONFIG_KWARGS = {"revision", "token", "cache_dir", "gguf_file", "local_files_on
                   "trust_remote_code", "force_download", "proxies"}
 
 
-def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
+def check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
     """Fail before loading weights when the architecture or its rope type is unsupported.
     Returns the (text) config."""
-    full = AutoConfig.from_pretrained(
-        name_or_path, **{k: v for k, v in hf_kwargs.items() if k in _CONFIG_KWARGS})
+    # spelled as a local path (a Hub id is `org/name`, never starting with these)
+    if isinstance(name_or_path, (str, os.PathLike)) \
+            and str(name_or_path).startswith((".", "/", "~", os.sep)) \
+            and not Path(name_or_path).expanduser().exists():
+        raise ConfigError(f"{name_or_path}: no such folder; pass a saved model folder or a Hub id.")
+    try:
+        full = AutoConfig.from_pretrained(
+            name_or_path, **{k: v for k, v in hf_kwargs.items() if k in _CONFIG_KWARGS})
+    except (OSError, ValueError) as err:   # transformers' message spans lines: keep the first
+        first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+        raise ConfigError(f"{name_or_path}: cannot read its config ({first.strip()}); pass a folder "
+                          "with a valid config.json or a Hub id.") from None
     config = text_config(full)
     model_type = getattr(full, "model_type", None)  # what the loaded model will report
     if model_type not in SUPPORTED_MODEL_TYPES or model_type in UNSUPPORTED_MODEL_TYPES:
@@ -47,11 +62,46 @@ def _check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
     rope_type = get_rope_parameters(config).get("rope_type", "default")
     if rope_type not in ("default", *PASSTHROUGH_TYPES) and method_of_rope_type(rope_type) is None:
         raise ValueError(f"{name_or_path}: unknown rope_type {rope_type!r} in its config.")
+    _check_saved_rope(name_or_path, config)
+    return config
+
+
+def _check_saved_rope(name_or_path, config) -> None:
+    """A hand-edited config fails here, naming the key, instead of loading and giving non-finite
+    logits later: a non-finite rope number, the two layouts of a local config.json disagreeing
+    (transformers reads one, other engines the other), or a rope edited against the hf_posext
+    block (portable.logical_rope raises)."""
+    rope = get_rope_parameters(config)
+    for key, value in rope.items():
+        numbers = value if isinstance(value, list) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+            raise ConfigError(f"{name_or_path}: config.json rope {key}={value!r} is not finite; "
+                              "restore the saved value (or re-save the model with hf_posext).")
+    omp = rope.get("original_max_position_embeddings")
+    if omp is not None and (isinstance(omp, bool) or not isinstance(omp, int) or omp < 1):
+        raise ConfigError(f"{name_or_path}: config.json rope original_max_position_embeddings={omp!r} "
+                          "must be a positive integer (the trained length); restore the saved value.")
+    raw_path = Path(str(name_or_path)) / "config.json"
+    if raw_path.is_file():
+        try:
+            raw = json.loads(raw_path.read_text())
+        except ValueError as err:
+            raise ConfigError(f"{raw_path} is not valid JSON ({err}); restore the file.") from None
+        raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
+        a, b = raw.get("rope_scaling"), raw.get("rope_parameters")
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) & set(b) - {"rope_theta", "type"}):
+                if a[key] != b[key] and not (isinstance(a[key], (int, float)) and isinstance(b[key], (int, float))
+                                             and math.isclose(a[key], b[key], rel_tol=1e-12)):
+                    raise ConfigError(f"{raw_path}: rope_scaling[{key!r}]={a[key]!r} disagrees with "
+                                      f"rope_parameters[{key!r}]={b[key]!r}; make both the same "
+                                      "(transformers 5 reads rope_parameters, 4.x rope_scaling).")
     decoder = text_config(config)
     if getattr(decoder, BLOCK, None) is not None:
-        # a block edited against the rope config (or the reverse): refuse before weights load
-        logical_rope(decoder, get_rope_parameters(decoder), rotary_dim(decoder))
-    return config
+        try:  # a block edited against the rope config (or the reverse)
+            logical_rope(decoder, get_rope_parameters(decoder), rotary_dim(decoder))
+        except ValueError as err:
+            raise ConfigError(f"{name_or_path}: {err}") from None
 
 
 def _refuse_misspelt_knobs(kwargs: dict[str, Any]) -> None:
@@ -83,7 +133,7 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
         raise ValueError(f"{given} need a method: pass method='yarn' (or another of "
                          "hf_posext.METHODS), or drop them to load the checkpoint as saved.")
     _refuse_misspelt_knobs(kwargs)
-    config = _check_config_early(name_or_path, kwargs)
+    config = check_config_early(name_or_path, kwargs)
     if method is not None:
         # Every argument error before any weight loads: plan the patch on the config and let
         # transformers validate the result on a copy (what `patch` will do to the model).

@@ -24,6 +24,7 @@ import torch
 
 from . import attention
 from .catalog import canonical_method
+from .errors import ConfigError
 from .portability import portable
 from .rope import dynamic
 from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
@@ -162,6 +163,9 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
                    if attention.is_attention_method(method) else None)
     attn_spec, method, params = attention.split(method, dict(params or {}), trained, attn_target)
     theta = base["rope_theta"]
+    if method is None and attn_spec is None:   # patch(model, None, ...) would only raise max_pos
+        raise ConfigError("method is None: name a method (one of hf_posext.METHODS, e.g. 'yarn'); "
+                          "to undo a patch use hf_posext.unpatch(model).")
     if method is None:
         s = _attention_factor(factor, target, trained)
         return Plan(dict(base), round(trained * s), None, attn_spec, theta)

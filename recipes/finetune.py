@@ -41,9 +41,26 @@ def stop_with_parent() -> None:
         pass
 
 
-if __name__ == "__main__":
-    stop_with_parent()
+def cli(argv: list[str] | None = None) -> int:
+    """The script's entry: every hf_posext error (and a bad value) is one line on stderr, exit 2
+    for a bad configuration, 1 for a run that could not continue (diverged, damaged checkpoint);
+    `--debug` shows the traceback."""
+    from hf_posext.errors import PosextError, exit_status, one_line
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     try:
-        main()
+        main(argv)
+        return 0
+    except (PosextError, ValueError, TypeError, OSError) as err:
+        if debug:
+            raise
+        sys.stderr.write(one_line("finetune.py", err))
+        return exit_status(err)
     finally:
         end_process_group()
+
+
+if __name__ == "__main__":
+    stop_with_parent()
+    sys.exit(cli())

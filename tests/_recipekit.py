@@ -103,9 +103,10 @@ def assert_same_run(a: Path, b: Path, atol: float = 0.0):
 
 
 def checkpoint_steps(out: Path) -> dict[str, int]:
-    """{checkpoint folder name: the optimizer step it holds} (TrainState is the 2nd registered
-    object, so accelerate saves it as custom_checkpoint_1.pkl)."""
+    """{checkpoint folder name: the optimizer step it holds} (read from the recipe's JSON state;
+    the recipe writes no pickle of its own)."""
+    import json
     found = {}
     for p in sorted((out / "checkpoints").glob("checkpoint_*")):
-        found[p.name] = int(torch.load(p / "custom_checkpoint_1.pkl", weights_only=False)["step"])
+        found[p.name] = int(json.loads((p / "recipe_state.json").read_text())["train"]["step"])
     return found

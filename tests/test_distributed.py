@@ -125,7 +125,12 @@ def test_stopped_two_rank_run_resumes_identical(runs):
 
 def test_only_rank_0_writes_model_logs_and_results(runs):
     full = runs["out"]["full2"]
-    w0 = {Path(p).relative_to(full).as_posix() for p in runs["ranks"][0]["writes"] if p.startswith(str(full))}
+    # checkpoints are written into checkpoints/.partial_checkpoint_<i>, then renamed (atomic save)
+    w0 = {Path(p).relative_to(full).as_posix().replace(".partial_checkpoint_", "checkpoint_")
+          for p in runs["ranks"][0]["writes"] if p.startswith(str(full))}
+    kept = list((full / "checkpoints").glob("checkpoint_*"))
+    assert kept and all((ck / "manifest.json").is_file() for ck in kept)
+    assert not list((full / "checkpoints").glob(".partial_*"))
     w1 = [p for p in runs["ranks"][1]["writes"] if p.startswith(str(full.parent))]
     for name in ("train_log.csv", "config.json", "final/model.safetensors", "final/tokenizer_config.json",
                  "final/config.json", "checkpoints/checkpoint_0/model.safetensors", "loss_curve.png"):

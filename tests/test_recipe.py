@@ -102,7 +102,7 @@ def test_resume_after_signal_matches_uninterrupted_run(assets, tmp_path, signum)
     assert stop.value.code == 128 + signum
     assert list(checkpoint_steps(cut).values())[-1] == 4   # saved at the signal, not at step 3
     assert len(_rows(cut / "train_log.csv")) == 4 and not (cut / "final").exists()
-    with pytest.raises(FileExistsError, match="--resume"):  # never silently overwrite a run
+    with pytest.raises(ValueError, match="--resume"):  # never silently overwrite a run
         finetune.main(_argv(assets, cut, **over))
     finetune.main(_argv(assets, cut, **over) + ["--resume"])
     _assert_same_run(full, cut)

@@ -37,7 +37,7 @@ def test_negative_numbers_are_values_without_equals(value, expected):
     parser_value = build_parser().parse_args(["--training.weight_decay", value])
     assert parser_value.training.weight_decay == pytest.approx(expected)
     assert cfg.training.weight_decay == 0.0
-    with pytest.raises(ValueError, match=r"training.learning_rate must be > 0, got -0.001"):
+    with pytest.raises(ValueError, match=r"training.learning_rate must be a finite number > 0, got -0.001"):
         parse_args(["--training.learning_rate", "-1e-3"])   # parsed as a number, then validated
 
 

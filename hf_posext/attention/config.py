@@ -33,6 +33,9 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "logn": (),
 }
 ATTENTION_METHODS: tuple[str, ...] = tuple(KNOBS)
+# Longest target "auto" knobs may be fitted to (int32 positions; no model has a longer cache).
+MAX_TARGET_LENGTH = 2 ** 31   # positions 0 .. 2^31 - 1
+MAX_FACTOR = 2 ** 20          # so the auto group search below runs at most 2^20 / L steps
 ALL_KNOBS = ("window", "leak", "group_size", "chunk_size", "local_window", "logn")
 _LOGN_DEFAULT = {"rerope": True, "leaky_rerope": True, "self_extend": False, "dual_chunk": False,
                  "logn": True}
@@ -114,6 +117,10 @@ class AttentionExtensionConfig:
                                  f"positions up to the window must have been trained. Use <= {L}.")
         if self.target_length is not None:
             set_("target_length", _positive_int("target_length", self.target_length))
+            if self.target_length > min(MAX_TARGET_LENGTH, MAX_FACTOR * L):
+                raise ValueError(f"target_length={self.target_length} (factor x trained length) is past "
+                                 f"{min(MAX_TARGET_LENGTH, MAX_FACTOR * L)} tokens (2^31 int32 positions, "
+                                 f"factor {MAX_FACTOR}); ask for a smaller factor.")
         auto = [k for k in ("leak", "group_size") if getattr(self, k) == "auto"]
         if auto and self.target_length is None:
             raise ValueError(f"{auto[0]}='auto' fits the knob to the target length: pass factor= (or "
@@ -156,7 +163,9 @@ class AttentionExtensionConfig:
         if self.group_size != "auto":
             return self.group_size
         L, W, T = self.trained_length, self.window, self.target_length
-        G = 1
+        # ⌊x⌋ > x − 1, so any G meeting the bound has G > (T − 1 − W)/(L − W): start there (the
+        # loop then runs about T/L² <= MAX_FACTOR/L steps, not T/L).
+        G = max(1, (T - 1 - W) // (L - W)) if L > W else 1
         while (T - 1) // G + W - W / G > L - 1:
             G += 1
         return G

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data.documents import Document, TextSource, keep_long, load_documents, looks_like_path
+from ..errors import CheckpointError
 
 __all__ = ["Document", "TextSource", "TokenCache", "TokenizedDocs", "load_documents",
            "looks_like_path", "select_documents", "tokenizer_fingerprint"]
@@ -58,7 +59,15 @@ class TokenCache:
         path = self.folder / f"{key}.npy"
         if path.is_file():
             self.hits += 1
-            return np.load(path)
+            try:   # allow_pickle=False (numpy's default): a cache file can hold numbers only
+                ids = np.load(path, allow_pickle=False)
+            except (ValueError, OSError, EOFError) as err:
+                raise CheckpointError(f"token cache file {path} is corrupted ({type(err).__name__}); "
+                                      "delete it (it is rebuilt from the text) and rerun.") from None
+            if ids.ndim != 1 or ids.dtype.kind not in "iu":
+                raise CheckpointError(f"token cache file {path} holds {ids.dtype} of shape {ids.shape}, "
+                                      "not token ids; delete it (it is rebuilt) and rerun.")
+            return ids
         self.misses += 1
         ids = np.asarray(self.tokenizer(text, verbose=False)["input_ids"], dtype=np.int32)  # [n]
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,13 @@ import torch
 
 from .. import catalog as _catalog   # read at call time: methods registered later count too
 from ..data.documents import looks_like_path
+from ..errors import ConfigError
+from ..loading import check_config_early
 from .grid import canonical, check_knobs, knob_names
 
 
-class InputError(ValueError):
+
+class InputError(ConfigError):
     """Bad command-line input, reported as `hf-posext <cmd>: error: ...` (exit status 2)."""
 # --- argument types: each names the flag and the fix --------------------------------------------
 
@@ -34,7 +37,11 @@ def parse_lengths(text: str) -> list[int]:
     items = [t for t in text.split(",") if t.strip()]
     if not items:
         raise InputError("--lengths is empty; give e.g. 4k,8k,16k.")
-    return sorted({parse_length(t) for t in items})
+    lengths = sorted({parse_length(t) for t in items})
+    if lengths[0] < 2:   # a 1-token window predicts nothing: perplexity over 0 tokens
+        raise InputError(f"--lengths: {lengths[0]} is too short; a window scores its tokens after "
+                         "the first, so use lengths >= 2 (e.g. 4k,8k).")
+    return lengths
 
 
 def parse_methods(text: str) -> list[str]:
@@ -164,7 +171,10 @@ def check_device(device: str) -> None:
         raise InputError(f"--device {device}: XPU is not available here; use --device cpu.")
 
 
-def check_model_arg(model: str, gguf_file: str | None, default_model: str) -> None:
+def check_model_arg(model: str, gguf_file: str | None, default_model: str,
+                    revision: str | None = None) -> None:
+    """--model and --gguf-file, then the model's config.json (or GGUF metadata) read without
+    weights: no RoPE, an unsupported architecture or a hand-edited config fail here."""
     if model == default_model:
         if gguf_file:
             raise InputError(f"--gguf-file is for your own GGUF checkpoint; {default_model} "
@@ -176,3 +186,8 @@ def check_model_arg(model: str, gguf_file: str | None, default_model: str) -> No
             raise InputError(f"--model {model!r}: no such folder.")
         if gguf_file and not (path / gguf_file).is_file():
             raise InputError(f"--gguf-file {gguf_file!r} is not in {path}.")
+    kwargs = {k: v for k, v in (("gguf_file", gguf_file), ("revision", revision)) if v}
+    try:
+        check_config_early(model, kwargs)
+    except ValueError as err:
+        raise InputError(f"--model: {err}") from None

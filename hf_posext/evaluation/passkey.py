@@ -53,6 +53,9 @@ def build_prompt(tokenizer, length: int, depth: float, key: int) -> PasskeyPromp
     prefix, filler = _encode(tokenizer, PREFIX, special=True), _encode(tokenizer, FILLER)
     needle, question = _encode(tokenizer, NEEDLE.format(key=key)), _encode(tokenizer, QUESTION)
     fixed = len(prefix) + len(needle) + len(question)
+    if not filler or not needle:
+        raise ValueError("the tokenizer turns the passkey's filler or needle text into no tokens; "
+                         "use the model's own tokenizer (a folder with tokenizer files).")
     k = (length - fixed) // len(filler)
     if k < 1:
         raise ValueError(f"length {length} is too short for a passkey prompt (needs at least "

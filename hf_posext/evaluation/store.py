@@ -21,11 +21,13 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from ..errors import ConfigError
+
 _IDENTITY_FIELDS = ("model_fingerprint", "dtype", "device", "attn_implementation", "data_hash",
                     "versions")
 
 
-class ResultsError(ValueError):
+class ResultsError(ConfigError):
     """A results folder that cannot be used as asked; the message says why and what to do."""
 
 

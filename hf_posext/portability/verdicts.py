@@ -182,9 +182,11 @@ def check(model_or_path, readers=None) -> list[Verdict]:
     return [verdict(r, cfg, target) for r in readers or engines.READERS]
 
 
-def report(model_or_path) -> str:
+def report(model_or_path, view=None) -> str:
     """The text `hf-posext check` prints: the meaning, contradictions in config.json, one
-    verdict per reader, then warnings (config_audit)."""
+    verdict per reader, then warnings (config_audit). `view(cfg, verdicts)` may replace verdicts
+    (the CLI passes `measured.overlay`: measured engine releases in place of their
+    re-derivations)."""
     cfg = load_config(model_or_path)
     found = config_audit.problems(cfg)
     if any("non-finite" in line for line in found):  # no verdict means anything then
@@ -197,6 +199,7 @@ def report(model_or_path) -> str:
     except (ValueError, TypeError) as err:
         raise ValueError("; ".join(found + [f"cannot read what the checkpoint means: {err}"])) from None
     verdicts = check(model_or_path)
+    verdicts = view(cfg, verdicts) if view else verdicts
     folder = Path(model_or_path) if isinstance(model_or_path, (str, Path)) else None
     folder = folder if folder is None or folder.is_dir() else folder.parent
     rows = [f"{model_or_path}: {label}"] + ["  " + line for line in found]

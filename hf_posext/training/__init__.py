@@ -1,7 +1,8 @@
 """Library pieces of the fine-tuning recipe (`recipes/finetune.py` is only its command line):
 
 - `recipe_config`: the YAML/flag configuration (jsonargparse) and its validation;
-- `accel`: the Accelerator, checkpoint naming and resume checks;
+- `accel`: the Accelerator and resume checks; `checkpoint`: atomic checkpoints with a JSON state
+  and a hash manifest, verified before resuming (no pickle the recipe did not write is read);
 - `data`, `packing`: documents, hold-out, tokenising and packing with `datasets.map`;
 - `model`: tokenizer, extended model, LoRA, the PoSE collator (`pose`);
 - `optim`: AdamW and `transformers.get_scheduler`;

@@ -1,9 +1,8 @@
 """Stage 1a of the recipe: the `accelerate.Accelerator` and the checks that must pass before any
 data or weights load.
 
-- Checkpoints: accelerate's `ProjectConfiguration(automatic_checkpoint_naming=True,
-  total_limit=keep_checkpoints)` names them `output_dir/checkpoints/checkpoint_<i>` and deletes the
-  oldest (rank 0 only); no hand-written rotation.
+- Checkpoints: named, rotated and written atomically by `checkpoint.save_checkpoint` (not
+  accelerate's automatic naming, which writes in place).
 - CPU ranks: accelerate only runs several CPU processes over gloo when told it is on the CPU
   (`Accelerator(cpu=True)` or ACCELERATE_USE_CPU); otherwise each rank started by torchrun on a
   machine without GPUs silently becomes its own single-process run (`DistributedType.NO`), all
@@ -14,10 +13,12 @@ data or weights load.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import torch
+
+from ..errors import ConfigError
+from .checkpoint import checkpoints
 
 def has_accelerator_device() -> bool:
     acc = getattr(torch, "accelerator", None)           # torch >= 2.6: CUDA, XPU, MPS, ...
@@ -39,8 +40,8 @@ def make_accelerator(t, output_dir: str | Path, lora: bool = False, pose: bool =
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, ProjectConfiguration
 
-    project = ProjectConfiguration(project_dir=str(output_dir), automatic_checkpoint_naming=True,
-                                   total_limit=t.keep_checkpoints)
+    # Naming, rotation and atomic renames are checkpoint.save_checkpoint's (accelerate writes in place).
+    project = ProjectConfiguration(project_dir=str(output_dir))
     accelerator = Accelerator(mixed_precision=resolve_mixed_precision(t.mixed_precision),
                               gradient_accumulation_steps=t.gradient_accumulation_steps,
                               log_with=t.log_with, project_config=project,
@@ -107,32 +108,15 @@ def full_gradients(accelerator) -> bool:
                                             DistributedType.MULTI_GPU)
 
 
-def checkpoints(output_dir: str | Path) -> list[Path]:
-    """accelerate's automatic checkpoints, oldest first (sorted by their number, as accelerate does)."""
-    root = Path(output_dir) / "checkpoints"
-    found = [(int(m.group(1)), p) for p in root.glob("checkpoint_*")
-             if (m := re.fullmatch(r"checkpoint_(\d+)", p.name))]
-    return [p for _, p in sorted(found)]
-
-
 def resume_path(output_dir: str | Path, resume: str | None) -> Path | None:
     """The checkpoint to resume from (None for a new run); refuses to overwrite a started run."""
     found = checkpoints(output_dir)
     if not resume:
         if found:   # every rank checks, so none is left waiting
-            raise FileExistsError(f"{Path(output_dir) / 'checkpoints'} already holds checkpoints: pass "
+            raise ConfigError(f"{Path(output_dir) / 'checkpoints'} already holds checkpoints: pass "
                                   "--resume to continue, or choose a new output_dir.")
         return None
     path = found[-1] if resume == "latest" and found else Path(resume) if resume != "latest" else None
     if path is None or not path.exists():
-        raise FileNotFoundError(f"--resume: no checkpoint found in {Path(output_dir) / 'checkpoints'}")
+        raise ConfigError(f"--resume: no checkpoint found in {Path(output_dir) / 'checkpoints'}")
     return path
-
-
-def load_checkpoint(accelerator, path: Path) -> None:
-    """`accelerator.load_state`, then continue accelerate's checkpoint numbering after it (accelerate
-    leaves that to the caller: 'manually override save_iteration')."""
-    accelerator.load_state(str(path))
-    m = re.fullmatch(r"checkpoint_(\d+)", path.name)
-    if m:
-        accelerator.project_configuration.iteration = int(m.group(1)) + 1

@@ -21,7 +21,9 @@ from typing import Callable
 
 import torch
 
+from ..errors import TrainingDiverged
 from .accel import context_parallel, data_parallel_rank, full_gradients
+from .checkpoint import save_checkpoint
 from .data import epoch_order
 from .optim import grad_norm
 
@@ -32,7 +34,7 @@ DETERMINISTIC_COLUMNS = ["step", "loss", "lr", "grad_norm", "grad_norm_clipped",
 
 
 class TrainState:
-    """Steps done and the log rows so far; saved with `accelerator.save_state` so a resumed run
+    """Steps done and the log rows so far; saved as JSON by `checkpoint.save_checkpoint` so a resumed run
     continues the same loss curve."""
 
     def __init__(self):
@@ -125,7 +127,23 @@ def sequence_parallel(accelerator, batch: dict, enabled: bool):
                                               no_restore_buffers=set(buffers))
 
 
+def finite_or_stop(accelerator, model, loss_value: float, step: int) -> None:
+    """Raise TrainingDiverged (on every rank at once: the flag is reduced) when the loss or any
+    weight is non-finite, so no NaN/inf weights are ever checkpointed or saved. The weights are
+    checked too because a step can turn them to inf while its own loss (computed before the
+    update) was still finite."""
+    bad = not torch.isfinite(torch.tensor(loss_value)) or any(
+        not torch.isfinite(p).all() for p in model.parameters())
+    flag = accelerator.reduce(torch.tensor(float(bad), device=accelerator.device), "sum")
+    if flag.item() > 0:
+        raise TrainingDiverged(f"training diverged at step {step} (loss {loss_value:g}, or non-finite "
+                               "weights); nothing of this step was saved, the last good checkpoint is "
+                               "kept: lower training.learning_rate (or raise warmup_steps) and rerun "
+                               "with --resume, or start a new output_dir.")
+
+
 def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t, state: TrainState,
+               output_dir,
                on_row: Callable[[dict], None] = lambda row: None,
                on_step: Callable[[int], None] | None = None,
                on_batch: Callable[[list[int], list[int]], None] | None = None) -> int:
@@ -167,6 +185,7 @@ def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t,
                         scheduler.step()
                         optimizer.zero_grad(set_to_none=True)
             loss_value = accelerator.reduce(torch.stack(losses).mean(), "mean").item()
+            finite_or_stop(accelerator, model, loss_value, state.step + 1)
             state.step += 1
             now = time.time()
             row = {"step": state.step, "loss": loss_value, "lr": lr,
@@ -183,7 +202,7 @@ def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t,
                 on_step(state.step)
             signum = stop_requested(accelerator, stop)
             if state.step % t.save_every == 0 or signum or state.step == t.max_steps:
-                accelerator.save_state()     # output_dir/checkpoints/checkpoint_<i>, rotated
+                save_checkpoint(accelerator, state, scheduler, output_dir, t.keep_checkpoints)
             if signum:
                 bar.close()
                 return 128 + signum

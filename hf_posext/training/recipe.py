@@ -17,7 +17,8 @@ from typing import Callable
 
 from ..evaluation.data import TokenCache, select_documents
 from . import data as datalib
-from .accel import load_checkpoint, make_accelerator, resume_path
+from .accel import make_accelerator, resume_path
+from .checkpoint import load_checkpoint, verify_checkpoint
 from .loop import TrainState, train_loop
 from .model import build_collator, load_model, load_tokenizer, prepare_for_training, special_id
 from .optim import build_optimizer, build_scheduler
@@ -81,8 +82,10 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
     log, main = accelerator.print, accelerator.is_main_process
     set_seed(t.seed)
     checkpoint = resume_path(out, resume)
-    if checkpoint is not None:
+    saved_state = None
+    if checkpoint is not None:   # all before the model loads: a bad folder fails in a second
         check_resume_config(json.loads((out / "config.json").read_text()), cfg)
+        saved_state = verify_checkpoint(checkpoint)
     tokenizer = load_tokenizer(cfg.model.name)
     data = prepare_data(cfg, tokenizer, accelerator, log)
     model = load_model(cfg.model)
@@ -91,11 +94,9 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
     optimizer = build_optimizer(model.parameters(), t.learning_rate, tuple(t.adam_betas), t.weight_decay)
     scheduler = build_scheduler(optimizer, t.lr_schedule, t.warmup_steps, t.max_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
-    state = TrainState()
-    accelerator.register_for_checkpointing(scheduler)   # stepped by the loop, once per optimizer step
-    accelerator.register_for_checkpointing(state)
-    if checkpoint is not None:
-        load_checkpoint(accelerator, checkpoint)
+    state = TrainState()   # with the scheduler: saved as JSON by checkpoint.save_checkpoint, never
+    if checkpoint is not None:   # registered with accelerate (whose custom states are pickles)
+        load_checkpoint(accelerator, state, scheduler, checkpoint, saved_state)
         log(f"resumed from {checkpoint} at step {state.step}")
     log_path = out / "train_log.csv"
     if main:
@@ -103,7 +104,7 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         write_log(log_path, state.rows)   # on resume: drop rows after the checkpoint
     accelerator.init_trackers("hf_posext_finetune", config=_flat(cfg.to_dict()))
-    code = train_loop(accelerator, model, optimizer, scheduler, data.sequences, collator, t, state,
+    code = train_loop(accelerator, model, optimizer, scheduler, data.sequences, collator, t, state, out,
                       on_row=(lambda row: append_log(log_path, row)) if main else (lambda row: None),
                       on_step=on_step, on_batch=on_batch)
     if code:

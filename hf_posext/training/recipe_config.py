@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 import re
 from typing import Sequence
 
+import math
+import os
+
 from ..catalog import canonical_method
+from ..data.documents import looks_like_path
+from ..errors import ConfigError
 from ..rope.config import RopeExtensionConfig
 from . import data as datalib
 from .optim import SCHEDULES
@@ -135,17 +140,67 @@ def _instantiate(namespace) -> RecipeConfig:
                         output_dir=str(d["output_dir"]))
 
 
-def _one_line(err: Exception) -> ValueError:
+def _one_line(err: Exception) -> ConfigError:
     text = " ".join(str(err).split())
-    return ValueError(f"Bad recipe configuration: {text}")
+    return ConfigError(f"Bad recipe configuration: {text}")
+
+
+class _UniqueKeyLoader:
+    """A yaml SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one
+    silently, so an edited copy of a key would win without a word)."""
+
+    @staticmethod
+    def load(text: str, source: str):
+        import yaml
+
+        class Loader(yaml.SafeLoader):
+            pass
+
+        def mapping(loader, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = loader.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise ConfigError(f"{source}: key {key!r} is given twice (line {key_node.start_mark.line + 1});"
+                                      " keep one.")
+                seen.add(key)
+            return loader.construct_mapping(node, deep)
+
+        Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+        try:
+            return yaml.load(text, Loader=Loader)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            what = " ".join(str(getattr(err, "problem", None) or err).split())
+            raise ConfigError(f"{source}:{where} is not valid YAML ({what}); fix the syntax.") from None
+
+
+def _check_config_files(argv: Sequence[str]) -> None:
+    """Read each `--config FILE` once with the strict loader before jsonargparse does."""
+    argv = list(argv)
+    for i, a in enumerate(argv):
+        path = a.split("=", 1)[1] if a.startswith("--config=") else (
+            argv[i + 1] if a == "--config" and i + 1 < len(argv) else None)
+        if path is None:
+            continue
+        try:
+            text = open(path, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"--config {path}: cannot read it ({err.__class__.__name__}); "
+                              "pass an existing YAML file.") from None
+        _UniqueKeyLoader.load(text, path)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[RecipeConfig, str | None]:
     """(validated config, resume) from the command line; every problem is a one-line ValueError."""
     from jsonargparse import ArgumentError
+    import sys
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    _check_config_files(argv)
     parser = build_parser()
     try:
-        ns = parser.parse_args(list(argv) if argv is not None else None)
+        ns = parser.parse_args(argv)
     except (ArgumentError, TypeError, ValueError) as err:
         raise _one_line(err) from None
     cfg = _instantiate(ns)
@@ -168,10 +223,29 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def validate(cfg: RecipeConfig) -> None:
-    """Checks that need no model or data: run first, so a bad config fails in a second."""
+    """Checks that need no model or data: run first, so a bad config fails in a second. Every
+    failure is one ConfigError (a ValueError)."""
+    try:
+        _validate(cfg)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise ConfigError(" ".join(str(err).split())) from None
+
+
+def _validate(cfg: RecipeConfig) -> None:
     m, t, p, e = cfg.model, cfg.training, cfg.pose, cfg.eval
     canonical_method(m.method)                        # unknown method -> ValueError naming METHODS
+    from .model import EMBEDDED_PREFIX
+    if not m.name.startswith(EMBEDDED_PREFIX) and looks_like_path(m.name) \
+            and not os.path.isdir(os.path.expanduser(m.name)):
+        raise ValueError(f"model.name {m.name!r}: no such folder; pass a saved model folder, a Hub id "
+                         f"or {EMBEDDED_PREFIX}<name>.")
     RopeExtensionConfig(canonical_method(m.method), m.factor, **m.knobs)  # factor < 1, bad knobs
     for name in ("seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "save_every",
                  "keep_checkpoints"):
@@ -180,11 +254,13 @@ def validate(cfg: RecipeConfig) -> None:
             raise ValueError(f"training.{name} must be a positive integer, got {v!r}")
     if not _is_int(t.warmup_steps) or t.warmup_steps < 0:
         raise ValueError(f"training.warmup_steps must be an integer >= 0, got {t.warmup_steps!r}")
-    if not (isinstance(t.learning_rate, (int, float)) and t.learning_rate > 0):
-        raise ValueError(f"training.learning_rate must be > 0, got {t.learning_rate!r}")
-    if not (isinstance(t.max_grad_norm, (int, float)) and t.max_grad_norm > 0):
+    if not (_finite(t.learning_rate) and t.learning_rate > 0):
+        raise ValueError(f"training.learning_rate must be a finite number > 0, got {t.learning_rate!r}")
+    if not (_finite(t.weight_decay) and t.weight_decay >= 0):
+        raise ValueError(f"training.weight_decay must be a finite number >= 0, got {t.weight_decay!r}")
+    if not (_finite(t.max_grad_norm) and t.max_grad_norm > 0):
         raise ValueError(f"training.max_grad_norm must be > 0 (clipping is always on), got {t.max_grad_norm!r}")
-    if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
+    if len(t.adam_betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in t.adam_betas):
         raise ValueError(f"training.adam_betas must be two numbers in [0, 1), got {t.adam_betas!r}")
     if t.lr_schedule not in SCHEDULES:
         raise ValueError(f"training.lr_schedule {t.lr_schedule!r} unknown; use one of {SCHEDULES}")

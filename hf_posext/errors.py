@@ -1,0 +1,38 @@
+"""The exceptions hf_posext raises for bad inputs, one small hierarchy so callers can catch them
+all (`except hf_posext.errors.PosextError`) and the CLI can print each as one line.
+
+Each subclasses the builtin a caller would already catch (ValueError for a bad value, RuntimeError
+for a run that cannot continue), so code written against the builtins keeps working.
+"""
+
+
+class PosextError(Exception):
+    """Base of every hf_posext error; the message names the problem and the fix in one line."""
+
+
+class ConfigError(PosextError, ValueError):
+    """A bad method, knob, length, recipe setting or config.json; raised before weights load."""
+
+
+class CheckpointError(PosextError, RuntimeError):
+    """A recipe checkpoint or cache that is damaged, incomplete or not written by hf_posext."""
+
+
+class TrainingDiverged(PosextError, RuntimeError):
+    """The training loss became non-finite; the last good checkpoint is kept, nothing else saved."""
+
+
+def exit_status(err: BaseException) -> int:
+    """The command-line status of an error: 2 for a bad input (argparse's convention for usage
+    errors), 1 for a run that could not continue (damaged file, divergence, disk)."""
+    if isinstance(err, ConfigError):
+        return 2
+    if isinstance(err, PosextError):
+        return 1
+    return 2 if isinstance(err, (ValueError, TypeError, FileNotFoundError)) else 1
+
+
+def one_line(prog: str, err: BaseException) -> str:
+    """`prog: error: <message on one line> (rerun with --debug for the traceback)`."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return f"{prog}: error: {text} (rerun with --debug for the traceback)\n"
