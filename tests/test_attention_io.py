@@ -25,7 +25,8 @@ def logits(model, tokens):
 
 @pytest.mark.parametrize("method,knobs", [("leaky_rerope", {"window": 16, "leak": 4.0}),
                                           ("self_extend", {"window": 16, "group_size": 4}),
-                                          ("dual_chunk", {}), ("logn", {})])
+                                          ("dual_chunk", {}), ("string", {"local_value": 5}),
+                                          ("logn", {})])
 def test_save_reload_round_trip(arch, tokens, tmp_path, method, knobs):
     model = hf_posext.patch(tiny_model(arch, attn_implementation="sdpa"), method, 2.0, **knobs)
     expected = logits(model, tokens)

@@ -1,5 +1,5 @@
 """Training-free attention-level context extension: ReRoPE, leaky ReRoPE, Self-Extend, Dual Chunk
-Attention and log-n query scaling, through transformers' `AttentionInterface`.
+Attention, STRING and log-n query scaling, through transformers' `AttentionInterface`.
 
     positions.py  the position maps (plain functions)
     config.py     AttentionExtensionConfig (validated, immutable knobs)
