@@ -83,3 +83,27 @@ def test_forward_sets_no_thread_count(monkeypatch, tokens):
         raise AssertionError(f"the forward called torch.set_num_threads({n})")
     monkeypatch.setattr(torch, "set_num_threads", refuse)
     logits(model, tokens)
+
+
+def test_efficient_wrapper_meets_the_cuda_kernel_contract(monkeypatch):
+    """The CUDA op cannot run here; a stand-in holding to its contract (aten
+    `_efficient_attention_forward`: bias in the query dtype, row stride aligned, full 4-D shape;
+    log-sum-exp padded along the queries to a multiple of 32, padding rows garbage) checks what
+    hf_posext does around it: alignment, broadcast, and slicing the log-sum-exp back."""
+    from hf_posext.attention import backends
+
+    def op(q, k, v, bias, compute_lse, dropout, causal, scale=None):
+        assert compute_lse and not causal and dropout == 0.0
+        assert bias.dtype == q.dtype and bias.shape == (*q.shape[:-1], k.shape[-2])
+        assert bias.stride(-2) % 8 == 0                      # SDPA's preprocess_mask alignment
+        out, lse = backends._math(q, k, v, bias, scale)
+        pad = -lse.shape[-1] % 32
+        return out, torch.cat([lse, torch.full((*lse.shape[:-1], pad), 7.0)], -1), None, None
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", op)
+    q, k, v = qkv(30, 45)
+    q = q[:, :2]                              # the kernel's GQA layout: query rows per key head
+    mask = torch.zeros(1, 1, 30, 45).masked_fill(torch.rand(1, 1, 30, 45) < 0.3, float("-inf"))
+    out, lse = backends._efficient(q, k, v, mask, 0.25)
+    want_out, want_lse = backends._cpu_flash(q, k, v, mask, 0.25)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
