@@ -208,7 +208,15 @@ def _string_section() -> list[str]:
     return ["## STRING beside the others: Hamlet at 8k, 16k, 32k (float32)", "",
             " and ".join(commands) + ", run in a folder holding a copy of the demo's rows "
             "(long-context/, reused by --resume); STRING at 32k was not run (machine time).", "",
-            demo_table(rows, (8192, 16384, 32768)) if rows else "Not run."]
+            demo_table(rows, (8192, 16384, 32768)) if rows else "Not run.", "", *_inside_l(rows)]
+
+
+def _inside_l(rows: list[dict]) -> list[str]:
+    """At 8k (= L) there is no sliding baseline (one window is the whole text): the reference is
+    the unpatched model reading the same tokens."""
+    at = {r["method"]: r["perplexity"] for r in rows if int(r["length"]) == 8192 and r["protocol"] == "truncate"}
+    return [f"At 8k the reference is the unpatched model on the same tokens: {m} {p:.2f} vs {at['none']:.2f} "
+            f"(ratio {p / at['none']:.3f})." for m, p in at.items() if m != "none" and "none" in at]
 
 
 def update_readme(readme: Path) -> None:
