@@ -9,7 +9,7 @@ TRANSFORMERS ?= transformers>=5,<6
 PYTEST_ARGS ?= --durations=25
 BIN = $(VENV)/bin
 
-.PHONY: install test test-tf4 demo demo-finetune ddp-smoke bench bench-long portability-table clean \
+.PHONY: install test test-tf4 demo demo-finetune ddp-smoke gpu-smoke bench bench-long portability-table clean \
 	engine-venvs test-engines engine-table
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -60,6 +60,12 @@ demo-finetune: install
 # rank prints the world size it saw (~30 s). Why this config is MULTI_GPU: recipes/README.md.
 ddp-smoke: install
 	OMP_NUM_THREADS=1 $(BIN)/accelerate launch --config_file recipes/accelerate/cpu-ddp.yaml recipes/ddp_smoke.py
+
+# On a machine with one CUDA GPU (a few minutes): the attention methods on PyTorch's fused CUDA
+# kernel against the generic backend, the CPU result and SDPA; then a small timing table.
+gpu-smoke: install
+	$(BIN)/pytest -q -rs -m gpu tests/test_attention_gpu.py
+	$(BIN)/python benchmarks/gpu_smoke.py
 
 # The README's method × engine table (how each reader runs every method's checkpoint, ~20 s).
 portability-table: install

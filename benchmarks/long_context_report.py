@@ -48,22 +48,24 @@ def _with_ratios(rows: list[dict]) -> list[dict]:
             if r["protocol"] == "truncate" and int(r["length"]) in base else r for r in rows]
 
 
-def demo_table(rows: list[dict]) -> str:
-    """Method × length perplexity, then the ratio to the sliding baseline at 16k and 32k (bold:
+def demo_table(rows: list[dict], lengths: tuple[int, ...] = LENGTHS) -> str:
+    """Method × length perplexity, then the ratio to the sliding baseline at each length (bold:
     the best ratio at each length)."""
     labels, cells = _cells(_with_ratios(rows))
     labels.sort(key=lambda label: label.startswith("none, sliding"))   # the baseline last
     best = {n: min((round(c["ratio"], 3) for (_, m), c in cells.items() if m == n and "ratio" in c),
-                   default=None) for n in (16384, 32768)}
-    out = ["| method | 16k (s = 2) | 32k (s = 4) | ratio to sliding @16k | @32k |",
-           "|---|---|---|---|---|"]
+                   default=None) for n in lengths}
+    names = [format_length(n) for n in lengths]
+    out = ["| method | " + " | ".join(f"{name} (s = {n // 8192})" for name, n in zip(names, lengths))
+           + f" | ratio to sliding @{names[0]} | " + " | ".join(f"@{name}" for name in names[1:]) + " |",
+           "|---|" + "---|" * (2 * len(lengths))]
     for label in labels:
         line = [label]
-        for n in LENGTHS:
+        for n in lengths:
             c = cells.get((label, n))
             line.append("" if c is None else f"{c['perplexity']:.3g}" if c["perplexity"] >= 1000
                         else f"{c['perplexity']:.2f}")
-        for n in (16384, 32768):
+        for n in lengths:
             ratio = cells.get((label, n), {}).get("ratio")
             line.append("" if ratio is None else f"**{ratio:.3f}**" if round(ratio, 3) == best[n]
                         else f"{ratio:.3f}")
@@ -192,6 +194,31 @@ def _passkey(rows: list[dict]) -> list[str]:
     return out
 
 
+STRING_COMMAND = ("hf-posext eval --dtype float32 --dataset embedded:shakespeare/hamlet --lengths "
+                  "{lengths} --methods string --out docs/results/eval/{folder} --resume")
+STRING_RUNS = {"long-context-string": "8192,16384,32768"}
+
+
+def _string_section() -> list[str]:
+    """STRING (its defaults) beside the demo's rows, which each folder started from (copied from
+    long-context/, so `--resume` reused them); 8k added: inside L, where STRING aims."""
+    rows = [r for folder in STRING_RUNS for r in _rows(EVAL_DIR / folder, "perplexity")]
+    rows = list({json.dumps([r["method"], r["knobs"], r["length"], r["protocol"]]): r for r in rows}.values())
+    commands = [f"`{STRING_COMMAND.format(lengths=n, folder=f)}`" for f, n in STRING_RUNS.items()]
+    return ["## STRING beside the others: Hamlet at 8k, 16k, 32k (float32)", "",
+            " and ".join(commands) + ", run in a folder holding a copy of the demo's rows "
+            "(long-context/, reused by --resume).", "",
+            demo_table(rows, (8192, 16384, 32768)) if rows else "Not run.", "", *_inside_l(rows)]
+
+
+def _inside_l(rows: list[dict]) -> list[str]:
+    """At 8k (= L) there is no sliding baseline (one window is the whole text): the reference is
+    the unpatched model reading the same tokens."""
+    at = {r["method"]: r["perplexity"] for r in rows if int(r["length"]) == 8192 and r["protocol"] == "truncate"}
+    return [f"At 8k the reference is the unpatched model on the same tokens: {m} {p:.2f} vs {at['none']:.2f} "
+            f"(ratio {p / at['none']:.3f})." for m, p in at.items() if m != "none" and "none" in at]
+
+
 def update_readme(readme: Path) -> None:
     """Put the demo table between the README's `<!-- demo-table -->` markers."""
     rows = _rows(EVAL_DIR / "long-context", "perplexity")
@@ -217,6 +244,7 @@ def write_report(src: Path, dst: Path) -> str:
             demo_table(demo) if demo else "Not run.", "",
             "## Source code: torch 2.13.0 `_refs/__init__.py` (float32; `python benchmarks/long_context.py code`)", "",
             demo_table(code) if code else "Not run.", "",
+            *_string_section(), "",
             "## Knobs tried on the tune text (King Lear, first 16,384 tokens, float32; never an evaluation text)", "",
             *_tune(bench), "",
             "## Passkey (float32, greedy; `python benchmarks/long_context.py passkey`)", "",

@@ -1,4 +1,4 @@
-"""Attention-level methods (ReRoPE, leaky ReRoPE, Self-Extend, Dual Chunk Attention, log-n) against
+"""Attention-level methods (ReRoPE, leaky ReRoPE, Self-Extend, Dual Chunk Attention, STRING, log-n) against
 an independent dense float64 reference written here from the papers' definitions; identity inside
 the window; KV-cache decoding vs full forwards; padding; patch/unpatch; no leak."""
 
@@ -22,6 +22,8 @@ CASES = [
     ("self_extend", {"window": 20, "group_size": 3, "logn": True}),  # W not a multiple of G
     ("dual_chunk", {"chunk_size": 48, "local_window": 8}),
     ("dual_chunk", {"chunk_size": 40, "local_window": 0}),
+    ("string", {"shifted_offset": 21, "local_value": 5}),         # the authors' 0.33·L
+    ("string", {"shifted_offset": 16, "local_value": 0, "logn": True}),
     ("logn", {}),
 ]
 
@@ -45,6 +47,9 @@ def relative(method, knobs, i, j):
         pi, pj = i - ci * c, j - cj * c
         succ = torch.clamp(pi + c, max=s)
         return torch.where(ci == cj, pi - pj, torch.where(ci == cj + 1, succ, min(2 * c - 1, s)) - pj)
+    if method == "string":                 # An et al. 2024: d < S kept, else d − S + W
+        S, W = knobs["shifted_offset"], knobs["local_value"]
+        return torch.where(d < S, d, d - S + W)
     return d                               # logn: plain RoPE
 
 
@@ -105,6 +110,8 @@ def test_against_dense_reference(arch, tokens, method, knobs):
     ("leaky_rerope", {"window": 32, "logn": False}, 32),
     ("self_extend", {}, TRAINED),                         # W = 1024 > L: everything is near
     ("dual_chunk", {"chunk_size": 48, "local_window": 8}, 40),
+    ("string", {"shifted_offset": 21, "local_value": 5}, 21),
+    ("string", {"shifted_offset": 21, "local_value": 21}, 3 * TRAINED),   # W = S: d − S + W = d
     ("logn", {}, TRAINED),
 ])
 def test_inside_window_equals_unpatched(arch, tokens, method, knobs, inside):
@@ -275,6 +282,10 @@ def test_bad_rerope_knobs_raise(knobs, message):
     ("self_extend", {"group_size": 0}, "positive integer"),
     ("dual_chunk", {"chunk_size": 2 * TRAINED}, "exceeds the trained length"),
     ("dual_chunk", {"chunk_size": 32, "local_window": 32}, "smaller than"),
+    ("string", {"shifted_offset": 2 * TRAINED}, "exceeds the trained length"),
+    ("string", {"shifted_offset": 16, "local_value": 17}, "at most shifted_offset"),
+    ("string", {"local_value": -1}, "positive integer"),
+    ("string", {"window": 16}, "does not use 'window'"),
     ("logn", {"logn": False}, "leaves nothing"),
     ("yarn", {"window": 16}, "knobs of the attention methods"),
     ("yarn", {"logn": 1}, "True or False"),
@@ -294,6 +305,8 @@ def test_attention_methods_are_listed_and_defaults_follow_the_authors():
     assert (spec.window, spec.group_size, spec.logn) == (1024, 8, False)  # LongLM
     spec = hf_posext.AttentionExtensionConfig("dual_chunk", 4096)
     assert (spec.chunk_size, spec.local_window) == (3072, 256)            # ChunkLlama
+    spec = hf_posext.AttentionExtensionConfig("string", 131072)
+    assert (spec.shifted_offset, spec.local_value, spec.logn) == (43253, 128, False)  # STRING README
     with pytest.raises(Exception):
         spec.window = 3                                                   # immutable
 

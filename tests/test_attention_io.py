@@ -25,7 +25,8 @@ def logits(model, tokens):
 
 @pytest.mark.parametrize("method,knobs", [("leaky_rerope", {"window": 16, "leak": 4.0}),
                                           ("self_extend", {"window": 16, "group_size": 4}),
-                                          ("dual_chunk", {}), ("logn", {})])
+                                          ("dual_chunk", {}), ("string", {"local_value": 5}),
+                                          ("logn", {})])
 def test_save_reload_round_trip(arch, tokens, tmp_path, method, knobs):
     model = hf_posext.patch(tiny_model(arch, attn_implementation="sdpa"), method, 2.0, **knobs)
     expected = logits(model, tokens)
@@ -100,3 +101,20 @@ def test_auto_knob_round_trips_with_its_target(tmp_path, tokens):
     again = hf_posext.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         torch.testing.assert_close(again(tokens).logits, want, rtol=1e-6, atol=1e-6)
+
+
+def test_register_refuses_a_name_someone_else_holds():
+    """The registry is read through the public Mapping API of AttentionInterface (no private
+    attribute): another function under "hf_posext" is refused, ours again is a no-op."""
+    from transformers import AttentionInterface
+
+    from hf_posext.attention.interface import IMPLEMENTATION, hf_posext_attention, register
+    register()
+    assert AttentionInterface().get(IMPLEMENTATION) is hf_posext_attention
+    AttentionInterface.register(IMPLEMENTATION, lambda *a, **k: None)
+    try:
+        with pytest.raises(RuntimeError, match="already registered by someone else"):
+            register()
+    finally:
+        AttentionInterface.register(IMPLEMENTATION, hf_posext_attention)
+    register()

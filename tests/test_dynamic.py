@@ -173,3 +173,32 @@ def test_fixed_scale_overrides_the_hook_and_restores():
         assert rotary.attention_scaling == pytest.approx(scale)
     logits(model, 10)  # after the block: static s = 4 again for a length <= 4·L
     assert rotary.attention_scaling == pytest.approx(0.1 * math.log(4.0) + 1)
+
+
+def test_rope_init_contract_passes_no_module_so_the_constructor_frame_is_read():
+    """Why dynamic.hook_module_under_construction reads the caller's frame: transformers' rope
+    init functions receive (config, device, seq_len[, layer_type]), never the rotary module. If
+    a version passes the module, this fails: then take it from the arguments instead."""
+    import inspect
+
+    from transformers import modeling_rope_utils
+    params = set(inspect.signature(modeling_rope_utils.ROPE_INIT_FUNCTIONS["yarn"]).parameters)
+    assert params <= {"config", "device", "seq_len", "layer_type"}, params
+
+
+def test_construction_hook_binds_only_the_module_built_with_that_config():
+    """The module found is the one whose `config` *is* the config the init fn got: a call with
+    another config object (or outside any constructor) hooks nothing."""
+    patched = hf_posext.patch(tiny_model("llama"), "dynamic_yarn", 4.0)
+    config = patched.config
+    init_fn = __import__("transformers").modeling_rope_utils.ROPE_INIT_FUNCTIONS["dynamic_yarn"]
+
+    class Rotary(torch.nn.Module):
+        def __init__(self, own, passed):
+            super().__init__()
+            self.config, self.rope_type = own, "dynamic_yarn"
+            init_fn(passed)
+
+    assert dynamic.is_history_free(Rotary(config, config))
+    assert not dynamic.is_history_free(Rotary(config, type(config).from_dict(config.to_dict())))
+    assert dynamic.hook_module_under_construction(config) is False      # not in a constructor

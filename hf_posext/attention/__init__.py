@@ -1,9 +1,10 @@
 """Training-free attention-level context extension: ReRoPE, leaky ReRoPE, Self-Extend, Dual Chunk
-Attention and log-n query scaling, through transformers' `AttentionInterface`.
+Attention, STRING and log-n query scaling, through transformers' `AttentionInterface`.
 
     positions.py  the position maps (plain functions)
     config.py     AttentionExtensionConfig (validated, immutable knobs)
     kernel.py     chunked attention over parts merged by log-sum-exp
+    backends.py   the block kernels that return the log-sum-exp (CPU flash, CUDA efficient, math)
     plans.py      each method's parts of a query chunk
     interface.py  the registered attention function
     install.py    what `hf_posext.patch` writes into one model's config

@@ -6,6 +6,9 @@ Knobs and defaults follow the authors' code (docs/attention_methods.md):
 - `self_extend` (datamllab/LongLM): group_size G = 8, neighbour window W = 1024 (L/2 for models
   trained on fewer than 2,048 tokens, where 1024 would not fit), log-n off (`scale_base = -1`).
 - `dual_chunk` (HKUNLP/ChunkLlama): chunk_size = 3L/4, local_window = L/16, log-n off.
+- `string` (An et al. 2024, arXiv 2410.18745; HKUNLP/STRING `string_for_llama.py`): relative
+  distance d kept below shifted_offset S, d − S + W from S on; S = int(0.33·L) (the scripts'
+  `shifted_ratio` 0.33), W = `small_local_value` 128 (at most S), log-n off.
 - `logn`: plain RoPE, only the log-n query scaling. `logn=True` also combines with any rope method.
 
 `leak="auto"` (leaky ReRoPE) and `group_size="auto"` (Self-Extend) fit the knob to the target
@@ -30,15 +33,17 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "leaky_rerope": ("window", "leak"),
     "self_extend": ("window", "group_size"),
     "dual_chunk": ("chunk_size", "local_window"),
+    "string": ("shifted_offset", "local_value"),
     "logn": (),
 }
 ATTENTION_METHODS: tuple[str, ...] = tuple(KNOBS)
 # Longest target "auto" knobs may be fitted to (int32 positions; no model has a longer cache).
 MAX_TARGET_LENGTH = 2 ** 31   # positions 0 .. 2^31 - 1
 MAX_FACTOR = 2 ** 20          # so the auto group search below runs at most 2^20 / L steps
-ALL_KNOBS = ("window", "leak", "group_size", "chunk_size", "local_window", "logn")
+ALL_KNOBS = ("window", "leak", "group_size", "chunk_size", "local_window", "shifted_offset",
+             "local_value", "logn")
 _LOGN_DEFAULT = {"rerope": True, "leaky_rerope": True, "self_extend": False, "dual_chunk": False,
-                 "logn": True}
+                 "string": False, "logn": True}
 
 
 def _defaults(method: str, L: int) -> dict[str, Any]:
@@ -46,6 +51,7 @@ def _defaults(method: str, L: int) -> dict[str, Any]:
             "leaky_rerope": {"window": L // 8, "leak": 16.0},
             "self_extend": {"window": min(1024, L // 2), "group_size": 8},
             "dual_chunk": {"chunk_size": 3 * L // 4, "local_window": L // 16},
+            "string": {"shifted_offset": int(0.33 * L), "local_value": min(128, int(0.33 * L))},
             "logn": {}}[method]
 
 
@@ -68,6 +74,8 @@ class AttentionExtensionConfig:
         leak: leaky_rerope's k > 1: beyond the window, relative positions grow with slope 1/k.
         group_size: self_extend's G >= 1: distant positions are floor(p / G).
         chunk_size, local_window: dual_chunk's chunk s <= L and its local window l < s.
+        shifted_offset, local_value: string's S <= L (distances from S on are shifted) and
+            W <= S (where they restart: d − S + W; W = S is plain RoPE).
         logn: scale each query by max(1, log n / log L) (n = its position + 1).
         target_length: T = s·L; only read by the "auto" knobs (`patch` fills it from the factor).
     """
@@ -79,6 +87,8 @@ class AttentionExtensionConfig:
     group_size: int | None = None
     chunk_size: int | None = None
     local_window: int | None = None
+    shifted_offset: int | None = None
+    local_value: int | None = None
     logn: bool | None = None
     target_length: int | None = None
 
@@ -91,7 +101,7 @@ class AttentionExtensionConfig:
         L = _positive_int("trained_length", self.trained_length)
         set_("trained_length", L)
         used = KNOBS[self.method]
-        for knob in ("window", "leak", "group_size", "chunk_size", "local_window"):
+        for knob in ALL_KNOBS[:-1]:
             value = getattr(self, knob)
             if knob not in used:
                 if value is not None:
@@ -147,6 +157,19 @@ class AttentionExtensionConfig:
             if self.local_window >= self.chunk_size:
                 raise ValueError(f"local_window={self.local_window} must be smaller than "
                                  f"chunk_size={self.chunk_size}; the authors use L/16 = {L // 16}.")
+
+        if self.shifted_offset is not None:
+            S = _positive_int("shifted_offset", self.shifted_offset)
+            W = self.local_value
+            W = 0 if W == 0 and not isinstance(W, bool) else _positive_int("local_value", W)
+            set_("shifted_offset", S)
+            set_("local_value", W)
+            if S > L:
+                raise ValueError(f"shifted_offset={S} exceeds the trained length {L}; the authors use "
+                                 f"0.33·L = {int(0.33 * L)}.")
+            if W > S:
+                raise ValueError(f"local_value={W} must be at most shifted_offset={S} (shifted "
+                                 f"distances restart at it); the authors use 128.")
 
     @property
     def leak_value(self) -> float | None:

@@ -161,8 +161,13 @@ def _attention(module, spec, query, key, value, attention_mask, keep, scaling, o
 
 
 def register() -> None:
-    """Add the name to transformers' attention and mask interfaces (idempotent)."""
-    current = ALL_ATTENTION_FUNCTIONS._global_mapping.get(IMPLEMENTATION)
+    """Add the name to transformers' attention and mask interfaces (idempotent).
+
+    Who holds the name is read through the public Mapping API of a fresh `AttentionInterface()`:
+    its local mapping is empty, so it shows exactly the class-wide registry that the classmethod
+    `register` writes (transformers' `GeneralInterface`, 4.57 and 5.23: "a call to `register`
+    can be reflected into all other files correctly, even if a new instance is created")."""
+    current = AttentionInterface().get(IMPLEMENTATION)
     if current is not None and current is not hf_posext_attention:
         raise RuntimeError(f"attn_implementation {IMPLEMENTATION!r} is already registered by "
                            "someone else; hf_posext will not replace it.")

@@ -3,9 +3,9 @@
 A method's plan (plans.py) splits the keys of each query chunk into parts; in each part every
 query has one position and every key one position (positions.py), so the part is an ordinary
 scaled-dot-product attention over a contiguous key range, with a mask only where the part's edge
-cuts through the block. Each part runs through PyTorch's CPU flash kernel
-(`aten._scaled_dot_product_flash_attention_for_cpu`, the kernel behind SDPA on CPU), which also
-returns each row's log-sum-exp; the parts are merged exactly as flash attention merges blocks:
+cuts through the block. Each part runs through a fused kernel that also returns each row's
+log-sum-exp (backends.py: PyTorch's CPU flash kernel on CPU, its memory-efficient kernel on
+CUDA, or a plain float32 block anywhere); the parts are merged exactly as flash attention merges blocks:
 out = Σ_p o_p·exp(lse_p − M) / Σ_p exp(lse_p − M). No [N × N] score matrix is ever built.
 
 GQA without copying keys: the n_rep query heads of one key/value head are stacked along the
@@ -19,6 +19,8 @@ from functools import lru_cache
 from typing import Callable
 
 import torch
+
+from .backends import resolve
 
 QUERY_CHUNK = 512  # queries per step; masked blocks are at most n_rep·C × C
 
@@ -112,66 +114,68 @@ def _mask(allowed: torch.Tensor, n_rep: int, dtype):
     return mask.repeat(1, 1, n_rep, 1), valid
 
 
+def _rotated_queries(query, plan, inv_freq, offset: int) -> dict:
+    """Each query rotation the plan uses (first and last chunk name them all), computed once."""
+    Q, dev = query.shape[2], query.device
+    queries = {None: query}
+    for part in plan.parts(offset, offset + 1) + plan.parts(offset + Q - 1, offset + Q):
+        if part.q_pos not in queries:
+            i = torch.arange(offset, offset + Q, device=dev, dtype=torch.float64)
+            queries[part.q_pos] = rotate(query, part.q_pos(i) - i, inv_freq)
+    return queries
+
+
+def _chunk(queries, keys, value, blk, scaling, plan, a: int, b: int, offset: int, block):
+    """Output [B, H, b − a, D] of queries a..b−1: each part's blocks, merged by log-sum-exp."""
+    query = queries[None]
+    B, H, _, D = query.shape
+    n_kv = value.shape[1]
+    n_rep = H // n_kv
+    outs, lses, sliced = [], [], {}
+    for part in plan.parts(a, b):
+        if part.k1 <= part.k0:
+            continue
+        if part.q_pos not in sliced:
+            q = queries[part.q_pos][:, :, a - offset:b - offset]
+            sliced[part.q_pos] = q.reshape(B, n_kv, n_rep * (b - a), D)
+        qp = sliced[part.q_pos]
+        for k0, k1, masked in _segments(part, a, b - a, blk, n_rep, query.dtype):
+            mask, valid = (None, None) if masked is None else masked
+            if mask is not None and mask.device != query.device:
+                mask, valid = mask.to(query.device), valid.to(query.device)
+            o, lse = block(qp, keys[part.keys][:, :, k0:k1], value[:, :, k0:k1], mask, scaling)
+            if valid is not None:  # rows with every key masked: weight 0, whatever the kernel gave
+                lse = lse.masked_fill(~valid, float("-inf"))
+                o = o.masked_fill(~valid[..., None], 0)
+            outs.append(o)
+            lses.append(lse.float())
+    return _merge(outs, lses).reshape(B, H, b - a, D)
+
+
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keep: torch.Tensor | None,
            scaling: float, plan, inv_freq: torch.Tensor, offset: int,
-           chunk: int = QUERY_CHUNK) -> torch.Tensor:
+           chunk: int = QUERY_CHUNK, backend: str | None = None) -> torch.Tensor:
     """Attention of query [B, H, Q, D] (positions offset..offset+Q-1) over key/value
     [B, H_kv, K, D] (positions 0..K-1) under `plan`. keep: bool [B, 1, Q, K] padding/causal mask
-    from transformers (True = attend) or None. Returns [B, H, Q, D]."""
-    B, H, Q, D = query.shape
-    n_kv, K = key.shape[1], key.shape[2]
-    n_rep = H // n_kv
-    dev = query.device
+    from transformers (True = attend) or None. backend: backends.BACKENDS (None: the
+    HF_POSEXT_ATTENTION_BACKEND variable, else auto). Returns [B, H, Q, D].
+
+    No thread settings are touched here: torch.set_num_threads is process-wide, so toggling it
+    around each block (as an earlier version did) races with other threads of a server."""
+    block = resolve(backend, query.device)
+    Q, K = query.shape[2], key.shape[2]
     keys = {"orig": key}
     if plan.key_pos is not None:
-        j = torch.arange(K, device=dev, dtype=torch.float64)
+        j = torch.arange(K, device=query.device, dtype=torch.float64)
         keys["far"] = rotate(key, plan.key_pos(j) - j, inv_freq)
+    queries = _rotated_queries(query, plan, inv_freq, offset)
     out = torch.empty_like(query)
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    threads = torch.get_num_threads()
-    # The bookkeeping between flash calls is many small ops: run them on one thread. With every
-    # core busy (a shared machine), a small op on 2 threads waits ~10-30 ms for the other thread
-    # to be scheduled, against ~0.3 ms on one; the flash calls get the caller's threads back.
-    torch.set_num_threads(1)
-    try:
-        queries = {None: query}                                  # each query rotation, once
-        for part in plan.parts(offset, offset + 1) + plan.parts(offset + Q - 1, offset + Q):
-            if part.q_pos not in queries:
-                i = torch.arange(offset, offset + Q, device=dev, dtype=torch.float64)
-                queries[part.q_pos] = rotate(query, part.q_pos(i) - i, inv_freq)
-        a, end = offset, offset + Q
-        while a < end:
-            b = min(a + chunk, end)
-            if plan.period:
-                b = min(b, (a // plan.period + 1) * plan.period)
-            blk = keep[:, :, a - offset:b - offset] if keep is not None else None
-            outs, lses, sliced = [], [], {}
-            for part in plan.parts(a, b):
-                if part.k1 <= part.k0:
-                    continue
-                if part.q_pos not in sliced:
-                    q = queries[part.q_pos][:, :, a - offset:b - offset]
-                    sliced[part.q_pos] = q.reshape(B, n_kv, n_rep * (b - a), D)
-                qp = sliced[part.q_pos]
-                for k0, k1, masked in _segments(part, a, b - a, blk, n_rep, query.dtype):
-                    mask, valid = (None, None) if masked is None else masked
-                    if mask is not None and mask.device != dev:
-                        mask, valid = mask.to(dev), valid.to(dev)
-                    kp, vp = keys[part.keys][:, :, k0:k1], value[:, :, k0:k1]
-                    if dev.type == "cpu":
-                        torch.set_num_threads(threads)
-                        o, lse = flash(qp, kp, vp, attn_mask=mask, scale=scaling)
-                        torch.set_num_threads(1)
-                    else:  # same math, scores of one block at a time
-                        s = (qp @ kp.transpose(-1, -2)).float() * scaling + (0 if mask is None else mask)
-                        lse = torch.logsumexp(s, dim=-1)
-                        o = torch.nan_to_num(torch.softmax(s, dim=-1)).to(vp.dtype) @ vp
-                    if valid is not None:
-                        lse = lse.masked_fill(~valid, float("-inf"))
-                    outs.append(o)
-                    lses.append(lse.float())
-            out[:, :, a - offset:b - offset] = _merge(outs, lses).reshape(B, H, b - a, D)
-            a = b
-    finally:
-        torch.set_num_threads(threads)
+    a, end = offset, offset + Q
+    while a < end:
+        b = min(a + chunk, end)
+        if plan.period:
+            b = min(b, (a // plan.period + 1) * plan.period)
+        blk = keep[:, :, a - offset:b - offset] if keep is not None else None
+        out[:, :, a - offset:b - offset] = _chunk(queries, keys, value, blk, scaling, plan, a, b, offset, block)
+        a = b
     return out

@@ -1,6 +1,7 @@
 """Each method's plan: for a query chunk [a, b), the parts of its keys (kernel.Part).
 
-Window methods (ReRoPE, leaky ReRoPE, Self-Extend), with window w and Δ = i − j:
+Window methods (ReRoPE, leaky ReRoPE, Self-Extend; STRING with w = shifted_offset, its far
+keys left as the model rotated them), with window w and Δ = i − j:
   near      keys (i − w, i]        ordinary RoPE, masked to the band       C × (C + w) mask
   far_full  keys [0, a − w]        far positions, every query sees them     no mask
   far_edge  keys (a − w, b − 1 − w] far positions, j <= i − w              C × C mask
@@ -28,16 +29,17 @@ from .kernel import Part
 class WindowPlan:
     window: int
     far_query: Callable[[torch.Tensor], torch.Tensor]
-    key_pos: Callable[[torch.Tensor], torch.Tensor]
+    key_pos: Callable[[torch.Tensor], torch.Tensor] | None   # None: far keys keep their rotation
     period: int | None = None
 
     def parts(self, a: int, b: int) -> list[Part]:
         w = self.window
         split = max(0, a - w + 1)
+        far = "orig" if self.key_pos is None else "far"
         return [
             Part("orig", split, b, None, ("band", w)),
-            Part("far", 0, split, self.far_query, None),
-            Part("far", split, max(split, b - w), self.far_query, ("le", w)),
+            Part(far, 0, split, self.far_query, None),
+            Part(far, split, max(split, b - w), self.far_query, ("le", w)),
         ]
 
 
@@ -75,6 +77,9 @@ def plan_for(spec: AttentionExtensionConfig):
         return WindowPlan(spec.window,
                           partial(P.self_extend_far_query, group_size=spec.group_value, window=spec.window),
                           partial(P.self_extend_far_key, group_size=spec.group_value))
+    if spec.method == "string":
+        return WindowPlan(spec.shifted_offset, partial(P.string_far_query, shifted_offset=spec.shifted_offset,
+                                                       local_value=spec.local_value), None)
     if spec.method == "dual_chunk":
         return DualChunkPlan(spec.chunk_size, spec.local_window)
     raise ValueError(f"{spec.method!r} has no attention plan")

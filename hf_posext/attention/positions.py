@@ -90,6 +90,21 @@ def dual_chunk_relative(i: torch.Tensor, j: torch.Tensor, chunk_size: int, local
     return q - dual_chunk_key(j, chunk_size, local_window)
 
 
+# --- STRING (An et al. 2024, arXiv 2410.18745; HKUNLP/STRING string_for_llama.py) ---------------
+
+def string_relative(delta: torch.Tensor, shifted_offset: int, local_value: int) -> torch.Tensor:
+    """d < S: d; d >= S: d − S + W (the paper's shifted position matrix). The authors' decoding
+    path splits exactly so (keys [K − S, K) plain, [0, K − S) shifted); their prefill path's two
+    flash windows both hold d = S (window_size=[S, 0] and the causal shifted block), counting
+    that key twice: hf_posext follows the definition and the decoding path."""
+    return torch.where(delta < shifted_offset, delta, delta - shifted_offset + local_value)
+
+
+def string_far_query(i: torch.Tensor, shifted_offset: int, local_value: int) -> torch.Tensor:
+    """The shifted pass moves queries only (`position_ids - diag_size + local_window`); keys stay."""
+    return i - shifted_offset + local_value
+
+
 # --- log-n query scaling (Su 2021 entropy invariance; Qwen `logn_attn`; rerope_patch.py) ---------
 
 def logn_scale(positions: torch.Tensor, trained_length: int) -> torch.Tensor:

@@ -70,7 +70,8 @@ def _knob_value(item: str, name: str, value: str):
     except ValueError:
         raise InputError(f"--knobs: {item!r}: {value!r} is not a number, true/false or auto.") from None
     # token counts stay integers (so rows and saved configs read 4096, not 4096.0)
-    integral = ("original_max_position_embeddings", "window", "group_size", "chunk_size", "local_window")
+    integral = ("original_max_position_embeddings", "window", "group_size", "chunk_size", "local_window",
+                "shifted_offset", "local_value")
     return int(number) if number.is_integer() and name in integral else number
 
 

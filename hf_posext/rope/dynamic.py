@@ -107,14 +107,32 @@ def is_history_free(module: torch.nn.Module) -> bool:
     return bool(getattr(module, _HOOKED, False))
 
 
-def hook_module_under_construction() -> None:
-    """Called by hf_posext's rope init function at construction (seq_len None): transformers
-    offers no per-module construction hook, so take the rotary module from the caller's frame
-    (`XRotaryEmbedding.__init__` calls the init function directly in 4.57 and 5.23) and add the
-    pre-hook to it. Anything else calling the init function (transformers' `_init_weights`,
-    `fixed_rope_scale`) is not a rotary module under construction and is left alone."""
-    frame = sys._getframe(2)  # hook_module_under_construction <- rope init fn <- __init__
-    module = frame.f_locals.get("self")
-    if frame.f_code.co_name == "__init__" and isinstance(module, torch.nn.Module) \
-            and type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "rope_type"):
-        make_history_free(module)
+def hook_module_under_construction(config) -> bool:
+    """Called by hf_posext's rope init function at construction (seq_len None) with the config it
+    was given: add the pre-hook to the rotary module being built with that very config object.
+
+    Why a frame look-up (the one place hf_posext reads the call stack), checked in 4.57 and 5.23:
+    - the rope-init contract (`ROPE_INIT_FUNCTIONS`) passes (config, device, seq_len[,
+      layer_type]), never the module; `XRotaryEmbedding.__init__` sets `self.config = config`
+      and then calls the init function with `self.config` (modeling_llama.py);
+    - a model built by `AutoModelForCausalLM.from_pretrained` is never handed to hf_posext, and
+      transformers has no per-module construction hook;
+    - torch's construction-time hooks (`register_module_buffer_registration_hook`, global
+      forward pre-hooks) are process-wide: every module of every model would pass through them.
+    So the rotary module is the `self` of the nearest `__init__` frame whose `self.config` *is*
+    `config` (identity, not the stack depth); anything else calling the init function
+    (transformers' `_init_weights`, `fixed_rope_scale`) finds none and is left alone.
+    tests/test_dynamic.py fails if the contract changes (then use the module it passes)."""
+    frame = sys._getframe(1)
+    for _ in range(_FRAMES):
+        frame = frame.f_back
+        if frame is None:
+            return False
+        module = frame.f_locals.get("self")
+        if frame.f_code.co_name == "__init__" and isinstance(module, torch.nn.Module) \
+                and getattr(module, "config", None) is config and hasattr(module, "rope_type"):
+            return make_history_free(module)
+    return False
+
+
+_FRAMES = 4  # init fn <- __init__ (4.57, 5.23); a little room for a wrapper in between

@@ -84,7 +84,7 @@ def _rope_init_fn(config, device=None, seq_len=None, layer_type=None, **_: Any):
     rope = get_rope_parameters(config, layer_type)
     spec = RopeExtensionConfig.from_rope_dict(rope, config.max_position_embeddings)
     if seq_len is None and spec.is_dynamic:
-        dynamic.hook_module_under_construction()
+        dynamic.hook_module_under_construction(config)
     return compute(spec, rotary_dim(config, layer_type), float(rope["rope_theta"]), seq_len, device)
 
 
