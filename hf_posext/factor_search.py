@@ -298,7 +298,13 @@ def _descend(model, docs, params: _Factors, best: dict, settings: SearchSettings
         from tqdm.auto import tqdm
         bar = tqdm(total=round(budget), initial=min(round(elapsed()), round(budget)), unit="s",
                    desc="search", leave=True)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers 5.x renamed gradient_checkpointing_* to activation_checkpointing_* (4.57: old)
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        disable = model.activation_checkpointing_disable
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        disable = model.gradient_checkpointing_disable
     model.train()  # transformers checkpoints layers in training mode only (no dropout in these)
     try:
         while elapsed() < budget and (max_steps is None or step < max_steps):
@@ -307,7 +313,7 @@ def _descend(model, docs, params: _Factors, best: dict, settings: SearchSettings
             opt.zero_grad()
             loss = _loss(model, docs, proxy_chunks(settings.target_length, settings.proxy_length), grad=True)
             loss.backward()
-            checked = float(loss)  # the objective at the parameters before this step
+            checked = float(loss.detach())  # the objective at the parameters before this step
             rejected = checked > best["nll"]
             if not rejected:
                 best = {"factors": f, "attention_factor": a, "nll": checked, "source": f"step {step}"}
@@ -326,7 +332,7 @@ def _descend(model, docs, params: _Factors, best: dict, settings: SearchSettings
                 [s["exp_avg"].flatten().tolist() for s in st],
                 [s["exp_avg_sq"].flatten().tolist() for s in st])
             log.add({"kind": "step", "step": step, "factors": f, "attention_factor": a,
-                     "proxy_nll": float(loss), "checked": checked, "rejected": rejected, "lr": lr,
+                     "proxy_nll": checked, "checked": checked, "rejected": rejected, "lr": lr,
                      "next_factors": nf, "next_attention_factor": na,
                      "m": moments and moments[0], "v": moments and moments[1],
                      "best_nll": best["nll"], "best_ratio": math.exp(best["nll"] - baseline),
@@ -335,7 +341,7 @@ def _descend(model, docs, params: _Factors, best: dict, settings: SearchSettings
                 bar.set_postfix(step=step, best_ratio=f"{math.exp(best['nll'] - baseline):.4f}")
                 bar.update(max(0, min(round(elapsed()), round(budget)) - bar.n))
     finally:
-        model.gradient_checkpointing_disable()
+        disable()
         model.eval()
         if bar is not None:
             bar.close()
