@@ -16,7 +16,6 @@ Not a timed test: run by hand, each step in the background under nice.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import subprocess
@@ -29,7 +28,7 @@ OUT = HERE / "results" / "search-lear-16k"
 RESULTS = HERE / "results" / "search.json"
 BASELINE_CSV = ROOT / "docs" / "results" / "eval" / "long-context-code" / "perplexity.csv"
 TUNE_ARGV = ["search", "--dataset", "embedded:shakespeare/king-lear", "--length", "16k", "--no-final-check",
-             "--proxy-length", "4k", "--budget-minutes", "45", "--lr", "0.1", "--out", str(OUT)]
+             "--proxy-length", "4k", "--budget-minutes", "25", "--lr", "0.1", "--out", str(OUT)]
 TARGET, TRAINED = 16384, 8192
 LENGTHS = (4096, 8192, 16384)   # short-context regression at <= L, the target at 2x
 
@@ -84,7 +83,9 @@ def score(name: str, checkpoint: str | None, yarn: float | None, lengths) -> dic
     row = json.loads(done.stdout.strip().splitlines()[-1])
     assert not row["hf_posext_imported"], "the scorer must run without hf_posext"
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    results.setdefault("heldout", {})[name] = row
+    old = results.setdefault("heldout", {}).get(name, {"nll": {}})
+    row["nll"] = {**old["nll"], **row["nll"]}   # runs at other lengths add to a config's row
+    results["heldout"][name] = row
     RESULTS.write_text(json.dumps(results, indent=1))
     return row
 
@@ -155,15 +156,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=["tune", "heldout", "report"])
     p.add_argument("--only", default=None, help="heldout: one of searched, yarn")
+    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
+                   help="heldout: comma-separated lengths (default 4096,8192,16384)")
     args = p.parse_args()
     if args.step == "tune":
         from hf_posext import cli
         raise SystemExit(cli.main(TUNE_ARGV))
     if args.step == "heldout":
+        lengths = [int(n) for n in args.lengths.split(",")]
         if args.only in (None, "yarn"):
-            print(score("yarn (s=2)", None, 2.0, LENGTHS))
+            print(score("yarn (s=2)", None, 2.0, lengths))
         if args.only in (None, "searched"):
-            print(score("searched", str(OUT), None, LENGTHS))
+            print(score("searched", str(OUT), None, lengths))
     if args.step == "report":
         report()
 

@@ -7,8 +7,6 @@ from the log; bad options fail before any model loads.
 """
 
 import json
-import math
-import os
 import sys
 
 import numpy as np
@@ -20,7 +18,6 @@ from test_longrope import load_plain
 
 import hf_posext
 from hf_posext import cli
-from hf_posext.compat import get_rope_parameters
 from hf_posext.factor_search import SEED_METHODS, _Factors, _Installed, proxy_chunks, save_best, search
 from hf_posext.longrope import rope_powers
 
