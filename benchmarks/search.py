@@ -99,16 +99,14 @@ def baseline_row() -> dict:
     raise SystemExit(f"no 16k baseline row in {BASELINE_CSV}; run benchmarks/long_context.py code")
 
 
-def curve(log: Path) -> list[tuple[float, float]]:
-    """(minutes, best full-length-equivalent ratio so far) from the search log: proxy objective
-    ratios relative to the best seed, and the final full-length check."""
-    rows = [json.loads(line) for line in open(log) if line.strip()]
+def curve(rows: list[dict]) -> list[tuple[float, float]]:
+    """(minutes, best proxy perplexity so far / the best seed's) after each seed and step."""
     seeds = [r for r in rows if r["kind"] == "seed"]
-    start = min(seeds, key=lambda r: r["nll"])["nll"]
-    pts, best = [], start
+    start = min(r["nll"] for r in seeds)
+    pts, best = [], float("inf")
     for r in rows:
-        if r["kind"] == "step":
-            best = min(best, r["checked"])
+        if r["kind"] in ("seed", "step"):
+            best = min(best, r["nll"] if r["kind"] == "seed" else r["checked"])
             pts.append((r["elapsed"] / 60, math.exp(best - start)))
     return pts
 
@@ -118,12 +116,12 @@ def report() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = json.loads(RESULTS.read_text())
+    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"heldout": {}}
     log = [json.loads(line) for line in open(OUT / "search_log.jsonl") if line.strip()]
     base = baseline_row()
     held = results["heldout"]
     lines = ["# Searched longrope config (benchmarks/search.py)", "",
-             "Tuned on King Lear at 16k (`hf-posext " + " ".join(TUNE_ARGV) + "`); scored by plain "
+             "Tuned on King Lear at 16k (`hf-posext " + " ".join(TUNE_ARGV).replace(str(ROOT) + "/", "") + "`); scored by plain "
              "transformers (no hf_posext import) on torch's `_refs/__init__.py`.", "",
              "| config | " + " | ".join(f"{n // 1024}k ppl" for n in LENGTHS) + " | 16k ratio to sliding-8k |",
              "|---" * (len(LENGTHS) + 2) + "|"]
@@ -133,18 +131,25 @@ def report() -> None:
         lines.append(f"| {name} | " + " | ".join(f"{p:.4f}" for p in ppl) + f" | {ratio:.4f} |")
     lines += ["", f"Sliding-8k baseline at 16k: {base['perplexity']:.4f} ({BASELINE_CSV.relative_to(ROOT)}, "
               f"data hash {base['data_hash']}; scorer's data hash "
-              f"{next(iter(held.values()))['data_hash']})."]
+              f"{next(iter(held.values()))['data_hash'] if held else 'n/a'})."]
+    tune = [r for r in log if r["kind"] == "baseline"][0]
+    lines += ["", f"Search log ({OUT.relative_to(ROOT)}/search_log.jsonl): King Lear sliding-8k "
+              f"baseline at 16k {math.exp(tune['nll']):.4f}; on the 4k proxy:"]
+    lines += [f"- seed {r['method']}: proxy perplexity {math.exp(r['nll']):.4f} at "
+              f"{r['elapsed'] / 60:.1f} min" for r in log if r["kind"] == "seed"]
+    lines += [f"- step {r['step']}: proxy perplexity {math.exp(r['checked']):.4f}"
+              f"{' (rejected)' if r['rejected'] else ''} at {r['elapsed'] / 60:.1f} min"
+              for r in log if r["kind"] == "step"]
     check = [r for r in log if r["kind"] == "check"]
-    tb = [r for r in log if r["kind"] == "baseline"][0]
     if check:
         lines.append(f"Tuning text (King Lear) at 16k: searched {math.exp(check[-1]['nll']):.4f} vs "
-                     f"sliding-8k {math.exp(tb['nll']):.4f}, ratio {check[-1]['ratio']:.4f}.")
+                     f"sliding-8k {math.exp(tune['nll']):.4f}, ratio {check[-1]['ratio']:.4f}.")
     (HERE / "results" / "search.md").write_text("\n".join(lines) + "\n")
-    pts = curve(OUT / "search_log.jsonl")
+    pts = curve(log)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
     ax.set_xlabel("minutes since the search started (2 shared cores, under load)")
-    ax.set_ylabel("best proxy perplexity / best seed's")
+    ax.set_ylabel("best proxy perplexity so far\n/ best seed's")
     ax.set_title("hf-posext search on King Lear, 16k, 4k proxy")
     ax.grid(alpha=0.3)
     fig.tight_layout()
