@@ -323,7 +323,7 @@ def _descend(model, docs, params: _Factors, best: dict, settings: SearchSettings
             loss.backward()
             checked = float(loss.detach())  # the objective at the parameters before this step
             rejected = checked > best["nll"]
-            if not rejected:
+            if checked < best["nll"]:  # equal: the same point (step 1 re-reads the seed)
                 best = {"factors": f, "attention_factor": a, "nll": checked, "source": f"step {step}"}
             if rejected:  # early rejection: back to the best point with half the step size
                 lr /= 2
