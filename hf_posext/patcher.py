@@ -29,7 +29,7 @@ from .portability import portable
 from .rope import dynamic
 from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
 from .rope.config import PASSTHROUGH_TYPES, RopeExtensionConfig, _check_number, method_of_rope_type
-from .rope.registry import check_supported, rotary_modules
+from .rope.registry import LONGROPE_ONLY, LONGROPE_REFUSED_V4, check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
 _RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "head_dim",
@@ -152,10 +152,11 @@ class Plan:
 
 
 def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
-         params: dict[str, Any] | None = None, *, dim: int, saved_trained: int | None = None) -> Plan:
+         params: dict[str, Any] | None = None, *, dim: int, saved_trained: int | None = None,
+         model_type: str | None = None) -> Plan:
     """What `patch` would write, from the model's original rope dict and max_position_embeddings.
     Pure: touches no model, raises on any bad argument, so `from_pretrained` can run it on the
-    config before loading weights."""
+    config before loading weights. `model_type` picks the saved form (`LONGROPE_ONLY`)."""
     base, trained = _base_rope(rope, max_pos)
     trained = saved_trained or trained
     # attention-level methods run on plain RoPE, or add log-n on top of a rope method
@@ -179,7 +180,15 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
         # s = 1 is no extension: write plain RoPE. (Every static formula reduces to it; the
         # dynamic rules would still grow with length, which is an extension of its own.)
         return Plan(dict(base), L, None, attn_spec, theta)
-    new_rope = portable.saved_rope(spec, base, dim)  # the form most readers run exactly
+    longrope_only = model_type in LONGROPE_ONLY
+    if longrope_only and spec.is_dynamic:
+        raise ValueError(f"{spec.method!r} cannot extend model_type {model_type!r}: "
+                         f"{LONGROPE_ONLY[model_type]}.")
+    # the form most readers run exactly
+    new_rope = portable.saved_rope(spec, base, dim, longrope_only)
+    if new_rope["rope_type"] == "longrope" and model_type in LONGROPE_REFUSED_V4:
+        raise ValueError(f"{spec.method!r} cannot extend model_type {model_type!r} here: "
+                         f"{LONGROPE_REFUSED_V4[model_type]}.")
     if spec.is_dynamic and not spec.finetuned:
         # transformers' dynamic update reads max_position_embeddings as the length up to
         # which the construction-time frequencies hold: L here, s·L in fine-tuned mode.
@@ -191,7 +200,8 @@ def plan_for_config(config, method, factor=None, target=None, params=None) -> Pl
     """`plan` for an unpatched (text) config, e.g. a checkpoint's before its weights load."""
     return plan(_logical_rope(config), config.max_position_embeddings, method, factor, target,
                 params, dim=rotary_dim(config),
-                saved_trained=attention.saved_trained_length(config.__dict__))
+                saved_trained=attention.saved_trained_length(config.__dict__),
+                model_type=getattr(config, "model_type", None))
 
 
 def apply_to_config(config, new: Plan, raw_config: dict[str, Any]) -> None:
@@ -265,7 +275,8 @@ def patch(model: torch.nn.Module, method, factor: float | None = None, *,
             max_position_embeddings=config.max_position_embeddings)
     new = plan(state.rope, state.max_position_embeddings, method, factor, max_position_embeddings,
                params, dim=rotary_dim(config),
-               saved_trained=attention.saved_trained_length(state.raw_config))
+               saved_trained=attention.saved_trained_length(state.raw_config),
+               model_type=getattr(config, "model_type", None))
     with _atomic(model, config):
         apply_to_config(config, new, state.raw_config)
         _install_rotary(model, state, config)

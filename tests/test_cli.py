@@ -6,6 +6,7 @@ import json
 import pytest
 
 import hf_posext.cli as cli
+from hf_posext.commands import model_args
 from _evalkit import char_tokenizer, tiny_model
 
 
@@ -31,7 +32,7 @@ def text_file(tmp_path_factory):
 def no_model_load(monkeypatch):
     def refuse(args):
         raise AssertionError("the model was loaded before the input was checked")
-    monkeypatch.setattr(cli, "_load_model", refuse)
+    monkeypatch.setattr(cli, "load_model_from", refuse)
 
 
 def run(argv, capsys):
@@ -198,7 +199,7 @@ def test_version_and_model_keyword_arguments(model_dir, capsys, tmp_path):
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"hf-posext {hf_posext.__version__}"
     args = cli.build_parser().parse_args(["eval", "--model", "m", "--revision", "v2", "--dtype", "auto",
                                           "--attn-implementation", "eager", "--device-map", "auto"])
-    assert cli._model_kwargs(args) == {"dtype": "auto", "revision": "v2",
+    assert model_args.model_kwargs(args) == {"dtype": "auto", "revision": "v2",
                                        "attn_implementation": "eager", "device_map": "auto"}
     # They reach the model: the rows record the attention implementation and the resolved dtype.
     out = tmp_path / "pk"

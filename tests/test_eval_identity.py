@@ -50,7 +50,7 @@ def one_line_error(err: str) -> str:
 def no_model_load(monkeypatch):
     def refuse(args):
         raise AssertionError("the model was loaded before the input was checked")
-    monkeypatch.setattr(cli, "_load_model", refuse)
+    monkeypatch.setattr(cli, "load_model_from", refuse)
 
 
 # --- resume never crosses identities -------------------------------------------------------------
@@ -68,7 +68,7 @@ def test_resume_after_the_model_changed_at_the_same_path_is_refused(tmp_path, da
 def test_resume_with_another_model_is_refused_before_loading(tmp_path, data, capsys, monkeypatch):
     assert cli.main(_argv(_save(tmp_path / "a", 0), data, tmp_path / "out")) == 0
     other = _save(tmp_path / "b", 1)
-    monkeypatch.setattr(cli, "_load_model", lambda args: pytest.fail("model loaded"))
+    monkeypatch.setattr(cli, "load_model_from", lambda args: pytest.fail("model loaded"))
     code, err = run(_argv(other, data, tmp_path / "out", "--resume"), capsys)
     assert code == 2 and "model_fingerprint differs" in err
 

@@ -66,7 +66,8 @@ def frequencies(model, local=False):
 
 
 def test_the_tests_cover_the_registry():
-    assert set(SUPPORTED_MODEL_TYPES) == set(FAMILIES) | {"llama", "mistral"}
+    # phi3: tests/test_longrope.py (saved in its longrope form)
+    assert set(SUPPORTED_MODEL_TYPES) == set(FAMILIES) | {"llama", "mistral", "phi3"}
 
 
 @pytest.fixture(params=list(FAMILIES))
@@ -148,14 +149,6 @@ def test_dynamic_yarn_is_history_free(family, tmp_path):
     inv, scale = frequencies(model)
     np.testing.assert_allclose(inv.double().numpy(), expected, rtol=2e-6)
     assert scale == pytest.approx(0.1 * math.log(2.0) + 1)  # 5.x Gemma 3 too (per-layer scale)
-
-
-def test_phi3_is_refused_with_the_reason():
-    config = transformers.Phi3Config(**{**COMMON, "original_max_position_embeddings": L,
-                                        "pad_token_id": 0})
-    phi3 = transformers.Phi3ForCausalLM(config)
-    with pytest.raises(ValueError, match="'phi3' uses RoPE but hf_posext cannot extend it: .*longrope"):
-        hf_posext.patch(phi3, "yarn", 2.0)
 
 
 def test_multimodal_rope_is_refused_with_the_reason():

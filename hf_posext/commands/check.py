@@ -16,7 +16,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..patcher import patch
 from ..portability import measured
-from ..portability.engines import READERS
 from ..portability.exporting import TARGETS, export
 from ..portability.gguf_export import flags_text, rope_keys
 from ..portability.verdicts import check, load_config, meaning, report

@@ -28,7 +28,9 @@ from typing import Any
 from .._version import __version__
 from ..rope.compat import get_rope_parameters, rotary_dim
 from ..rope.config import RopeExtensionConfig, method_of_rope_type
+from ..rope.longrope import longrope_form
 from ..rope.methods import ntk_base
+from ..rope.registry import LONGROPE_ONLY
 from .engines import NotApplicable, transformers_reading
 from .meaning import TOLERANCE, errors, meaning_of
 
@@ -41,11 +43,16 @@ def is_portable(method: str) -> bool:
     return method not in _NOT_PORTABLE
 
 
-def saved_rope(spec: RopeExtensionConfig, base: dict[str, Any], dim: int) -> dict[str, Any]:
+def saved_rope(spec: RopeExtensionConfig, base: dict[str, Any], dim: int,
+               longrope_only: bool = False) -> dict[str, Any]:
     """The rope dict (5.x flat layout, with rope_theta) written for `spec` on top of the plain
-    RoPE `base` ({"rope_type": "default", "rope_theta", maybe "partial_rotary_factor"})."""
+    RoPE `base` ({"rope_type": "default", "rope_theta", maybe "partial_rotary_factor"}).
+    `longrope_only`: the model's config accepts only plain RoPE and `longrope` (Phi-3,
+    `registry.LONGROPE_ONLY`), so every static method but NTK goes in its longrope form."""
     theta = float(base["rope_theta"])
     extra = {k: v for k, v in base.items() if k == "partial_rotary_factor"}
+    if longrope_only and spec.method != "ntk":
+        return longrope_form(spec, dim, theta, **extra)
     if spec.method == "ntk":
         # NTK-aware is default RoPE with the raised base (methods.ntk computes exactly this).
         return {"rope_type": "default", "rope_theta": ntk_base(dim, theta, spec.factor), **extra}
@@ -100,7 +107,8 @@ def logical_rope(config, rope: dict[str, Any], dim: int) -> dict[str, Any]:
     spec, theta = spec_of_block(data)
     base = {"rope_type": "default", "rope_theta": theta,
             **{k: v for k, v in rope.items() if k == "partial_rotary_factor"}}
-    expected = saved_rope(spec, base, dim) if spec.factor != 1.0 else base
+    longrope_only = getattr(config, "model_type", None) in LONGROPE_ONLY
+    expected = saved_rope(spec, base, dim, longrope_only) if spec.factor != 1.0 else base
     if not _same(expected, rope) and not _reads_as(config, rope, spec, theta, dim):
         raise ValueError(f"config.{BLOCK} describes {spec.method!r} (factor {spec.factor:g}) saved "
                          f"as {expected}, but the config's rope is {rope}. Delete config.{BLOCK} "

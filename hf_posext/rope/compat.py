@@ -81,6 +81,10 @@ def set_rope_parameters(config, params: dict[str, Any]) -> None:
 def v4_scaling(params: dict[str, Any]) -> dict[str, Any] | None:
     """4.x `rope_scaling`: the flat dict without rope_theta; None for plain RoPE."""
     scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if scaling.get("rope_type") == "default" and scaling.get("partial_rotary_factor") == 1.0:
+        # 1.0 is every 4.x config's default; 4.57's Phi3Config refuses any rope_scaling that is
+        # not longrope, so plain RoPE must be written as None there
+        del scaling["partial_rotary_factor"]
     return None if scaling.get("rope_type") == "default" and len(scaling) == 1 else scaling
 
 

@@ -31,6 +31,23 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "granite": "GraniteRotaryEmbedding",
     "gpt_neox": "GPTNeoXRotaryEmbedding",  # partial rotary: d = head_dim · rotary_pct
     "stablelm": "StableLmRotaryEmbedding",  # partial rotary, one rotary module per layer too
+    "phi3": "Phi3RotaryEmbedding",  # static methods saved in their longrope form (LONGROPE_ONLY)
+}
+# Model types whose config accepts no rope type but plain RoPE and `longrope`: static methods
+# are saved there in their exact longrope form (hf_posext/rope/longrope.py; static NTK stays a plain
+# theta change), dynamic ones are refused with this reason.
+LONGROPE_ONLY: dict[str, str] = {
+    "phi3": ("transformers' Phi3Config accepts only rope_type 'longrope' (5.x refuses any other "
+             "type; 4.57 and 5.x rewrite a saved 'yarn' to 'longrope' on load), and a dynamic "
+             "method has no longrope form: its frequencies follow the current length. Use a "
+             "static method (linear, ntk, ntk_by_parts, yarn) or an attention-level one"),
+}
+# On 4.x, where even the longrope form cannot be saved (reason); NTK's plain theta change can.
+LONGROPE_REFUSED_V4: dict[str, str] = {} if IS_V5 else {
+    "phi3": ("transformers 4.57's Phi3Config reloads a longrope config only as exactly {type, "
+             "short_factor, long_factor} and derives the attention factor from "
+             "max_position_embeddings, so the explicit attention_factor that makes the longrope "
+             "form exact cannot be saved. Use transformers 5.x, or 'ntk' (a plain theta change)"),
 }
 # Rotary modules that keep their own rope: Gemma 3's sliding-window layers use a local base
 # (rope_local_base_freq) that its long-context configs never scale. In 4.57 that is a second
@@ -38,12 +55,7 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
 # "sliding_attention" entry of the per-layer-type rope dict, which `compat` leaves alone.
 LOCAL_ROTARY: dict[str, tuple[str, ...]] = {"gemma3_text": ("rotary_emb_local",)}
 # RoPE families that use the shared machinery but cannot be extended, and why.
-UNSUPPORTED_MODEL_TYPES: dict[str, str] = {
-    "phi3": ("transformers' Phi3Config accepts only rope_type 'longrope' (5.x refuses any other "
-             "type; 4.57 and 5.x rewrite a saved 'yarn' to 'longrope' on load), so a Phi-3 "
-             "checkpoint extended with another method could not be saved and reloaded. Use "
-             "Phi-3's own longrope checkpoints (e.g. the -128k models) instead"),
-}
+UNSUPPORTED_MODEL_TYPES: dict[str, str] = {}
 if not IS_V5:
     UNSUPPORTED_MODEL_TYPES["olmo2"] = (
         "transformers 4.57's Olmo2Config accepts only rope_scaling {'type': 'linear' or "

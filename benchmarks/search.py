@@ -1,0 +1,181 @@
+"""Does a searched `longrope` config beat the sliding window, read by plain transformers?
+
+On the embedded SmolLM2-135M (trained at 8,192): `hf-posext search` tunes per-frequency factors
+and the attention factor on King Lear for 16k; the saved checkpoint is then scored by plain
+transformers (hf_posext never imported, in a subprocess) on a held-out document of another kind,
+torch's `_refs/__init__.py` (benchmarks/long_context.py's code text), against YaRN (s = 2, built
+by transformers from its own `yarn` config) and the unpatched model's sliding-8k baseline over the
+same tokens (docs/results/eval/long-context-code, `python benchmarks/long_context.py code`).
+Not a timed test: run by hand, each step in the background under nice.
+
+    python benchmarks/search.py tune       # hf-posext search ... -> results/search-lear-16k/
+    python benchmarks/search.py heldout    # plain-transformers scores -> results/search.json
+    python benchmarks/search.py report     # results/search.md and search_curve.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+OUT = HERE / "results" / "search-lear-16k"
+RESULTS = HERE / "results" / "search.json"
+BASELINE_CSV = ROOT / "docs" / "results" / "eval" / "long-context-code" / "perplexity.csv"
+TUNE_ARGV = ["search", "--dataset", "embedded:shakespeare/king-lear", "--length", "16k", "--no-final-check",
+             "--proxy-length", "4k", "--budget-minutes", "25", "--lr", "0.1", "--out", str(OUT)]
+TARGET, TRAINED = 16384, 8192
+LENGTHS = (4096, 8192, 16384)   # short-context regression at <= L, the target at 2x
+
+# Scores one model on the first N tokens of a text with plain transformers only (run with -c).
+SCORE = r'''
+import hashlib, json, sys, numpy as np, torch, torch.nn.functional as F, transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+job = json.loads(sys.argv[1])
+torch.set_num_threads(2)
+tok = AutoTokenizer.from_pretrained(job["base"], gguf_file=job["gguf"])
+ids = np.asarray(tok(open(job["text"]).read(), verbose=False)["input_ids"], dtype=np.int32)
+if job["checkpoint"]:
+    model = AutoModelForCausalLM.from_pretrained(job["checkpoint"], dtype=torch.float32)
+else:
+    config = AutoConfig.from_pretrained(job["base"], gguf_file=job["gguf"])
+    if job["yarn"]:
+        config.rope_parameters = {"rope_type": "yarn", "rope_theta": config.rope_parameters["rope_theta"],
+                                  "factor": job["yarn"], "original_max_position_embeddings": config.max_position_embeddings}
+        config.max_position_embeddings = int(config.max_position_embeddings * job["yarn"])
+    model = AutoModelForCausalLM.from_pretrained(job["base"], gguf_file=job["gguf"], config=config,
+                                                 dtype=torch.float32)
+model.eval()
+out = {"hf_posext_imported": "hf_posext" in sys.modules, "transformers": transformers.__version__,
+       "rope": model.config.rope_parameters.get("rope_type"),
+       "data_hash": hashlib.sha256(ids.tobytes()).hexdigest()[:12], "nll": {}}
+with torch.inference_mode():
+    for n in job["lengths"]:
+        x = torch.as_tensor(ids[:n], dtype=torch.long)[None]
+        h = model.model(input_ids=x, use_cache=False).last_hidden_state[0, :-1]
+        t = x[0, 1:]
+        total = sum(F.cross_entropy(model.lm_head(h[i:i + 1024]).float(), t[i:i + 1024], reduction="sum").item()
+                    for i in range(0, t.numel(), 1024))
+        out["nll"][str(n)] = total / t.numel()
+        print(json.dumps({"length": n, "ppl": float(np.exp(total / t.numel()))}), file=sys.stderr, flush=True)
+print(json.dumps(out))
+'''
+
+
+def code_path() -> Path:
+    import torch  # the pinned torch's file, as benchmarks/long_context.py
+    return Path(torch.__file__).parent / "_refs" / "__init__.py"
+
+
+def score(name: str, checkpoint: str | None, yarn: float | None, lengths) -> dict:
+    from hf_posext.data.embedded import model_location  # here only: the scorer process never imports it
+
+    base, gguf = model_location()
+    job = {"base": base, "gguf": gguf, "text": str(code_path()), "checkpoint": checkpoint,
+           "yarn": yarn, "lengths": list(lengths)}
+    done = subprocess.run([sys.executable, "-c", SCORE, json.dumps(job)], check=True,
+                          capture_output=True, text=True)
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not row["hf_posext_imported"], "the scorer must run without hf_posext"
+    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    old = results.setdefault("heldout", {}).get(name, {"nll": {}})
+    row["nll"] = {**old["nll"], **row["nll"]}   # runs at other lengths add to a config's row
+    results["heldout"][name] = row
+    RESULTS.write_text(json.dumps(results, indent=1))
+    return row
+
+
+def baseline_row() -> dict:
+    """The unpatched model's sliding-8k baseline at 16k on the code text (long_context.py code)."""
+    import csv
+    for row in csv.DictReader(open(BASELINE_CSV)):
+        if row["method"] == "none" and row["protocol"] == "baseline" and int(row["length"]) == TARGET:
+            return {"perplexity": float(row["perplexity"]), "data_hash": row["data_hash"]}
+    raise SystemExit(f"no 16k baseline row in {BASELINE_CSV}; run benchmarks/long_context.py code")
+
+
+def curve(rows: list[dict]) -> list[tuple[float, float]]:
+    """(minutes, best proxy perplexity so far / the best seed's) after each seed and step."""
+    seeds = [r for r in rows if r["kind"] == "seed"]
+    start = min(r["nll"] for r in seeds)
+    pts, best = [], float("inf")
+    for r in rows:
+        if r["kind"] in ("seed", "step"):
+            best = min(best, r["nll"] if r["kind"] == "seed" else r["checked"])
+            pts.append((r["elapsed"] / 60, math.exp(best - start)))
+    return pts
+
+
+def report() -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"heldout": {}}
+    log = [json.loads(line) for line in open(OUT / "search_log.jsonl") if line.strip()]
+    base = baseline_row()
+    held = results["heldout"]
+    lines = ["# Searched longrope config (benchmarks/search.py)", "",
+             "Tuned on King Lear at 16k (`hf-posext " + " ".join(TUNE_ARGV).replace(str(ROOT) + "/", "") + "`); scored by plain "
+             "transformers (no hf_posext import) on torch's `_refs/__init__.py`.", "",
+             "| config | " + " | ".join(f"{n // 1024}k ppl" for n in LENGTHS) + " | 16k ratio to sliding-8k |",
+             "|---" * (len(LENGTHS) + 2) + "|"]
+    for name, row in held.items():
+        ppl = [math.exp(row["nll"][str(n)]) if str(n) in row["nll"] else float("nan") for n in LENGTHS]
+        ratio = ppl[-1] / base["perplexity"]
+        lines.append(f"| {name} | " + " | ".join(f"{p:.4f}" for p in ppl) + f" | {ratio:.4f} |")
+    lines += ["", f"Sliding-8k baseline at 16k: {base['perplexity']:.4f} ({BASELINE_CSV.relative_to(ROOT)}, "
+              f"data hash {base['data_hash']}; scorer's data hash "
+              f"{next(iter(held.values()))['data_hash'] if held else 'n/a'})."]
+    tune = [r for r in log if r["kind"] == "baseline"][0]
+    lines += ["", f"Search log ({OUT.relative_to(ROOT)}/search_log.jsonl): King Lear sliding-8k "
+              f"baseline at 16k {math.exp(tune['nll']):.4f}; on the 4k proxy:"]
+    lines += [f"- seed {r['method']}: proxy perplexity {math.exp(r['nll']):.4f} at "
+              f"{r['elapsed'] / 60:.1f} min" for r in log if r["kind"] == "seed"]
+    lines += [f"- step {r['step']}: proxy perplexity {math.exp(r['checked']):.4f}"
+              f"{' (rejected)' if r['rejected'] else ''} at {r['elapsed'] / 60:.1f} min"
+              for r in log if r["kind"] == "step"]
+    check = [r for r in log if r["kind"] == "check"]
+    if check:
+        lines.append(f"Tuning text (King Lear) at 16k: searched {math.exp(check[-1]['nll']):.4f} vs "
+                     f"sliding-8k {math.exp(tune['nll']):.4f}, ratio {check[-1]['ratio']:.4f}.")
+    (HERE / "results" / "search.md").write_text("\n".join(lines) + "\n")
+    pts = curve(log)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+    ax.set_xlabel("minutes since the search started (2 shared cores, under load)")
+    ax.set_ylabel("best proxy perplexity so far\n/ best seed's")
+    ax.set_title("hf-posext search on King Lear, 16k, 4k proxy")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(HERE / "results" / "search_curve.png", dpi=100)
+    print("\n".join(lines))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", choices=["tune", "heldout", "report"])
+    p.add_argument("--only", default=None, help="heldout: one of searched, yarn")
+    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
+                   help="heldout: comma-separated lengths (default 4096,8192,16384)")
+    args = p.parse_args()
+    if args.step == "tune":
+        from hf_posext import cli
+        raise SystemExit(cli.main(TUNE_ARGV))
+    if args.step == "heldout":
+        lengths = [int(n) for n in args.lengths.split(",")]
+        if args.only in (None, "yarn"):
+            print(score("yarn (s=2)", None, 2.0, lengths))
+        if args.only in (None, "searched"):
+            print(score("searched", str(OUT), None, lengths))
+    if args.step == "report":
+        report()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""`hf-posext search`: find a portable `longrope` config for a target length (hf_posext/training/factor_search.py).
+
+    hf-posext search --dataset embedded:shakespeare/king-lear --length 16k --out lear-16k \\
+        --budget-minutes 30 --proxy-length 4k
+
+Every option is checked, and the tuning text tokenised, before the model loads. The checkpoint
+(config + weights + tokenizer) goes to --out, the search log to --out/search_log.jsonl; rerun
+the same command to resume from the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from ..data.documents import TextSource, load_documents
+from ..data.embedded import DEFAULT_MODEL
+from ..evaluation.data import TokenCache, select_documents
+from ..evaluation.inputs import InputError, check_device, check_model_arg, parse_length
+from ..training.factor_search import save_best, search
+from .model_args import load_model_from, load_tokenizer_from
+
+LOG_NAME = "search_log.jsonl"
+
+
+def add_subcommand(sub) -> None:
+    p = sub.add_parser("search", help="search per-frequency rope factors (a portable longrope config)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"Hub id, local folder, or {DEFAULT_MODEL} (default)")
+    p.add_argument("--gguf-file", default=None, help="GGUF file name inside --model")
+    p.add_argument("--dataset", default="embedded:shakespeare/king-lear",
+                   help="tuning text, the sources of `eval` (default embedded:shakespeare/king-lear); "
+                        "never the text you evaluate on")
+    p.add_argument("--dataset-config", default=None, help="Hub dataset configuration name")
+    p.add_argument("--split", default=None, help="dataset split")
+    p.add_argument("--column", default="text", help="text column (default text)")
+    p.add_argument("--max-docs", type=int, default=1, help="tuning documents (default 1, as LongRoPE: few)")
+    p.add_argument("--length", required=True, help="target context length, e.g. 16k")
+    p.add_argument("--proxy-length", default=None,
+                   help="tokens per gradient step: spans at their true positions spread over the "
+                        "target length (default: the whole target length)")
+    p.add_argument("--budget-minutes", type=float, default=60.0, help="time budget (default 60)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    p.add_argument("--lr", type=float, default=0.05, help="Adam step size on the log-factors (default 0.05)")
+    p.add_argument("--out", required=True, help="output folder (checkpoint + search_log.jsonl)")
+    p.add_argument("--no-final-check", action="store_true",
+                   help="do not score the best config over the whole target length at the end "
+                        "(saves one target-length forward; the printed figures are then the proxy's)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def _checked(args) -> tuple[int, int | None]:
+    check_device(args.device)
+    check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL)
+    length = parse_length(args.length)
+    proxy = parse_length(args.proxy_length) if args.proxy_length else None
+    if proxy is not None and proxy > length:
+        raise InputError(f"--proxy-length {proxy} is longer than --length {length}; use at most {length}.")
+    if proxy is not None and proxy < 64:
+        raise InputError(f"--proxy-length {proxy} is too short to score anything; use e.g. 4k.")
+    if not (args.budget_minutes > 0 and math.isfinite(args.budget_minutes)):
+        raise InputError(f"--budget-minutes must be a positive number, got {args.budget_minutes}.")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        raise InputError(f"--lr must be a positive number, got {args.lr}.")
+    for flag, value in (("--max-docs", args.max_docs), ("--max-steps", args.max_steps)):
+        if value is not None and value <= 0:
+            raise InputError(f"{flag} must be a positive integer, got {value}.")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; name a folder.")
+    if out.is_dir() and any(out.iterdir()) and not (out / LOG_NAME).is_file():
+        raise InputError(f"--out {out} is a non-empty folder without a {LOG_NAME}; choose an empty "
+                         "or new folder (an existing search folder resumes).")
+    return length, proxy
+
+
+def run(args) -> int:
+    try:
+        length, proxy = _checked(args)
+        source = TextSource(args.dataset, args.dataset_config, args.split, args.column)
+        documents = load_documents(source, streaming=True)
+        tokenizer = load_tokenizer_from(args)
+        docs = select_documents(documents, TokenCache(tokenizer), length + 1, args.max_docs)
+    except (InputError, FileNotFoundError, ValueError) as err:
+        print(f"hf-posext search: error: {err}", file=sys.stderr)
+        return 2
+    print(f"data: {source.label}: {len(docs.docs)} document(s) of >= {length + 1} tokens",
+          file=sys.stderr)
+    args.dtype, args.revision, args.attn_implementation, args.device_map = "float32", None, None, None
+    model = load_model_from(args)
+    out = Path(args.out)
+    try:
+        result = search(model, docs.docs, length, out / LOG_NAME, budget_minutes=args.budget_minutes,
+                        proxy_length=proxy, lr=args.lr, max_steps=args.max_steps,
+                        data=docs.fingerprint, final_check=not args.no_final_check,
+                        progress=not args.no_progress)
+    except ValueError as err:
+        print(f"hf-posext search: error: {err}", file=sys.stderr)
+        return 2
+    rope = save_best(model, tokenizer, result, out, length)
+    print(f"best: {result.source} after {result.steps} step(s); saved as rope_type "
+          f"{rope['rope_type']!r} in {out}")
+    base = f"unpatched sliding-window baseline {math.exp(result.baseline_nll):.4f}"
+    if result.checked:
+        print(f"tuning text at {length}: perplexity {result.perplexity:.4f}; {base}; ratio "
+              f"{result.ratio:.4f}")
+    else:  # a proxy figure is not comparable with the full-length baseline: no ratio
+        print(f"tuning text, {proxy}-token proxy: perplexity {result.perplexity:.4f} "
+              f"(--no-final-check: no full-length figure, no ratio); {base} at {length}")
+    return 0

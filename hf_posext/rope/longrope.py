@@ -1,0 +1,69 @@
+"""Every static rope-only method written as transformers' `longrope` rope config.
+
+transformers' `longrope` (`_compute_longrope_parameters`, 4.57 and 5.x) computes
+
+    inv_freq'_i = 1 / (f_i · b^(2i/d))        cos/sin × attention_factor
+
+with `f = short_factor` up to `original_max_position_embeddings` and `long_factor` beyond (the
+LongRoPE paper's rescale factors λ_i, arXiv 2402.13753 §3). A static method's frequencies are a
+fixed per-frequency rescale of plain RoPE, so it is exactly this with f_i = inv_freq_i / inv'_i
+(linear: f_i = s; NTK-aware: f_i = s^(2i/(d−2)); NTK-by-parts and YaRN: the ramp between 1 and
+s) and its cos/sin scale as an explicit `attention_factor`. Two details make the form exact in
+both versions (REFERENCE.md §9):
+
+- `short_factor` = `long_factor`: which set transformers picks depends on the sequence length and,
+  in 4.57, on `config.max_position_embeddings` rather than the dict's L; equal sets make the
+  choice irrelevant, as a static method must be.
+- `attention_factor` is always written: its default (sqrt(1 + ln s / ln L)) is LongRoPE's, not
+  the method's.
+
+f_i is computed against the float32 power b^(2i/d) transformers itself multiplies, so
+transformers' float32 product gives back the method's inv'_i to about one ulp.
+Dynamic methods have no such form: their frequencies change with every length.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from .config import RopeExtensionConfig
+from .registry import compute
+
+
+def rope_powers(dim: int, base: float) -> torch.Tensor:
+    """b^(2i/d) in float32, as transformers' `_compute_longrope_parameters` computes it, [d/2]."""
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return base ** exponents
+
+
+def factors_of(inv_freq: torch.Tensor, dim: int, base: float) -> list[float]:
+    """The longrope rescale factors f_i with 1 / (f_i · b^(2i/d)) = inv_freq_i."""
+    return (1.0 / (inv_freq.double().cpu() * rope_powers(dim, base).double())).tolist()
+
+
+def longrope_dict(factors: Sequence[float], attention_factor: float, base: float,
+                  original_max: int, factor: float, **extra: Any) -> dict[str, Any]:
+    """A `longrope` rope dict (5.x flat layout, with rope_theta) with one factor set for every
+    length and the cos/sin scale written out."""
+    factors = [float(f) for f in factors]
+    return {"rope_type": "longrope", "rope_theta": float(base), "factor": float(factor),
+            "original_max_position_embeddings": int(original_max),
+            "short_factor": list(factors), "long_factor": list(factors),
+            "attention_factor": float(attention_factor), **extra}
+
+
+def longrope_form(spec: RopeExtensionConfig, dim: int, base: float, **extra: Any) -> dict[str, Any]:
+    """The exact `longrope` rope dict of a static method `spec` on rotary dim `dim`, base `base`
+    (`extra`: e.g. partial_rotary_factor, copied through)."""
+    if spec.is_dynamic:
+        raise ValueError(f"{spec.method!r} has no longrope form: its frequencies follow the current "
+                         "length, while longrope holds one fixed factor set per side of L. Use a "
+                         "static method (linear, ntk, ntk_by_parts, yarn).")
+    if spec.original_max_position_embeddings is None:
+        raise ValueError("the longrope form needs original_max_position_embeddings (the trained "
+                         "length L); pass it or let hf_posext.patch read it from the model.")
+    inv_freq, scale = compute(spec, dim, base)
+    return longrope_dict(factors_of(inv_freq, dim, base), scale, base,
+                         spec.original_max_position_embeddings, spec.factor, **extra)

@@ -1,0 +1,107 @@
+"""`hf-posext search` / `hf_posext.search` on a tiny random Llama (hf_posext/training/factor_search.py).
+
+The objective improves over the best seed (the rope-only methods in their longrope form); the
+saved checkpoint is transformers' own `longrope`, reloaded in a fresh process without hf_posext
+under both transformers versions with the logits the search measured; a second run resumes
+from the log; bad options fail before any model loads.
+"""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import TRAINED, VOCAB, tiny_model
+from test_cross_version import other_python
+from test_longrope import load_plain
+
+import hf_posext
+from hf_posext import cli
+from hf_posext.training.factor_search import SEED_METHODS, _Factors, _Installed, proxy_chunks, save_best, search
+from hf_posext.rope.longrope import rope_powers
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TARGET = 4 * TRAINED
+
+
+@pytest.fixture(scope="module")
+def doc():
+    # a repetitive sequence with long-range structure, so positions past L matter to the loss
+    g = np.random.default_rng(0)
+    motif = g.integers(0, VOCAB, 48)
+    return np.concatenate([motif + (k % 3) for k in range(12)]) % VOCAB   # [576] > TARGET + 1
+
+
+def test_proxy_spans_cover_the_target_at_true_positions():
+    spans = proxy_chunks(16384, 4096)
+    assert spans[0] == (0, 1024) and spans[-1] == (15360, 16384) and len(spans) == 4
+    assert proxy_chunks(256, 256) == [(0, 256)]
+
+
+def test_search_improves_over_its_seed_and_saves_a_plain_longrope(doc, tmp_path):
+    model = tiny_model()
+    result = search(model, [doc], TARGET, tmp_path / "log.jsonl", max_steps=6, lr=0.2,
+                    proxy_length=TARGET // 2, progress=False)
+    rows = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
+    seeds = {r["method"]: r["nll"] for r in rows if r["kind"] == "seed"}
+    assert set(seeds) == set(SEED_METHODS)
+    assert result.proxy_nll < min(seeds.values()) - 1e-4, (result, seeds)
+    assert result.source.startswith("step")
+    # the searched config lies in LongRoPE's space: f_i >= 1, non-decreasing to low frequencies
+    assert all(f >= 1.0 for f in result.factors) and result.factors == sorted(result.factors)
+    # what the search measured over the whole target length, through its own rotary module
+    params = _Factors(result.factors, result.attention_factor)
+    ids = torch.as_tensor(doc[:TARGET], dtype=torch.long)[None]
+    with _Installed(model, params, rope_powers(16, 10_000.0)), torch.no_grad():
+        searched = model(ids).logits
+    rope = save_best(model, None, result, tmp_path / "ckpt", TARGET)
+    assert rope["rope_type"] == "longrope" and rope["short_factor"] == rope["long_factor"]
+    assert rope["attention_factor"] == pytest.approx(result.attention_factor)
+    assert not hf_posext.is_patched(model)  # saving leaves the model as it was
+    torch.save({"ids": ids, "logits": searched}, tmp_path / "ckpt" / "expected.pt")
+    report = load_plain(sys.executable, [tmp_path / "ckpt"], tmp_path)
+    assert report.pop("hf_posext_imported") is False
+    assert max(report.values()) <= 1e-5, report
+    other = other_python()
+    if other is None:
+        pytest.skip("the other transformers version's python is missing (HF_POSEXT_OTHER_PYTHON)")
+    report = load_plain(other, [tmp_path / "ckpt"], tmp_path)
+    assert report.pop("hf_posext_imported") is False
+    assert max(report.values()) <= 1e-5, report
+
+
+def test_search_resumes_from_its_log(doc, tmp_path):
+    log = tmp_path / "log.jsonl"
+    search(tiny_model(), [doc], TARGET, log, max_steps=2, lr=0.2, proxy_length=TARGET // 2, progress=False)
+    first = [json.loads(line) for line in open(log)]
+    search(tiny_model(), [doc], TARGET, log, max_steps=4, lr=0.2, proxy_length=TARGET // 2, progress=False)
+    rows = [json.loads(line) for line in open(log)]
+    assert rows[:len(first)] == first                      # nothing rewritten
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("settings") == 1 and kinds.count("baseline") == 1 and kinds.count("seed") == 4
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    # step 3 starts where step 2 left off
+    assert steps[2]["factors"] == pytest.approx(steps[1]["next_factors"], rel=1e-6)
+    with pytest.raises(ValueError, match="is the log of another search"):
+        search(tiny_model(), [doc], TARGET, log, max_steps=5, lr=0.1, proxy_length=TARGET // 2, progress=False)
+
+
+def test_search_refuses_an_extended_model(doc, tmp_path):
+    with pytest.raises(ValueError, match="search starts from a model with plain RoPE"):
+        search(hf_posext.patch(tiny_model(), "yarn", 2.0), [doc], TARGET, tmp_path / "log.jsonl")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--length", "16k", "--proxy-length", "32k"], "--proxy-length 32768 is longer than --length"),
+    (["--length", "16k", "--budget-minutes", "0"], "--budget-minutes must be a positive number"),
+    (["--length", "sixteen"], "--length"),
+    (["--length", "16k", "--lr", "-1"], "--lr must be a positive number"),
+])
+def test_cli_checks_options_before_loading_anything(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "load_model_from", lambda args: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli, "load_tokenizer_from", lambda args: pytest.fail("the tokenizer was loaded"))
+    assert cli.main(["search", *argv, "--out", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err
