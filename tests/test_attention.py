@@ -286,6 +286,8 @@ def test_bad_rerope_knobs_raise(knobs, message):
     ("string", {"shifted_offset": 16, "local_value": 17}, "at most shifted_offset"),
     ("string", {"local_value": -1}, "positive integer"),
     ("string", {"window": 16}, "does not use 'window'"),
+    ("string", {}, "shifts nothing"),   # L = 64: the authors' S = 21, W = min(128, S) = S
+    ("string", {"local_value": 21}, "shifts nothing"),    # S defaults to 21 = W
     ("logn", {"logn": False}, "leaves nothing"),
     ("yarn", {"window": 16}, "knobs of the attention methods"),
     ("yarn", {"logn": 1}, "True or False"),

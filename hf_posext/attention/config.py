@@ -101,6 +101,7 @@ class AttentionExtensionConfig:
         L = _positive_int("trained_length", self.trained_length)
         set_("trained_length", L)
         used = KNOBS[self.method]
+        given = {knob: getattr(self, knob) for knob in used}
         for knob in ALL_KNOBS[:-1]:
             value = getattr(self, knob)
             if knob not in used:
@@ -117,6 +118,15 @@ class AttentionExtensionConfig:
                              "Use no method (unpatch) instead.")
         set_("logn", logn)
         self._check_knobs(set_)
+        if self.method == "string" and self.local_value >= self.shifted_offset \
+                and (given.get("local_value") is None or given.get("shifted_offset") is None):
+            # W = S maps d − S + W back to d: STRING would be plain attention, silently
+            raise ValueError(
+                f"string at trained length {L}: the defaults (shifted_offset S = 0.33·L = "
+                f"{int(0.33 * L)}, local_value W = 128 capped at S) give W = S, which shifts "
+                f"nothing (d − S + W = d). The authors' W = 128 assumes L well above 388; pass "
+                f"both knobs, e.g. shifted_offset={int(0.33 * L)}, "
+                f"local_value={max(0, int(0.33 * L) // 8)}.")
 
     def _check_knobs(self, set_) -> None:
         L = self.trained_length

@@ -60,6 +60,9 @@ ENGINES = [  # (engine, venv (Makefile pins the release), runner, re-derived rea
     ("llama.cpp", ".venv-llamacpp", "_run_llamacpp.py", "llama.cpp"),
 ]
 CONTROL = "plain RoPE (control)"
+# Knobs where a method's defaults do nothing at this L: STRING's W = min(128, S) equals
+# S = 0.33·L below L = 388, and d − S + W = d (hf_posext refuses those defaults).
+SMALL_L_KNOBS = {"string": {"shifted_offset": int(0.33 * L), "local_value": int(0.33 * L) // 8}}
 # Export targets that rewrite the GGUF llama.cpp's converter made of the checkpoint
 # (`export(ckpt, out, target, gguf=CONVERTED)`, which returns the run-time flags still needed):
 # measured after llama.cpp's converter ran on the saved form, with those flags.
@@ -83,7 +86,7 @@ def cases() -> list[tuple[str, str | None, dict]]:
     (taken at run time, so a new method is measured without editing this file)."""
     rows = [(label, label.split(" ")[0], dict(knobs)) for label, knobs in TABLE_ROWS]
     listed = {method for _, method, _ in rows}
-    rows += [(m, m, {}) for m in hf_posext.METHODS if m not in listed]
+    rows += [(m, m, dict(SMALL_L_KNOBS.get(m, {}))) for m in hf_posext.METHODS if m not in listed]
     return [(CONTROL, None, {})] + rows
 
 
