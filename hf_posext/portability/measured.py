@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import engines
+from ..attention import ATTENTION_METHODS
 from ..rope.config import RopeExtensionConfig
 from .verdicts import Verdict
 
@@ -68,6 +69,8 @@ def case_of(cfg: dict[str, Any]) -> tuple[str | None, tuple[str, ...]] | None:
 
 
 def _knob_names(row: dict[str, Any]) -> tuple[str, ...]:
+    if row["method"] in ATTENTION_METHODS:  # engines run plain attention whatever the knobs
+        return ()
     return tuple(sorted(row.get("knobs") or {}))
 
 
