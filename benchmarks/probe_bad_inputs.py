@@ -9,7 +9,8 @@ the recipe and results folders, each classified
     PYTHONPATH=. python benchmarks/probe_bad_inputs.py [--out benchmarks/results/probe_bad_inputs.md]
 
 Everything runs in this process on tiny random models (tests/_recipekit.py), with a SIGALRM
-timeout per case; `check`/`export` are another branch's and not probed here.
+timeout per case. `check` cases of kind "report" must *say* what is wrong (the predicate
+holds on the printed report) rather than refuse; a wrong report is bad.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from _recipekit import load_finetune, make_assets, recipe_argv  # noqa: E402
 import hf_posext  # noqa: E402
 from hf_posext import cli  # noqa: E402
 from hf_posext.errors import PosextError  # noqa: E402
+from probe_portability import add_check_export_search_cases  # noqa: E402
 
 TIMEOUT = 60
 LOADS = {"n": 0}
@@ -60,8 +62,15 @@ def _alarm(*_):
 
 
 def run_case(fn, kind: str):
-    """(verdict, detail) for one case that must be refused."""
+    """(verdict, detail) for one case that must be refused (kind "report": fn returns
+    (ok, text): the report must say what is wrong)."""
     LOADS["n"] = 0
+    if kind == "report":
+        try:
+            ok, text = fn()
+        except BaseException as err:  # noqa: BLE001
+            return "weak", f"raised {type(err).__name__}: {str(err)[:120]}"
+        return ("good" if ok else "bad"), text[:150]
     err_buf = io.StringIO()
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(TIMEOUT)
@@ -109,8 +118,7 @@ def build_cases(tmp: Path, assets: Path) -> list[tuple[str, str, object]]:
     add = lambda name, kind, fn: cases.append((name, kind, fn))   # noqa: E731
 
     # --- API: patch ------------------------------------------------------------------------
-    methods = ["linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn", "rerope",
-               "leaky_rerope", "self_extend", "dual_chunk", "logn"]
+    methods = list(hf_posext.METHODS)
     for m in methods:
         for f in (0.5, 0, -2, math.nan, math.inf, "2", True, [2]):
             add(f"patch({m}, factor={f!r})", "api", lambda m=m, f=f: hf_posext.patch(tiny_model(), m, factor=f))
@@ -308,6 +316,8 @@ def build_cases(tmp: Path, assets: Path) -> list[tuple[str, str, object]]:
     add("recipe lr 1e30 diverges", "api", lambda: finetune.main(recipe_argv(
         assets, tmp / "diverge", training__learning_rate="1e30", training__warmup_steps="0", eval__enabled="false")))
 
+    add_check_export_search_cases(add, tmp, assets, saved, edited, both)
+
     # --- results folders and caches ----------------------------------------------------------------
     from hf_posext.evaluation.data import TokenCache
     from _recipekit import char_tokenizer
@@ -349,7 +359,7 @@ def main() -> int:
             cases = build_cases(tmp, assets)
         rows = []
         for name, kind, fn in cases:
-            verdict, detail = run_case(fn, "cli" if kind == "cli" else "api")
+            verdict, detail = run_case(fn, kind if kind in ("cli", "report") else "api")
             if kind == "unsafe" and (tmp / "PWNED").exists():
                 verdict, detail = "bad", "UNSAFE: planted pickle ran; " + detail
                 (tmp / "PWNED").unlink()
@@ -358,7 +368,8 @@ def main() -> int:
     counts = {v: sum(r[0] == v for r in rows) for v in ("good", "weak", "bad")}
     summary = f"{len(rows)} cases: {counts['good']} good, {counts['weak']} weak, {counts['bad']} bad"
     print(summary)
-    lines = ["# Bad-input probe", "", "Command: `PYTHONPATH=. python benchmarks/probe_bad_inputs.py`", "",
+    lines = ["# Bad-input probe", "", "Command: `PYTHONPATH=. python benchmarks/probe_bad_inputs.py` (the check, export and search cases: "
+             "benchmarks/probe_portability.py)", "",
              f"**{summary}**", "",
              "A diverging loss (lr 1e30) can only be seen while training, so it stays 'weak' by this",
              "probe's rule (an error after the weights loaded); it stops before anything non-finite",

@@ -18,6 +18,7 @@ from test_longrope import load_plain
 
 import hf_posext
 from hf_posext import cli
+from hf_posext.commands import search as search_cmd
 from hf_posext.training.factor_search import SEED_METHODS, _Factors, _Installed, proxy_chunks, save_best, search
 from hf_posext.rope.longrope import rope_powers
 
@@ -101,7 +102,9 @@ def test_search_refuses_an_extended_model(doc, tmp_path):
     (["--length", "16k", "--lr", "-1"], "--lr must be a positive number"),
 ])
 def test_cli_checks_options_before_loading_anything(argv, message, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "load_model_from", lambda args: pytest.fail("the model was loaded"))
-    monkeypatch.setattr(cli, "load_tokenizer_from", lambda args: pytest.fail("the tokenizer was loaded"))
-    assert cli.main(["search", *argv, "--out", str(tmp_path / "o")]) == 2
-    assert message in capsys.readouterr().err
+    monkeypatch.setattr(search_cmd, "load_model_from", lambda args: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(search_cmd, "load_tokenizer_from", lambda args: pytest.fail("the tokenizer was loaded"))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["search", *argv, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and len(err.strip().splitlines()) == 1

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from ..errors import ConfigError
 from ..patcher import patch
 from ..portability import measured
 from ..portability.exporting import TARGETS, export
@@ -59,13 +60,15 @@ def add_subcommands(sub) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    # errors reach cli.main, which prints one line and exits 2 (bad input) or 1
     if not args.paths and not args.table:
-        raise SystemExit("hf-posext check: error: give checkpoint folders, or --table")
+        raise ConfigError("give checkpoint folders, or --table")
     for path in args.paths:
         try:
             print(report(path, view=measured.overlay))
         except (FileNotFoundError, ValueError, KeyError) as err:
-            raise SystemExit(f"hf-posext check: error: {path}: {err}") from None
+            said = str(err).strip("'")  # a KeyError's text comes quoted
+            raise ConfigError(said if str(path) in said else f"{path}: {said}") from None
     if args.table:
         print(table())
     return 0
@@ -73,11 +76,11 @@ def run_check(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     if args.gguf is not None and args.target != "gguf":
-        raise SystemExit("hf-posext export: error: --gguf is only for --target gguf")
-    try:
+        raise ConfigError("--gguf is only for --target gguf")
+    try:  # ValueError / OSError (FileExistsError, FileNotFoundError) reach cli.main as they are
         result = export(args.path, args.out, args.target, gguf=args.gguf)
-    except (ValueError, OSError, ImportError) as err:  # FileExistsError, FileNotFoundError too
-        raise SystemExit(f"hf-posext export: error: {err}") from None
+    except ImportError as err:  # the optional `gguf` package
+        raise ConfigError(str(err)) from None
     print(f"wrote {args.out}")
     if args.target == "gguf":
         print(f"  llama.cpp: {flags_text(result)}")

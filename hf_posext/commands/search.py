@@ -79,28 +79,21 @@ def _checked(args) -> tuple[int, int | None]:
 
 
 def run(args) -> int:
-    try:
-        length, proxy = _checked(args)
-        source = TextSource(args.dataset, args.dataset_config, args.split, args.column)
-        documents = load_documents(source, streaming=True)
-        tokenizer = load_tokenizer_from(args)
-        docs = select_documents(documents, TokenCache(tokenizer), length + 1, args.max_docs)
-    except (InputError, FileNotFoundError, ValueError) as err:
-        print(f"hf-posext search: error: {err}", file=sys.stderr)
-        return 2
+    # every error reaches cli.main: one line, exit 2 for bad input (before the model loads)
+    length, proxy = _checked(args)
+    source = TextSource(args.dataset, args.dataset_config, args.split, args.column)
+    documents = load_documents(source, streaming=True)
+    tokenizer = load_tokenizer_from(args)
+    docs = select_documents(documents, TokenCache(tokenizer), length + 1, args.max_docs)
     print(f"data: {source.label}: {len(docs.docs)} document(s) of >= {length + 1} tokens",
           file=sys.stderr)
     args.dtype, args.revision, args.attn_implementation, args.device_map = "float32", None, None, None
     model = load_model_from(args)
     out = Path(args.out)
-    try:
-        result = search(model, docs.docs, length, out / LOG_NAME, budget_minutes=args.budget_minutes,
-                        proxy_length=proxy, lr=args.lr, max_steps=args.max_steps,
-                        data=docs.fingerprint, final_check=not args.no_final_check,
-                        progress=not args.no_progress)
-    except ValueError as err:
-        print(f"hf-posext search: error: {err}", file=sys.stderr)
-        return 2
+    result = search(model, docs.docs, length, out / LOG_NAME, budget_minutes=args.budget_minutes,
+                    proxy_length=proxy, lr=args.lr, max_steps=args.max_steps,
+                    data=docs.fingerprint, final_check=not args.no_final_check,
+                    progress=not args.no_progress)
     rope = save_best(model, tokenizer, result, out, length)
     print(f"best: {result.source} after {result.steps} step(s); saved as rope_type "
           f"{rope['rope_type']!r} in {out}")
