@@ -35,8 +35,13 @@ test-tf4:
 # The main demo: does longer context help? Rope-only and attention-level methods vs the unpatched
 # model with a sliding 8k window, Hamlet at 8k/16k/32k on the embedded SmolLM2-135M (prints the
 # hf-posext eval command it runs; float32; about 2 h on 2 cores).
+# The quick demo (README "Long-context evaluation: the demo"): two plays at 2x (16k), the unpatched
+# model, YaRN and DualChunk against the unpatched model with a sliding 8k window. float32: this
+# CPU has no bf16 matmul instructions (benchmarks/dtype_speed.py). The 2x/4x grid: make bench-long.
 demo: install
-	$(BIN)/python benchmarks/long_context.py demo --out results/demo
+	$(BIN)/hf-posext eval --dtype float32 --dataset embedded:shakespeare --max-docs 2 \
+	  --lengths 16384 --factor 2 --methods yarn,dual_chunk --baseline-stride 4096 \
+	  --out results/demo --resume --no-progress
 
 # Memory and speed of the chunked perplexity path; patched vs native yarn forward (~6 min).
 bench: install
