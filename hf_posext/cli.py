@@ -28,7 +28,7 @@ from .commands.model_args import load_model_from, load_tokenizer_from
 from .data.documents import is_embedded, looks_like_path
 from .data.embedded import DEFAULT_MODEL
 from .errors import PosextError, exit_status, one_line
-from .evaluation.data import TextSource, TokenCache, load_documents, select_documents
+from .evaluation.data import TextSource, TokenCache, load_documents, scored_bytes, select_documents
 from .evaluation.distributed import Ranks
 from .evaluation.identity import (attention_implementation, loaded_fingerprint, model_dtype,
                                   source_fingerprint)
@@ -37,7 +37,8 @@ from .evaluation.inputs import (InputError, check_device, check_model_arg, parse
                                 parse_methods, parse_seeds, positive_int)
 from .evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
 from .evaluation.perplexity import DEFAULT_STRIDE, PROTOCOLS, evaluate_perplexity
-from .evaluation.results import plot_passkey_heatmap, plot_perplexity, print_table
+from .evaluation.results import (plot_nll_by_position, plot_passkey_heatmap, plot_perplexity,
+                                 print_table)
 from .evaluation.store import ResultsStore, RowsView
 
 DEFAULT_METHODS = "none,linear,ntk,dynamic_ntk,yarn"
@@ -251,7 +252,8 @@ def run_eval(args, ranks) -> int:
             device=args.device, chunk_size=args.chunk_size, reuse_identical=not args.no_reuse,
             progress=not args.no_progress and ranks.is_main, knobs=knobs,
             baseline=not args.no_baseline, baseline_window=args.baseline_window,
-            baseline_stride=args.baseline_stride, fingerprint=args.fingerprint, ranks=ranks)
+            baseline_stride=args.baseline_stride, fingerprint=args.fingerprint, ranks=ranks,
+            text_bytes=scored_bytes(tokenizer, docs.docs))
     finally:
         if store is not None:
             store.close()
@@ -268,11 +270,18 @@ def run_eval(args, ranks) -> int:
                 (protocol == "truncate" and r["protocol"] == "baseline")]
         title = f"perplexity, {protocol}" + (f", stride {args.stride}" if protocol == "sliding" else "")
         ratio = ("; ratio to sliding = perplexity / the sliding-window baseline's over the same "
-                 "tokens (< 1: the longer context helps)") if protocol == "truncate" else ""
+                 "tokens (< 1: the longer context helps); past L: the same over the tokens beyond "
+                 "the trained length; ≤L vs none: the worst perplexity / the unpatched model's at "
+                 "lengths ≤ L (> 1: short prompts pay); docs: per-document range") \
+            if protocol == "truncate" else ""
         print_table(part, "perplexity", title, caption + ratio)
         if not args.no_plot:
             path = plot_perplexity(part, out / f"perplexity_{protocol}.png", f"{title}\n{caption}")
             print(f"plot: {path}")
+            if protocol == "truncate" and any(r.get("bucket_nll") for r in part):
+                path = plot_nll_by_position(part, out / "nll_by_position.png",
+                                            f"loss by position, truncate\n{caption}")
+                print(f"plot: {path}")
     print(f"results: {store.csv_path} and {store.json_path}")
     return 0
 

@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from . import attention
 from .rope import dynamic
 from .rope.compat import get_rope_parameters, rotary_dim, text_config, write_both_layouts
-from .rope.config import PASSTHROUGH_TYPES, method_of_rope_type
+from .rope.config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
 from .errors import ConfigError
 from .patcher import apply_to_config, patch, plan_for_config
 from .portability.portable import BLOCK, logical_rope

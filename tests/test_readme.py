@@ -54,3 +54,18 @@ def test_readme_demo_table_is_the_benchmark_report():
     assert {int(r["length"]) for r in rows} == {16384, 32768}
     assert report.demo_table(rows) in README
     assert report.demo_table(rows) in (ROOT / "benchmarks" / "results" / "long_context.md").read_text()
+
+
+def test_readme_quick_demo_table_is_the_committed_run():
+    """The quick demo's table in the README is what `hf-posext eval` prints for the committed
+    rows of `make demo` (docs/results/eval/quick-demo), never typed in."""
+    import json
+
+    from hf_posext.evaluation.results import format_table
+
+    rows = json.loads((ROOT / "docs" / "results" / "eval" / "quick-demo" / "perplexity.json").read_text())["rows"]
+    assert {int(r["length"]) for r in rows} == {4096, 16384} and {r["docs"] for r in rows} == {2}
+    # every row holds its position buckets; the 4k cells came from the 16k forwards
+    assert all(r["bucket_nll"] for r in rows)
+    assert {r["forward_length"] for r in rows if r["protocol"] == "truncate"} == {16384}
+    assert format_table(rows) in README

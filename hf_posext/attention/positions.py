@@ -20,14 +20,9 @@ import torch
 
 # --- ReRoPE / leaky ReRoPE (Su 2023, bojone/rerope: rerope_patch.py, leaky_rerope_patch.py) -------
 
-def rerope_relative(delta: torch.Tensor, window: int, leak: float | None = None) -> torch.Tensor:
-    """r = Δ for Δ < w; beyond: w (ReRoPE) or w + (Δ − w)/k (leaky ReRoPE, k = `leak`)."""
-    far = torch.full_like(delta, float(window)) if leak is None else window + (delta - window) / leak
-    return torch.where(delta < window, delta, far)
-
-
 def rerope_far_query(i: torch.Tensor, window: int, leak: float | None) -> torch.Tensor:
-    """ReRoPE: the query sits at w, keys at 0. Leaky: positions scaled by 1/k and the query
+    """Beyond the window ReRoPE gives every key r = w, leaky ReRoPE r = w + (Δ − w)/k.
+    ReRoPE: the query sits at w, keys at 0. Leaky: positions scaled by 1/k and the query
     shifted by w(k−1)/k (the authors' `position_ids + window*(k-1)` under linear scaling k)."""
     if leak is None:
         return torch.full_like(i, float(window))
@@ -49,12 +44,6 @@ def self_extend_far_query(i: torch.Tensor, group_size: int, window: int) -> torc
 
 def self_extend_far_key(j: torch.Tensor, group_size: int) -> torch.Tensor:
     return torch.floor(j / group_size)
-
-
-def self_extend_relative(i: torch.Tensor, j: torch.Tensor, group_size: int, window: int) -> torch.Tensor:
-    delta = i - j
-    far = self_extend_far_query(i, group_size, window) - self_extend_far_key(j, group_size)
-    return torch.where(delta < window, delta, far)
 
 
 # --- Dual Chunk Attention (An et al. 2024, HKUNLP/ChunkLlama chunkllama_attn_replace.py) ----------
@@ -82,23 +71,7 @@ def dual_chunk_query(i: torch.Tensor, kind: str, chunk_size: int, local_window: 
     raise ValueError(f"unknown dual chunk part {kind!r}")
 
 
-def dual_chunk_relative(i: torch.Tensor, j: torch.Tensor, chunk_size: int, local_window: int) -> torch.Tensor:
-    c = dual_chunk_len(chunk_size, local_window)
-    qi, kj = torch.div(i, c, rounding_mode="floor"), torch.div(j, c, rounding_mode="floor")
-    kind_q = {k: dual_chunk_query(i, k, chunk_size, local_window) for k in ("intra", "successive", "inter")}
-    q = torch.where(qi == kj, kind_q["intra"], torch.where(qi == kj + 1, kind_q["successive"], kind_q["inter"]))
-    return q - dual_chunk_key(j, chunk_size, local_window)
-
-
 # --- STRING (An et al. 2024, arXiv 2410.18745; HKUNLP/STRING string_for_llama.py) ---------------
-
-def string_relative(delta: torch.Tensor, shifted_offset: int, local_value: int) -> torch.Tensor:
-    """d < S: d; d >= S: d − S + W (the paper's shifted position matrix). The authors' decoding
-    path splits exactly so (keys [K − S, K) plain, [0, K − S) shifted); their prefill path's two
-    flash windows both hold d = S (window_size=[S, 0] and the causal shifted block), counting
-    that key twice: hf_posext follows the definition and the decoding path."""
-    return torch.where(delta < shifted_offset, delta, delta - shifted_offset + local_value)
-
 
 def string_far_query(i: torch.Tensor, shifted_offset: int, local_value: int) -> torch.Tensor:
     """The shifted pass moves queries only (`position_ids - diag_size + local_window`); keys stay."""

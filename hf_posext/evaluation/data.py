@@ -7,10 +7,12 @@ long enough for a grid.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -18,7 +20,7 @@ from ..data.documents import Document, TextSource, keep_long, load_documents, lo
 from ..errors import CheckpointError
 
 __all__ = ["Document", "TextSource", "TokenCache", "TokenizedDocs", "load_documents",
-           "looks_like_path", "select_documents", "tokenizer_fingerprint"]
+           "looks_like_path", "scored_bytes", "select_documents", "tokenizer_fingerprint"]
 
 
 # --- tokenisation with an on-disk cache -------------------------------------------------------
@@ -103,3 +105,15 @@ def select_documents(documents, cache: TokenCache, min_tokens: int, max_docs: in
         h.update(np.asarray(ids, dtype=np.int32).tobytes())
     names = [read[i].name if isinstance(read[i], Document) else f"doc{i}" for i, _ in kept]
     return TokenizedDocs([ids for _, ids in kept], len(read), h.hexdigest()[:12], names)
+
+
+def scored_bytes(tokenizer, docs) -> Callable[[int], int]:
+    """n -> UTF-8 bytes of the text that tokens 1..n-1 of every document decode to: the tokens a
+    length-n cell scores. Bits per byte = NLL / ln 2 / bytes compares models with different
+    tokenizers (a tokenizer with longer tokens has fewer, harder tokens per byte)."""
+    @functools.lru_cache(maxsize=None)
+    def count(n: int) -> int:
+        return sum(len(tokenizer.decode([int(t) for t in d[1:n]], skip_special_tokens=False,
+                                        clean_up_tokenization_spaces=False).encode("utf-8"))
+                   for d in docs)
+    return count

@@ -175,13 +175,16 @@ def plan_jobs(model, cells: Sequence[Cell], identity: dict, forward_lengths: Cal
 def run_grid(model, cells: Sequence[Cell], *, identity: dict, base_row: dict, compute: Callable,
              result_fields: Sequence[str], forward_lengths: Callable, store=None,
              reuse: bool = True, ranks: Ranks | None = None, progress: bool = True,
-             desc: str = "cells", annotate: Callable | None = None) -> list[dict]:
+             desc: str = "cells", annotate: Callable | None = None,
+             prepare: Callable | None = None) -> list[dict]:
     """Run `compute(cell) -> result dict` for every cell that needs it and return one row per
     cell, in cell order. Rows come from, in this order: the store (same key: resume), an earlier
     cell with the same signature (its `result_fields` copied, `same_as` names it), or a forward.
     Under several ranks the cells to compute are shared out (each signature group on one rank),
     and rank 0 alone writes the store, after every round. `annotate(rows)` may add derived
-    columns at the end (before the final write, which puts the rows in cell order)."""
+    columns at the end (before the final write, which puts the rows in cell order).
+    `prepare(cells)` hears first which cells this process will compute (e.g. to share one
+    forward between them)."""
     from tqdm.auto import tqdm
 
     ranks = ranks or Ranks()
@@ -209,6 +212,8 @@ def run_grid(model, cells: Sequence[Cell], *, identity: dict, base_row: dict, co
     if ranks.size > 1:
         print(f"rank {ranks.rank}/{ranks.size}: computing {len(mine)} of {len(todo)} cells",
               file=sys.stderr, flush=True)
+    if prepare is not None:
+        prepare([j.cell for j in mine])
     bar = tqdm(total=len(mine), desc=desc, unit="cell", disable=not progress)
     for turn in range(rounds):
         job, row, error = (mine[turn] if turn < len(mine) else None), None, None
@@ -254,7 +259,7 @@ def _row(job: Job, base_row: dict, identity: dict, result: dict, copied: Sequenc
          seconds: float = 0.0) -> dict:
     """One tidy row: what the cell is, the run's identity, the result, and where it came from."""
     cell = job.cell
-    values = {k: result[k] for k in copied} if copied is not None else result
+    values = {k: result[k] for k in copied if k in result} if copied is not None else result
     source = f"{result['method']} s={result['factor']:g}" if copied is not None else ""
     return {**base_row, "method": cell.method, "factor": cell.factor,
             "factor_spec": cell.factor_spec, "knobs": _knob_text(cell.knobs),

@@ -148,3 +148,19 @@ def computation_signature(model, lengths) -> dict:
     state = {k: v for k, v in config_state(model).items() if k not in ROPE_KEYS}
     return {"rope": [rope_signature(model, n) for n in sorted(set(lengths))],
             "attention": digest(state)}
+
+
+@torch.inference_mode()
+def rope_prefix_stable(model, short: int, long: int) -> bool:
+    """True when every rotary module gives positions 0..short-1 the same cos/sin in a forward of
+    `long` tokens as in one of `short`: then (attention being causal) the first `short` tokens'
+    logits of the longer forward are those of the shorter one, and one forward serves both
+    lengths. False for dynamic types (NTK/YaRN rescaled by the sequence length) and `longrope`
+    (short or long factors chosen by the sequence length)."""
+    for _, _, module in rotary_modules(model):
+        x = torch.zeros(1, dtype=torch.float32, device=module.inv_freq.device)
+        cos_l, sin_l = module(x, torch.arange(long, device=module.inv_freq.device)[None])    # [1, long, d]
+        cos_s, sin_s = module(x, torch.arange(short, device=module.inv_freq.device)[None])   # [1, short, d]
+        if not (torch.equal(cos_l[:, :short], cos_s) and torch.equal(sin_l[:, :short], sin_s)):
+            return False
+    return True

@@ -40,14 +40,16 @@ def _layer_progress(decoder: torch.nn.Module, bar):
 
 
 @torch.inference_mode()
-def chunked_nll(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.Tensor,
-                chunk_size: int = 1024, progress: bool = False, desc: str = "forward") -> tuple[float, int]:
-    """Sum of -log p(target_t | input_0..t) over positions with target_t != -100, and their count.
+def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.Tensor,
+              chunk_size: int = 1024, progress: bool = False, desc: str = "forward") -> torch.Tensor:
+    """-log p(target_t | input_0..t) at every position t, NaN where target_t == -100.
 
     input_ids: [T] or [1, T] token ids fed to the model.
     targets:   same shape; targets[t] is the token position t predicts (for plain causal LM
                scoring, input_ids shifted left by one), IGNORE_INDEX (-100) where not scored.
-    Returns (nll_sum as a Python float accumulated in float64, number of scored tokens).
+    Returns a float64 CPU tensor [T]: the per-position view the evaluation buckets by position
+    (evaluation/buckets.py); `chunked_nll` is its sum. Which positions are scored is told by
+    `targets`, not by NaN (a broken model's NaN loss stays visible in the sum).
     """
     input_ids = input_ids.reshape(1, -1)                     # [1, T]
     targets = targets.reshape(-1)                            # [T]
@@ -70,7 +72,7 @@ def chunked_nll(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.
             h.remove()
     weight = head.weight.float()                              # [V, H], float32 once, not per chunk
     bias = head.bias.float() if getattr(head, "bias", None) is not None else None
-    total = torch.zeros((), dtype=torch.float64)
+    out = torch.full((targets.numel(),), float("nan"), dtype=torch.float64)   # [T]
     # Usually the scored positions are one contiguous run: slice views instead of gathers.
     contiguous = scored.numel() > 0 and int(scored[-1] - scored[0]) + 1 == scored.numel()
     for i in range(0, scored.numel(), chunk_size):
@@ -82,12 +84,21 @@ def chunked_nll(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.
             h, labels = hidden[pos.to(hidden.device)], targets[pos]
         logits = F.linear(h.float(), weight, bias)            # [c, V] float32
         labels = labels.to(logits.device)
-        total += F.cross_entropy(logits, labels, reduction="sum").double().cpu()
+        out[pos] = F.cross_entropy(logits, labels, reduction="none").double().cpu()   # [c]
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    return float(total), int(scored.numel())
+    return out
+
+
+def chunked_nll(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.Tensor,
+                chunk_size: int = 1024, progress: bool = False, desc: str = "forward") -> tuple[float, int]:
+    """Sum of -log p(target_t | input_0..t) over positions with target_t != -100, and their
+    count (arguments as `token_nll`). The sum is accumulated in float64."""
+    nll = token_nll(model, input_ids, targets, chunk_size, progress, desc)   # [T]
+    scored = targets.reshape(-1).cpu() != IGNORE_INDEX    # not isnan: a broken model's NaN must show
+    return float(nll[scored].sum()), int(scored.sum())
 
 
 def causal_targets(input_ids: torch.Tensor) -> torch.Tensor:

@@ -18,18 +18,22 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..patcher import trained_length
 from .grid import Cell, knobs_for, method_factors, run_grid
-from .identity import model_dtype, run_identity
-from .loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
+from .identity import model_dtype, rope_prefix_stable, run_identity
+from .buckets import PositionNLL, nll_from, prefix, summarize
+from .loss import IGNORE_INDEX, PeakMemory, causal_targets, token_nll
 
 PROTOCOLS = ("truncate", "sliding")
 DEFAULT_STRIDE = 256  # the papers' sliding-window stride
+# What a cell computes (copied to a cell that computes the same logits, see `grid.run_grid`).
+RESULT_FIELDS = ("perplexity", "nll", "tokens", "bucket_edges", "bucket_nll", "bucket_tokens",
+                 "doc_nll", "doc_tokens", "bytes", "bits_per_byte")
 
 
 # --- the two protocols -------------------------------------------------------------------------
@@ -56,18 +60,52 @@ def sliding_windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, 
         prev_end, end = end, min(end + stride, n_tokens)
 
 
-def truncate_nll(model, docs: Sequence[np.ndarray], length: int, chunk_size: int = 1024,
-                 progress: bool = False) -> tuple[float, int]:
-    """Sum of NLL and scored tokens over the first `length` tokens of each document."""
-    total, count = 0.0, 0
+def truncate_positions(model, docs: Sequence[np.ndarray], length: int, chunk_size: int = 1024,
+                       progress: bool = False) -> list[PositionNLL]:
+    """Per-position NLL of the first `length` tokens of each document: positions 0..length-2
+    scored (position p predicts token p + 1)."""
+    out = []
     for i, doc in enumerate(docs):
         if len(doc) < length:
             raise ValueError(f"document {i} has {len(doc)} tokens, fewer than length {length}")
         ids = torch.as_tensor(doc[:length], dtype=torch.long)  # [L]
-        nll, n = chunked_nll(model, ids, causal_targets(ids), chunk_size, progress,
-                             desc=f"doc {i + 1}/{len(docs)} L={length}")
-        total, count = total + nll, count + n
-    return total, count
+        targets = causal_targets(ids)                          # [L]
+        nll = token_nll(model, ids, targets, chunk_size, progress,
+                        desc=f"doc {i + 1}/{len(docs)} L={length}")
+        out.append((nll.numpy(), (targets != IGNORE_INDEX).numpy()))
+    return out
+
+
+def truncate_nll(model, docs: Sequence[np.ndarray], length: int, chunk_size: int = 1024,
+                 progress: bool = False) -> tuple[float, int]:
+    """Sum of NLL and scored tokens over the first `length` tokens of each document."""
+    return _total(truncate_positions(model, docs, length, chunk_size, progress))
+
+
+def sliding_positions(model, docs: Sequence[np.ndarray], window: int, stride: int,
+                      eval_tokens: int | None = None, chunk_size: int = 1024,
+                      progress: bool = False) -> list[PositionNLL]:
+    """Per-position NLL over the first `eval_tokens` tokens (default: all) of each document,
+    each position scored once, by the first `window`-token window (ends `stride` apart) that
+    covers it; positions are document positions, so buckets line up with a truncate cell's."""
+    out = []
+    for i, doc in enumerate(docs):
+        doc = torch.as_tensor(doc[:eval_tokens] if eval_tokens else doc, dtype=torch.long)  # [T]
+        n = doc.numel()
+        nll_doc = np.full(n, np.nan)                                 # [T]
+        scored_doc = np.zeros(n, dtype=bool)                         # [T]
+        for start, end, first in sliding_windows(n, window, stride):
+            ids = doc[start:end]                                     # [W]
+            targets = torch.full_like(ids, IGNORE_INDEX)             # [W]
+            # window position j is document position start + j; it predicts doc[start + j + 1]
+            lo, hi = first - start, min(end, n - 1) - start
+            targets[lo:hi] = doc[start + lo + 1:start + hi + 1]
+            nll = token_nll(model, ids, targets, chunk_size, progress and window >= 4096,
+                            desc=f"doc {i + 1}/{len(docs)} window ..{end}")
+            nll_doc[start + lo:start + hi] = nll[lo:hi].numpy()
+            scored_doc[start + lo:start + hi] = True
+        out.append((nll_doc, scored_doc))
+    return out
 
 
 def sliding_nll(model, docs: Sequence[np.ndarray], window: int, stride: int,
@@ -75,20 +113,11 @@ def sliding_nll(model, docs: Sequence[np.ndarray], window: int, stride: int,
                 progress: bool = False) -> tuple[float, int]:
     """Sum of NLL and scored tokens over the first `eval_tokens` tokens (default: all) of each
     document, with `window`-token windows whose ends advance by `stride`."""
-    total, count = 0.0, 0
-    for i, doc in enumerate(docs):
-        doc = torch.as_tensor(doc[:eval_tokens] if eval_tokens else doc, dtype=torch.long)  # [T]
-        n = doc.numel()
-        for start, end, first in sliding_windows(n, window, stride):
-            ids = doc[start:end]                                     # [W]
-            targets = torch.full_like(ids, IGNORE_INDEX)             # [W]
-            # window position j is document position start + j; it predicts doc[start + j + 1]
-            lo, hi = first - start, min(end, n - 1) - start
-            targets[lo:hi] = doc[start + lo + 1:start + hi + 1]
-            nll, k = chunked_nll(model, ids, targets, chunk_size, progress and window >= 4096,
-                                 desc=f"doc {i + 1}/{len(docs)} window ..{end}")
-            total, count = total + nll, count + k
-    return total, count
+    return _total(sliding_positions(model, docs, window, stride, eval_tokens, chunk_size, progress))
+
+
+def _total(per_doc: Sequence[PositionNLL]) -> tuple[float, int]:
+    return float(sum(nll[scored].sum() for nll, scored in per_doc)), int(sum(s.sum() for _, s in per_doc))
 
 
 # --- the grid ----------------------------------------------------------------------------------
@@ -120,22 +149,107 @@ def plan_cells(methods, lengths, factors, protocols, trained: int, knobs=None, *
     return cells
 
 
-def cell_nll(model, docs: Sequence[np.ndarray], cell: Cell, progress: bool = False) -> tuple[float, int]:
-    """The one cell evaluator: (sum of NLL, scored tokens) of the model, as it is, for a cell."""
+def cell_positions(model, docs: Sequence[np.ndarray], cell: Cell,
+                   progress: bool = False) -> list[PositionNLL]:
+    """The one cell evaluator: per-document per-position NLL of the model, as it is, for a cell."""
     chunk = cell.extra.get("chunk_size", 1024)
     if cell.protocol == "truncate":
-        return truncate_nll(model, docs, cell.length, chunk, progress)
-    return sliding_nll(model, docs, cell.extra["window"], cell.extra["stride"],
-                       cell.extra["eval_tokens"], chunk, progress)
+        return truncate_positions(model, docs, cell.length, chunk, progress)
+    return sliding_positions(model, docs, cell.extra["window"], cell.extra["stride"],
+                             cell.extra["eval_tokens"], chunk, progress)
 
 
-def add_ratio_to_sliding(rows: list[dict]) -> None:
-    """`ratio_to_sliding` = perplexity / the sliding baseline's over the same tokens (< 1: the
-    longer context helps), on truncate rows whose length has a baseline row."""
-    base = {(r["length"], r.get("data_hash")): r["perplexity"] for r in rows if r["protocol"] == "baseline"}
+def cell_nll(model, docs: Sequence[np.ndarray], cell: Cell, progress: bool = False) -> tuple[float, int]:
+    """(sum of NLL, scored tokens) of the model, as it is, for a cell."""
+    return _total(cell_positions(model, docs, cell, progress))
+
+
+def scored_span(cell: Cell) -> int:
+    """How many document positions a cell's per-position NLL covers."""
+    return cell.length if cell.protocol == "truncate" else cell.extra["eval_tokens"]
+
+
+class SharedForwards:
+    """One forward per document serves every truncate length of a (method, s, knobs) group.
+
+    With causal attention, the loss of the first N tokens is the same in a forward of M > N
+    tokens whenever the rotary cos/sin of positions < N do not depend on the sequence length
+    (`identity.rope_prefix_stable`: true for static methods at a fixed s and for the attention
+    methods, whose knobs are fixed by s; false for dynamic types and `longrope`). So a length
+    grid at a fixed s costs one forward of its longest length per document, not one per length.
+    Checked per cell against the model as patched; where it does not hold, the cell runs alone.
+    """
+
+    def __init__(self, model, docs: Sequence[np.ndarray], progress: bool = False):
+        self.model, self.docs, self.progress = model, docs, progress
+        self.longest: dict[tuple, int] = {}
+        self.left: dict[tuple, int] = {}
+        self.cache: dict[tuple, tuple[int, list[PositionNLL]]] = {}
+
+    @staticmethod
+    def group(cell: Cell) -> tuple:
+        return (cell.method, cell.factor, tuple(sorted((k, str(v)) for k, v in cell.knobs.items())),
+                cell.as_is, cell.extra.get("chunk_size"))
+
+    def plan(self, cells: Sequence[Cell]) -> None:
+        """The cells this process will compute (resumed and reused ones are not forwarded)."""
+        self.longest.clear(), self.left.clear(), self.cache.clear()
+        for c in cells:
+            if c.protocol == "truncate":
+                g = self.group(c)
+                self.longest[g] = max(self.longest.get(g, 0), c.length)
+                self.left[g] = self.left.get(g, 0) + 1
+
+    def positions(self, cell: Cell) -> tuple[list[PositionNLL], int]:
+        """(per-document per-position NLL of the cell, the forward length it came from)."""
+        if cell.protocol != "truncate":
+            return cell_positions(self.model, self.docs, cell, self.progress), cell.extra["window"]
+        g = self.group(cell)
+        self.left[g] = self.left.get(g, 1) - 1
+        longest = self.cache[g][0] if g in self.cache else self.longest.get(g, cell.length)
+        shared = g in self.cache or longest > cell.length
+        if not shared or (cell.length < longest and
+                          not rope_prefix_stable(self.model, cell.length, longest)):
+            return cell_positions(self.model, self.docs, cell, self.progress), cell.length
+        if g not in self.cache:
+            self.cache[g] = (longest, truncate_positions(self.model, self.docs, longest,
+                                                         cell.extra.get("chunk_size", 1024),
+                                                         self.progress))
+        out = [prefix(p, cell.length) for p in self.cache[g][1]]
+        if self.left[g] <= 0:
+            del self.cache[g]
+        return out, longest
+
+
+def annotate(rows: list[dict]) -> None:
+    """The derived columns of a perplexity grid (docs/evaluation.md, "Reading the table"):
+    - `ratio_to_sliding`: perplexity / the sliding baseline's over the same tokens (< 1: the
+      longer context helps), on truncate rows whose length has a baseline row;
+    - `ratio_to_sliding_beyond_L`: the same over the tokens past the trained length L only
+      (from the position buckets), where an extension can make a difference;
+    - `ratio_to_unpatched`: at lengths <= L, perplexity / the unpatched model's over the same
+      tokens (> 1: the method costs short prompts: short-context regression)."""
+    base = {(r["length"], r.get("data_hash")): r for r in rows if r["protocol"] == "baseline"}
+    plain = {(r["length"], r.get("data_hash")): r for r in rows
+             if r["protocol"] == "truncate" and r["method"] == "none"}
     for r in rows:
-        b = base.get((r["length"], r.get("data_hash"))) if r["protocol"] == "truncate" else None
-        r["ratio_to_sliding"] = round(r["perplexity"] / b, 4) if b else None
+        where = (r["length"], r.get("data_hash"))
+        b = base.get(where) if r["protocol"] == "truncate" else None
+        r["ratio_to_sliding"] = round(r["perplexity"] / b["perplexity"], 4) if b else None
+        r["ratio_to_sliding_beyond_L"] = _beyond_ratio(r, b) if b else None
+        u = plain.get(where)
+        short = r["protocol"] == "truncate" and r["method"] != "none" and \
+            r["length"] <= int(r.get("trained_length") or 0)
+        r["ratio_to_unpatched"] = round(r["perplexity"] / u["perplexity"], 4) if short and u else None
+
+
+
+def _beyond_ratio(row: dict, base: dict) -> float | None:
+    L = int(row.get("trained_length") or 0)
+    a, b = nll_from(row, L), nll_from(base, L)
+    if not a or not b or not a[1] or a[1] != b[1]:
+        return None   # rows without buckets, or not the same tokens
+    return round(math.exp(a[0] / a[1] - b[0] / b[1]), 4)
 
 
 def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[str] | None,
@@ -147,8 +261,8 @@ def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[
                         progress: bool = True, knobs: dict | None = None,
                         baseline: bool = True, baseline_window: int | None = None,
                         baseline_stride: int | None = None, fingerprint: str | None = None,
-                        label: str | None = None, ranks=None, extra_columns: dict | None = None
-                        ) -> list[dict]:
+                        label: str | None = None, ranks=None, extra_columns: dict | None = None,
+                        text_bytes: Callable[[int], int] | None = None) -> list[dict]:
     """Perplexity of every (method, factor, length, protocol) cell on one loaded model.
 
     Args:
@@ -170,6 +284,12 @@ def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[
         dtype: if given, must match the model's dtype (a check; the model's own is recorded).
         ranks: a `distributed.Ranks` (default: from the launcher's environment).
         extra_columns: constant columns added to every row (e.g. the recipe's step).
+        text_bytes: n -> UTF-8 bytes of the scored text of the first n tokens of every document
+            (tokens 1..n-1); with it, rows gain `bytes` and `bits_per_byte` (comparable across
+            tokenizers).
+    Each row also holds its NLL per position bucket and per document (`buckets.summarize`),
+    and truncate cells of one (method, s, knobs) share one forward per document at their longest
+    length wherever that is exact (`SharedForwards`; the row's `forward_length` says which).
     Returns the rows of this run (computed, reused and resumed), in cell order.
     """
     for p in protocols:
@@ -201,14 +321,21 @@ def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[
     base_row = {"model": model_name, "dataset": dataset, "docs": len(docs), "trained_length": trained,
                 **(extra_columns or {})}
 
+    forwards = SharedForwards(model, docs, progress)
+
     def compute(cell: Cell) -> dict:
         with PeakMemory(device) as peak:
-            nll, count = cell_nll(model, docs, cell, progress)
-        return {"perplexity": math.exp(nll / count), "nll": nll, "tokens": count,
-                "peak_rss_mb": round(peak.peak_mb, 1), "peak_increase_mb": round(peak.increase_mb, 1)}
+            per_doc, forward = forwards.positions(cell)
+        span = scored_span(cell)
+        result = summarize(per_doc, span, trained)
+        if text_bytes is not None:
+            n_bytes = int(text_bytes(span))
+            result.update(bytes=n_bytes, bits_per_byte=result["nll"] / math.log(2) / n_bytes
+                          if n_bytes else None)
+        return {**result, "forward_length": forward, "peak_rss_mb": round(peak.peak_mb, 1),
+                "peak_increase_mb": round(peak.increase_mb, 1)}
 
     return run_grid(model, cells, identity=identity, base_row=base_row, compute=compute,
-                    result_fields=("perplexity", "nll", "tokens"),
-                    forward_lengths=lambda c: [c.extra["window"]], store=store,
-                    reuse=reuse_identical, ranks=ranks, progress=progress,
-                    desc="perplexity cells", annotate=add_ratio_to_sliding)
+                    result_fields=RESULT_FIELDS, forward_lengths=lambda c: [c.extra["window"]],
+                    store=store, reuse=reuse_identical, ranks=ranks, progress=progress,
+                    desc="perplexity cells", annotate=annotate, prepare=forwards.plan)

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 from typing import Sequence
 
+from .buckets import curve, doc_perplexities
 from .store import ResultsStore  # noqa: F401  (its historical home; kept importable from here)
 
 
@@ -37,25 +38,53 @@ def pivot(rows: Sequence[dict], value: str) -> tuple[list[str], list[int], dict]
 
 
 def _grid(rows: Sequence[dict], value: str) -> tuple[list[str], list[list[str]]]:
-    """(header, body) of the method × length table, values formatted for reading."""
+    """(header, body) of the method × length table, values formatted for reading. The
+    perplexity table gains, where the rows hold them (docs/evaluation.md, "Reading the table"):
+    the ratio to the sliding baseline at the longest length that has one, the same ratio over
+    the tokens past the trained length L, the worst short-context ratio to the unpatched model
+    at lengths <= L, and the range of per-document perplexities at the longest length."""
     labels, lengths, cells = pivot(rows, value)
-    # The ratio to the sliding-window baseline at the longest length that has one (< 1: the
-    # longer context helps), as a last column of the perplexity table.
-    ratio_at = max((n for (_, n), r in cells.items() if r.get("ratio_to_sliding")), default=None)
-    body = []
-    for label in labels:
-        line = [label]
-        for n in lengths:
-            v = cells[(label, n)].get(value) if (label, n) in cells else None
-            line.append("—" if v is None else f"{v:.3g}" if v >= 1000 else f"{v:.2f}")
-        if ratio_at is not None and value == "perplexity":
-            ratio = cells.get((label, ratio_at), {}).get("ratio_to_sliding")
-            line.append("—" if ratio is None else f"{ratio:.3f}")
-        body.append(line)
+    body = [[label] + [_number(cells[(label, n)].get(value)) if (label, n) in cells else "—"
+                       for n in lengths] for label in labels]
     head = ["method"] + [format_length(n) for n in lengths]
-    if ratio_at is not None and value == "perplexity":
-        head.append(f"ratio to sliding @{format_length(ratio_at)}")
+    if value != "perplexity":
+        return head, body
+    ratio_at = max((n for (_, n), r in cells.items() if r.get("ratio_to_sliding")), default=None)
+    L = max((int(r.get("trained_length") or 0) for r in rows), default=0)
+    columns = []
+    if ratio_at is not None:
+        columns.append((f"ratio to sliding @{format_length(ratio_at)}",
+                        lambda label: _ratio(cells.get((label, ratio_at), {}).get("ratio_to_sliding"))))
+    if any(r.get("ratio_to_sliding_beyond_L") for r in rows):
+        columns.append((f"past {format_length(L)} @{format_length(ratio_at)}",
+                        lambda label: _ratio(cells.get((label, ratio_at), {}).get("ratio_to_sliding_beyond_L"))))
+    if any(r.get("ratio_to_unpatched") for r in rows):
+        columns.append((f"≤{format_length(L)} vs none", lambda label: _ratio(max(
+            (r["ratio_to_unpatched"] for (lb, _), r in cells.items()
+             if lb == label and r.get("ratio_to_unpatched")), default=None))))
+    if any(len(doc_perplexities(r)) > 1 for r in rows):
+        longest = lengths[-1]
+        columns.append((f"docs @{format_length(longest)}",
+                        lambda label: _spread(cells.get((label, longest), {}))))
+    for name, cell_text in columns:
+        head.append(name)
+        for line, label in zip(body, labels):
+            line.append(cell_text(label))
     return head, body
+
+
+def _number(v) -> str:
+    return "—" if v is None else f"{v:.3g}" if v >= 1000 else f"{v:.2f}"
+
+
+def _ratio(v) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def _spread(row: dict) -> str:
+    """min–max of the per-document perplexities of a row (— for one document)."""
+    ppl = doc_perplexities(row)
+    return f"{_number(min(ppl))}–{_number(max(ppl))}" if len(ppl) > 1 else "—"
 
 
 def format_table(rows: Sequence[dict], value: str = "perplexity", title: str = "") -> str:
@@ -156,6 +185,74 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
     ax.set_title("\n".join(textwrap.fill(line, 70) for line in title.splitlines()), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_nll_by_position(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
+    """Loss by position at the longest length with position buckets. Top: mean NLL per token
+    against position, one line per method (each point a token-weighted mean over three
+    neighbouring buckets), the sliding-window baseline dashed black. Bottom: each method minus
+    the baseline, bucket by bucket (the text's own ups and downs cancel; below 0 past L: the
+    method uses context the window cannot see); methods off that scale (the unpatched model
+    past L) are named instead. A dotted vertical line at the trained length in both."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r.get("bucket_nll") and r.get("protocol") in ("truncate", "baseline")]
+    if not shown:
+        raise ValueError("no rows with position buckets to plot (rows written before hf_posext "
+                         "recorded them?); rerun the cells.")
+    longest = max(int(r["length"]) for r in shown)
+    at = [r for r in shown if int(r["length"]) == longest]
+    base = next((r for r in at if r["protocol"] == "baseline"), None)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.5, 7), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2]})
+    styles, off = ["-", "-", "-", "-.", "--", ":"], []
+    base_xy = dict(zip(*curve(base))) if base else {}
+    deltas = []
+    for i, r in enumerate(at):
+        xs, ys = curve(r)
+        if r is base:
+            top.plot(xs, ys, color="black", linestyle="--", linewidth=2.2, label=_series_label(r), zorder=5)
+            continue
+        line, = top.plot(xs, ys, linestyle=styles[i % len(styles)], linewidth=1.6,
+                         label=_series_label(r), alpha=0.9)
+        if base_xy:
+            pts = [(x, y - base_xy[x]) for x, y in zip(xs, ys) if x in base_xy]
+            deltas.append((r, line.get_color(), styles[i % len(styles)], pts))
+    if deltas:
+        spans = sorted(max(abs(d) for _, d in pts) for *_, pts in deltas if pts)
+        limit = max(0.05, 1.25 * min(spans[0] * 10, max(s for s in spans if s <= 10 * spans[0])))
+        for r, color, style, pts in deltas:
+            worst = max(abs(d) for _, d in pts)
+            if worst > limit:
+                off.append(f"{_series_label(r)} (up to {max(d for _, d in pts):+.2f})")
+                continue
+            bottom.plot(*zip(*pts), color=color, linestyle=style, linewidth=1.6)
+        bottom.axhline(0.0, color="black", linestyle="--", linewidth=1.5)
+        bottom.set_ylim(-limit, limit)
+        bottom.set_ylabel("Δ NLL vs sliding baseline")
+        if off:
+            bottom.set_title("off this scale: " + "; ".join(off), fontsize=9)
+    for ax in (top, bottom):
+        for t in {int(r["trained_length"]) for r in shown if r.get("trained_length")}:
+            ax.axvline(t, color="grey", linestyle=":", linewidth=1)
+        ax.grid(True, alpha=0.3)
+    for t in {int(r["trained_length"]) for r in shown if r.get("trained_length")}:
+        top.text(t, 0.98, f" trained {format_length(t)}", transform=top.get_xaxis_transform(),
+                 va="top", color="grey", fontsize=9)
+    ticks = [x for x in range(0, longest + 1, max(1, longest // 8))]
+    bottom.set_xticks(ticks, [format_length(x) if x else "0" for x in ticks])
+    bottom.set_xlim(0, longest)
+    bottom.set_xlabel(f"token position (forwards of {format_length(longest)} tokens)")
+    top.set_ylabel("mean NLL per token (nats)")
+    top.set_title("\n".join(textwrap.fill(line, 70) for line in title.splitlines()), fontsize=10)
+    top.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

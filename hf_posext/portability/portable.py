@@ -35,12 +35,6 @@ from .engines import NotApplicable, transformers_reading
 from .meaning import TOLERANCE, errors, meaning_of
 
 BLOCK = "hf_posext"  # the config attribute (and config.json key) holding what hf_posext needs
-_NOT_PORTABLE = {"dynamic_yarn"}
-
-
-def is_portable(method: str) -> bool:
-    """True when a checkpoint of `method` loads exactly in plain transformers (4.57 and 5.x)."""
-    return method not in _NOT_PORTABLE
 
 
 def saved_rope(spec: RopeExtensionConfig, base: dict[str, Any], dim: int,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .methods import yarn_mscale
@@ -111,7 +111,6 @@ class RopeExtensionConfig:
     mscale_coefficient: float | None = None
     attention_factor: float | None = None
     finetuned: bool | None = None
-    _extra: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the only writes happen here, after each check
