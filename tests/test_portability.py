@@ -216,17 +216,27 @@ def test_method_spec_sees_through_the_portable_form(tmp_path):
     assert hf_posext.portability.portable.method_spec(tiny_model("llama").config) is None
 
 
+def _statuses(path) -> dict[str, set]:
+    """{"transformers": statuses of the transformers readers, "engines": the others'}."""
+    found = {"transformers": set(), "engines": set()}
+    for v in check(path):
+        found["transformers" if v.reader.startswith("transformers") else "engines"].add(v.status)
+    return found
+
+
 def test_check_is_not_applicable_to_transformers_own_types(tmp_path):
+    """llama3 / longrope / DeepSeek's yarn: transformers reads its own types exactly; nothing to
+    re-derive an engine against (n/a), unless the engine was measured (measured.overlay)."""
     model = hf_posext.patch(tiny_model("llama"), "llama3", factor=8.0, low_freq_factor=1.0,
                             high_freq_factor=4.0)
     model.config.save_pretrained(tmp_path / "l3")
-    assert {v.status for v in check(tmp_path / "l3")} == {"n/a"}
+    assert _statuses(tmp_path / "l3") == {"transformers": {"exact"}, "engines": {"n/a"}}
     cfg = json.loads((tmp_path / "l3" / "config.json").read_text())
     deepseek = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": TRAINED,
                 "mscale": 0.707, "mscale_all_dim": 0.707}
     cfg.update(rope_parameters={**deepseek, "rope_theta": BASE}, rope_scaling=deepseek)
     (tmp_path / "l3" / "config.json").write_text(json.dumps(cfg))
-    assert {v.status for v in check(tmp_path / "l3")} == {"n/a"}
+    assert _statuses(tmp_path / "l3") == {"transformers": {"exact"}, "engines": {"n/a"}}
 
 
 def test_export_bad_input(tmp_path):
@@ -269,3 +279,30 @@ def test_readme_table_is_what_check_prints():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     block = readme.split("<!-- portability-table")[1].split("<!-- /portability-table -->")[0]
     assert table() == block.split("-->", 1)[1].strip()
+
+
+def test_longrope_export_for_vllm_writes_the_scale_vllm_reads(tmp_path):
+    """vLLM's longrope ignores attention_factor and reads short_mscale / long_mscale (its
+    `get_rope`; measured different otherwise, tests/engines): `export --target vllm` writes both
+    equal to attention_factor, and transformers still computes the same logits from it."""
+    from hf_posext.rope.longrope import longrope_knobs
+    spec = hf_posext.RopeExtensionConfig("yarn", 4.0, TRAINED)
+    model = hf_posext.patch(tiny_model("llama"), "longrope", 4.0, **longrope_knobs(spec, 16, 10_000.0))
+    model.save_pretrained(tmp_path / "saved")
+    export(tmp_path / "saved", tmp_path / "vllm", "vllm")
+    cfg = load_config(tmp_path / "vllm")
+    rope = engines.v5_rope(cfg)
+    assert rope["short_mscale"] == rope["long_mscale"] == rope["attention_factor"] == \
+        pytest.approx(0.1 * math.log(4.0) + 1)
+    ids = (torch.arange(3 * TRAINED)[None] * 7) % 128
+    with torch.no_grad():
+        want = model(ids).logits
+        got = AutoModelForCausalLM.from_pretrained(tmp_path / "vllm").eval()(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for target in ("transformers", "sglang", "llama.cpp"):
+        with pytest.raises(ValueError, match="--target vllm"):
+            export(tmp_path / "saved", tmp_path / target, target)
+    del cfg["rope_parameters"]["attention_factor"], cfg["rope_scaling"]["attention_factor"]
+    (tmp_path / "saved" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="no attention_factor"):
+        export(tmp_path / "saved", tmp_path / "vllm2", "vllm")

@@ -17,9 +17,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from ..errors import ConfigError
 from ..patcher import patch
 from ..portability import measured
+from ..portability.engines import NotApplicable
 from ..portability.exporting import TARGETS, export
 from ..portability.gguf_export import flags_text, rope_keys
 from ..portability.verdicts import check, load_config, meaning, report
+from ..rope.config import RopeExtensionConfig
+from ..rope.longrope import LONGROPE_SEED, longrope_knobs
 
 # reader (column) -> the export target that writes its form
 _TARGET_OF = {"transformers 5.x": "transformers", "transformers 4.x": "transformers",
@@ -30,7 +33,8 @@ _TARGET_OF = {"transformers 5.x": "transformers", "transformers 4.x": "transform
 TABLE_ROWS = [("linear", {}), ("ntk", {}), ("dynamic_ntk", {}), ("ntk_by_parts", {}), ("yarn", {}),
               ("yarn (Mistral settings: β 128/2, mscale 0.07)",
                {"beta_fast": 128, "beta_slow": 2, "mscale_coefficient": 0.07}),
-              ("dynamic_yarn", {})]
+              ("dynamic_yarn", {}),
+              ("longrope (as `hf-posext search` saves it; here YaRN's factors)", {})]
 
 
 def add_subcommands(sub) -> None:
@@ -94,7 +98,10 @@ def _tiny_checkpoint(folder: Path, method: str, knobs: dict, factor: float = 4.0
     config = LlamaConfig(hidden_size=128, num_attention_heads=1, num_key_value_heads=1,
                          head_dim=128, intermediate_size=8, num_hidden_layers=1, vocab_size=8,
                          max_position_embeddings=4096, rope_theta=10_000.0)
-    model = patch(LlamaForCausalLM(config), method.split(" ")[0], factor, **knobs)
+    method = method.split(" ")[0]
+    if method == "longrope":  # per-frequency factors: computed for this model's dims
+        knobs = longrope_knobs(RopeExtensionConfig(LONGROPE_SEED, factor, 4096), 128, 10_000.0)
+    model = patch(LlamaForCausalLM(config), method, factor, **knobs)
     model.config.save_pretrained(folder)  # check and export read config.json only
     return folder
 
@@ -111,7 +118,8 @@ def _cell(shown, reader: str, row: str, path: Path, scratch: Path) -> str:
     target = _TARGET_OF[reader]
     out = scratch / f"{path.name}-{target}"
     try:
-        export(path, out, target)
+        if not out.exists():   # two readers with one target (both vLLM columns) export once
+            export(path, out, target)
         again = measured.overlay(load_config(out), check(out))
         text = f"{cell} → export: {next(v for v in again if v.reader == shown.reader).cell()}"
     except ValueError:
@@ -126,7 +134,7 @@ def _cell(shown, reader: str, row: str, path: Path, scratch: Path) -> str:
         # (gguf_export.rope_keys); where the harness has not run it, the re-derived verdict.
         try:
             flags = rope_keys(meaning(load_config(path)))[1]
-        except ValueError:
+        except (ValueError, NotApplicable):   # e.g. longrope: no GGUF rope keys to write
             return text
         runtime = "".join(f" --{k.replace('_', '-')} {v:g}" for k, v in flags.items())
         text += ("; export --target gguf: exact (re-derived, not run"

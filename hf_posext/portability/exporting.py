@@ -31,7 +31,7 @@ from .atomic import atomic_output
 from .gguf_export import export_gguf
 from .verdicts import Verdict, check, load_config, meaning, verdict
 from ..rope.compat import v4_scaling
-from .engines import NotApplicable
+from .engines import NotApplicable, v5_rope
 from ..rope.methods import yarn_mscale
 
 TARGETS: dict[str, tuple[str, ...]] = {
@@ -59,6 +59,25 @@ def _forms(spec, theta: float, dim: int, extra: dict[str, Any]) -> list[dict[str
     return forms
 
 
+def _longrope_for_vllm(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A `longrope` config (what `hf-posext search` saves) as vLLM runs it exactly: vLLM's
+    longrope (`Phi3LongRoPEScaledRotaryEmbedding`, 0.29 and 0.32) ignores `attention_factor`
+    and scales cos/sin by `short_mscale` / `long_mscale`, defaulting both to
+    sqrt(1 + ln(max_position / L) / ln L) (measured: up to 0.4 nats off). Writing both equal to
+    `attention_factor` gives transformers' scale; transformers ignores the two keys (with a
+    warning about unrecognised keys on load)."""
+    rope = v5_rope(cfg)
+    scale = rope.get("attention_factor")
+    if scale is None:
+        raise ValueError("export refused: this longrope config has no attention_factor, so "
+                         "transformers uses its default scale sqrt(1 + ln factor / ln L) while "
+                         "vLLM uses sqrt(1 + ln(max_position_embeddings / L) / ln L); write the "
+                         "attention_factor you mean into rope_parameters first.")
+    rope = {**rope, "short_mscale": float(scale), "long_mscale": float(scale)}
+    return {**cfg, "rope_parameters": rope, "rope_scaling": v4_scaling(rope),
+            "rope_theta": rope["rope_theta"]}
+
+
 def _with_rope(cfg: dict[str, Any], rope: dict[str, Any], block: dict[str, Any]) -> dict[str, Any]:
     return {**cfg, "rope_parameters": rope, "rope_scaling": v4_scaling(rope),
             "rope_theta": rope["rope_theta"], portable.BLOCK: block}
@@ -81,8 +100,15 @@ def export(model_or_path, out, target: str, gguf=None):
     try:
         target_meaning = meaning(cfg)
     except NotApplicable as err:
+        if key == "vllm" and v5_rope(cfg).get("rope_type") == "longrope":
+            chosen = _longrope_for_vllm(cfg)
+            with atomic_output(out) as tmp:
+                _write(model_or_path, tmp, chosen)
+            return check(out)
         raise ValueError(f"rope_type {err} is transformers' own, not an hf_posext method: "
-                         "nothing to export.") from None
+                         "nothing to export"
+                         + (" (a longrope config has one: --target vllm)." if "longrope" in str(err)
+                            else ".")) from None
     if target_meaning.attention is not None:
         raise ValueError(f"export refused: the checkpoint uses the attention-level method "
                          f"{target_meaning.attention.get('method')!r} (config.hf_posext_attention), "
@@ -151,5 +177,6 @@ def _write(model_or_path, out: Path, cfg: dict[str, Any] | None) -> None:
         raise TypeError(f"export takes a model, or a checkpoint folder; got {type(model_or_path).__name__}")
     if cfg is not None:
         saved = json.loads((out / "config.json").read_text())
-        saved.update({k: cfg[k] for k in ("rope_parameters", "rope_scaling", "rope_theta", portable.BLOCK)})
+        saved.update({k: cfg[k] for k in ("rope_parameters", "rope_scaling", "rope_theta", portable.BLOCK)
+                      if k in cfg})
         (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")

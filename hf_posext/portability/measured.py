@@ -37,7 +37,9 @@ def load() -> dict[str, Any]:
 def trained_length(cfg: dict[str, Any]) -> int:
     rope_block, attention_block = (cfg.get(b) or {} for b in BLOCKS)
     return int(rope_block.get("original_max_position_embeddings")
-               or attention_block.get("trained_length") or cfg["max_position_embeddings"])
+               or attention_block.get("trained_length")
+               or engines.v5_rope(cfg).get("original_max_position_embeddings")   # longrope
+               or cfg["max_position_embeddings"])
 
 
 def signature(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -65,11 +67,16 @@ def case_of(cfg: dict[str, Any]) -> tuple[str | None, tuple[str, ...]] | None:
                 return None
             return data["method"], tuple(sorted(k for k, v in knobs.items()
                                                 if getattr(default, k, None) != v))
-    return (None, ()) if engines.v5_rope(cfg)["rope_type"] == "default" else None
+    kind = engines.v5_rope(cfg)["rope_type"]
+    if kind == "longrope":   # what `hf-posext search` saves: measured as such (its factors vary)
+        return "longrope", ()
+    return (None, ()) if kind == "default" else None
 
 
 def _knob_names(row: dict[str, Any]) -> tuple[str, ...]:
-    if row["method"] in ATTENTION_METHODS:  # engines run plain attention whatever the knobs
+    if row["method"] in ATTENTION_METHODS or row["method"] == "longrope":
+        # attention methods: engines run plain attention whatever the knobs; longrope: the
+        # per-frequency factors are data, not knobs (the code path is the same for any values)
         return ()
     return tuple(sorted(row.get("knobs") or {}))
 

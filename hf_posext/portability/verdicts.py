@@ -14,7 +14,8 @@ and at s·L (dynamic methods change with length), each reader gets one verdict:
   non-finite value in the config);
 - lost: an attention-level method (`hf_posext_attention` block, `attn_implementation:
   hf_posext`): the reader runs plain attention, whatever its rope verdict;
-- n/a: transformers' own llama3 / longrope, not an hf_posext method.
+- n/a: transformers' own llama3 / longrope, not an hf_posext method, in an engine not measured
+  (transformers itself reads them exactly).
 
 `export` (hf_posext/portability/exporting.py) writes the form a named reader runs exactly, or refuses.
 """
@@ -178,7 +179,12 @@ def check(model_or_path, readers=None) -> list[Verdict]:
     try:
         target = meaning(cfg)
     except engines.NotApplicable as err:
-        return [Verdict(r, "n/a", detail=f"transformers' own {err}") for r in readers or engines.READERS]
+        # transformers' own types (llama3, longrope): transformers defines what they mean, so
+        # it reads them exactly; for the engines there is nothing to re-derive against (the
+        # measured releases replace this with what they did: `measured.overlay`)
+        return [Verdict(r, "exact", detail=f"transformers' own {err}, read natively")
+                if r.startswith("transformers") else Verdict(r, "n/a", detail=f"transformers' own {err}")
+                for r in readers or engines.READERS]
     return [verdict(r, cfg, target) for r in readers or engines.READERS]
 
 

@@ -67,3 +67,15 @@ def longrope_form(spec: RopeExtensionConfig, dim: int, base: float, **extra: Any
     inv_freq, scale = compute(spec, dim, base)
     return longrope_dict(factors_of(inv_freq, dim, base), scale, base,
                          spec.original_max_position_embeddings, spec.factor, **extra)
+
+
+# The checkpoint `hf-posext search` writes is a `longrope` config; `check`'s table and the engine
+# measurements stand it for with the searched form's seed, YaRN at the same s (LONGROPE_SEED).
+LONGROPE_SEED = "yarn"
+
+
+def longrope_knobs(spec: RopeExtensionConfig, dim: int, base: float) -> dict[str, Any]:
+    """The keyword arguments of `patch(model, "longrope", s, **knobs)` that run the static
+    method `spec` as a longrope config (the three keys `hf-posext search` writes)."""
+    rope = longrope_form(spec, dim, base)
+    return {k: rope[k] for k in ("short_factor", "long_factor", "attention_factor")}

@@ -37,6 +37,8 @@ from hf_posext.portability import measured
 from hf_posext.commands.check import TABLE_ROWS
 from hf_posext.portability.exporting import TARGETS
 from hf_posext.portability.verdicts import load_config
+from hf_posext.rope.config import RopeExtensionConfig
+from hf_posext.rope.longrope import LONGROPE_SEED, longrope_knobs
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -141,8 +143,12 @@ def build(work: Path):
         m = LlamaForCausalLM(LlamaConfig.from_dict(cfg)).eval()
         m.load_state_dict(state)
         if method is not None:
+            # longrope (what `search` saves): the seed method's per-frequency factors, computed
+            # for this model's dims; the row keeps knobs {} (they are not hf_posext knobs)
+            extra = longrope_knobs(RopeExtensionConfig(LONGROPE_SEED, FACTOR, L), MODEL["head_dim"],
+                                   MODEL["rope_theta"]) if method == "longrope" else {}
             try:
-                hf_posext.patch(m, method, FACTOR, **knobs)
+                hf_posext.patch(m, method, FACTOR, **knobs, **extra)
             except (ValueError, TypeError) as err:
                 cells.append(dict(case=label, method=method, knobs=knobs, form="saved",
                                   verdict="not saved", detail=f"patch refused: {err}"))
