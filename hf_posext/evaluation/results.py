@@ -181,9 +181,16 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
     ax.set_ylim(ticks[0] / pad, ticks[-1] * pad)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity (log scale)")
-    # wrapped: a long caption (model, dataset) would otherwise run off the figure
-    ax.set_title("\n".join(textwrap.fill(line, 70) for line in title.splitlines()), fontsize=10)
     ax.grid(True, alpha=0.3)
+    return _save_figure(fig, ax, title, path)
+
+
+def _save_figure(fig, ax, title: str, path: str | Path) -> Path:
+    """The common end of the line plots: the title wrapped (a long caption with the model and
+    dataset would otherwise run off the figure), the legend outside on the right, saved."""
+    import matplotlib.pyplot as plt
+
+    ax.set_title("\n".join(textwrap.fill(line, 70) for line in title.splitlines()), fontsize=10)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     path = Path(path)
@@ -251,13 +258,7 @@ def plot_nll_by_position(rows: Sequence[dict], path: str | Path, title: str = ""
     bottom.set_xlim(0, longest)
     bottom.set_xlabel(f"token position (forwards of {format_length(longest)} tokens)")
     top.set_ylabel("mean NLL per token (nats)")
-    top.set_title("\n".join(textwrap.fill(line, 70) for line in title.splitlines()), fontsize=10)
-    top.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, top, title, path)
 
 
 def plot_passkey_heatmap(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
