@@ -127,15 +127,20 @@ def config_state(model) -> dict:
     return d
 
 
+def _cos_sin(module, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin), each [1, seq_len, d], of a rotary module for positions 0..seq_len-1 (dynamic
+    modules run at seq_len, exactly as a forward of that length runs them)."""
+    x = torch.zeros(1, dtype=torch.float32, device=module.inv_freq.device)
+    return module(x, torch.arange(seq_len, device=module.inv_freq.device)[None])
+
+
 @torch.inference_mode()
 def rope_signature(model, seq_len: int) -> str:
     """A hash of the cos/sin every rotary module produces for positions 0..seq_len-1 (dynamic
     modules run at seq_len, exactly as the forward will run them)."""
     h = hashlib.sha256()
     for _, _, module in rotary_modules(model):
-        x = torch.zeros(1, dtype=torch.float32, device=module.inv_freq.device)
-        pos = torch.arange(seq_len, device=module.inv_freq.device)[None]  # [1, n]
-        cos, sin = module(x, pos)                                           # [1, n, d] each
+        cos, sin = _cos_sin(module, seq_len)
         h.update(cos.float().cpu().numpy().tobytes())
         h.update(sin.float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
@@ -158,9 +163,7 @@ def rope_prefix_stable(model, short: int, long: int) -> bool:
     lengths. False for dynamic types (NTK/YaRN rescaled by the sequence length) and `longrope`
     (short or long factors chosen by the sequence length)."""
     for _, _, module in rotary_modules(model):
-        x = torch.zeros(1, dtype=torch.float32, device=module.inv_freq.device)
-        cos_l, sin_l = module(x, torch.arange(long, device=module.inv_freq.device)[None])    # [1, long, d]
-        cos_s, sin_s = module(x, torch.arange(short, device=module.inv_freq.device)[None])   # [1, short, d]
+        (cos_l, sin_l), (cos_s, sin_s) = _cos_sin(module, long), _cos_sin(module, short)
         if not (torch.equal(cos_l[:, :short], cos_s) and torch.equal(sin_l[:, :short], sin_s)):
             return False
     return True

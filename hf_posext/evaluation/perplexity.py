@@ -243,7 +243,6 @@ def annotate(rows: list[dict]) -> None:
         r["ratio_to_unpatched"] = round(r["perplexity"] / u["perplexity"], 4) if short and u else None
 
 
-
 def _beyond_ratio(row: dict, base: dict) -> float | None:
     L = int(row.get("trained_length") or 0)
     a, b = nll_from(row, L), nll_from(base, L)

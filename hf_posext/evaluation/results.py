@@ -165,10 +165,7 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
         # unpatched model at s = 1) stay visible on top of each other.
         ax.plot(*zip(*pts), marker=markers[i % len(markers)], markersize=9 - 1.2 * (i % 5),
                 linewidth=1.6, label=label, alpha=0.9)
-    for t in {int(r["trained_length"]) for r in rows if r.get("trained_length")}:
-        ax.axvline(t, color="grey", linestyle=":", linewidth=1)
-        ax.text(t, 0.98, f" trained {format_length(t)}", transform=ax.get_xaxis_transform(),
-                va="top", color="grey", fontsize=9)
+    _mark_trained(ax, rows)
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [format_length(n) for n in lengths])
     ax.xaxis.set_minor_locator(NullLocator())
@@ -183,6 +180,15 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
     ax.set_ylabel("perplexity (log scale)")
     ax.grid(True, alpha=0.3)
     return _save_figure(fig, ax, title, path)
+
+
+def _mark_trained(ax, rows: Sequence[dict], label: bool = True) -> None:
+    """A dotted grey vertical line at each trained length of the rows, named at the top."""
+    for t in {int(r["trained_length"]) for r in rows if r.get("trained_length")}:
+        ax.axvline(t, color="grey", linestyle=":", linewidth=1)
+        if label:
+            ax.text(t, 0.98, f" trained {format_length(t)}", transform=ax.get_xaxis_transform(),
+                    va="top", color="grey", fontsize=9)
 
 
 def _save_figure(fig, ax, title: str, path: str | Path) -> Path:
@@ -246,13 +252,10 @@ def plot_nll_by_position(rows: Sequence[dict], path: str | Path, title: str = ""
         bottom.set_ylabel("Δ NLL vs sliding baseline")
         if off:
             bottom.set_title("off this scale: " + "; ".join(off), fontsize=9)
+    _mark_trained(top, shown)
+    _mark_trained(bottom, shown, label=False)
     for ax in (top, bottom):
-        for t in {int(r["trained_length"]) for r in shown if r.get("trained_length")}:
-            ax.axvline(t, color="grey", linestyle=":", linewidth=1)
         ax.grid(True, alpha=0.3)
-    for t in {int(r["trained_length"]) for r in shown if r.get("trained_length")}:
-        top.text(t, 0.98, f" trained {format_length(t)}", transform=top.get_xaxis_transform(),
-                 va="top", color="grey", fontsize=9)
     ticks = [x for x in range(0, longest + 1, max(1, longest // 8))]
     bottom.set_xticks(ticks, [format_length(x) if x else "0" for x in ticks])
     bottom.set_xlim(0, longest)
