@@ -36,7 +36,8 @@ from .evaluation.inputs import (InputError, check_device, check_model_arg, parse
                                 parse_floats01, parse_knobs, parse_length, parse_lengths,
                                 parse_methods, parse_seeds, positive_int)
 from .evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
-from .evaluation.perplexity import DEFAULT_STRIDE, PROTOCOLS, evaluate_perplexity
+from .evaluation.perplexity import evaluate_perplexity
+from .evaluation.settings import DEFAULT_STRIDE, PROTOCOLS, PerplexityGrid, RunInfo
 from .evaluation.results import (plot_nll_by_position, plot_passkey_heatmap, plot_perplexity,
                                  print_table)
 from .evaluation.store import ResultsStore, RowsView
@@ -197,6 +198,30 @@ def _load_checked(args, store, ranks):
 
 
 def run_eval(args, ranks) -> int:
+    """`hf-posext eval`: flags -> grid, documents, store + model, evaluation, report; every
+    flag is checked before any document or model loads."""
+    grid = eval_grid(args)
+    _check_inputs(args, ranks)
+    source, docs, tokenizer = _eval_documents(args, grid, ranks)
+    view, store = _open_store(args, "perplexity", ranks)
+    try:
+        model = _load_checked(args, store, ranks)
+        rows = evaluate_perplexity(
+            model, docs.docs, grid, store=view, ranks=ranks,
+            run=RunInfo(model_name=args.model, dataset=source.label, data_hash=docs.fingerprint,
+                        device=args.device, fingerprint=args.fingerprint),
+            reuse_identical=not args.no_reuse, progress=not args.no_progress and ranks.is_main,
+            text_bytes=scored_bytes(tokenizer, docs.docs))
+    finally:
+        if store is not None:
+            store.close()
+    if ranks.is_main:
+        _report_eval(args, grid, source, len(docs.docs), store, _folder_rows(store.rows, rows))
+    return 0
+
+
+def eval_grid(args) -> PerplexityGrid:
+    """The `eval` flags as a validated `PerplexityGrid` (InputError naming the flag)."""
     methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
     factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
     protocols = [p.strip() for p in args.protocol.split(",") if p.strip()]
@@ -222,9 +247,17 @@ def run_eval(args, ranks) -> int:
                              f"{max(lengths)}.")
     if args.baseline_window and args.baseline_stride and args.baseline_stride > args.baseline_window:
         raise InputError(f"--baseline-stride {args.baseline_stride} is longer than --baseline-window.")
-    _check_inputs(args, ranks)
+    return PerplexityGrid(methods, lengths, factors, protocols, stride=args.stride,
+                          eval_tokens=eval_tokens, chunk_size=args.chunk_size, knobs=knobs,
+                          baseline=not args.no_baseline, baseline_window=args.baseline_window,
+                          baseline_stride=args.baseline_stride)
+
+
+def _eval_documents(args, grid: PerplexityGrid, ranks):
+    """(source, the selected documents' tokens, tokenizer): the first --max-docs documents with
+    the tokens the grid needs."""
     source = TextSource(args.dataset, args.dataset_config, args.split, args.column)
-    need = max(max(lengths) if "truncate" in protocols else 0, eval_tokens if "sliding" in protocols else 0)
+    need = grid.tokens_needed()
     try:
         # Streamed from the Hub: only the documents read until --max-docs long ones are found.
         documents = load_documents(source, streaming=True)
@@ -242,30 +275,16 @@ def run_eval(args, ranks) -> int:
     if len(docs.docs) < args.max_docs:
         say(f"note: only {len(docs.docs)} of the --max-docs {args.max_docs} documents are long "
             "enough; scoring those.", file=sys.stderr)
-    view, store = _open_store(args, "perplexity", ranks)
-    try:
-        model = _load_checked(args, store, ranks)
-        rows = evaluate_perplexity(
-            model, docs.docs, methods=methods, lengths=lengths, factors=factors,
-            protocols=protocols, stride=args.stride, eval_tokens=eval_tokens, store=view,
-            model_name=args.model, dataset=source.label, data_hash=docs.fingerprint,
-            device=args.device, chunk_size=args.chunk_size, reuse_identical=not args.no_reuse,
-            progress=not args.no_progress and ranks.is_main, knobs=knobs,
-            baseline=not args.no_baseline, baseline_window=args.baseline_window,
-            baseline_stride=args.baseline_stride, fingerprint=args.fingerprint, ranks=ranks,
-            text_bytes=scored_bytes(tokenizer, docs.docs))
-    finally:
-        if store is not None:
-            store.close()
-    if not ranks.is_main:
-        return 0
-    out = store.out
-    rows = _folder_rows(store.rows, rows)
+    return source, docs, tokenizer
+
+
+def _report_eval(args, grid: PerplexityGrid, source, n_docs: int, store, rows: list[dict]) -> None:
+    """Table per protocol, the perplexity and loss-by-position plots, where the results are."""
     # a local path by its file name: the whole path would run off the plot's title
     where = source.label if is_embedded(source.dataset) or not looks_like_path(source.dataset) \
         else Path(source.dataset).name
-    caption = f"{args.model} ({rows[0]['dtype']}) on {where}, {len(docs.docs)} doc(s)"
-    for protocol in protocols:
+    caption = f"{args.model} ({rows[0]['dtype']}) on {where}, {n_docs} doc(s)"
+    for protocol in grid.protocols:
         part = [r for r in rows if r["protocol"] == protocol or
                 (protocol == "truncate" and r["protocol"] == "baseline")]
         title = f"perplexity, {protocol}" + (f", stride {args.stride}" if protocol == "sliding" else "")
@@ -276,14 +295,13 @@ def run_eval(args, ranks) -> int:
             if protocol == "truncate" else ""
         print_table(part, "perplexity", title, caption + ratio)
         if not args.no_plot:
-            path = plot_perplexity(part, out / f"perplexity_{protocol}.png", f"{title}\n{caption}")
+            path = plot_perplexity(part, store.out / f"perplexity_{protocol}.png", f"{title}\n{caption}")
             print(f"plot: {path}")
             if protocol == "truncate" and any(r.get("bucket_nll") for r in part):
-                path = plot_nll_by_position(part, out / "nll_by_position.png",
+                path = plot_nll_by_position(part, store.out / "nll_by_position.png",
                                             f"loss by position, truncate\n{caption}")
                 print(f"plot: {path}")
     print(f"results: {store.csv_path} and {store.json_path}")
-    return 0
 
 
 def _series(row: dict) -> tuple:

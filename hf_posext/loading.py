@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from . import attention
 from .rope import dynamic
 from .rope.compat import get_rope_parameters, rotary_dim, text_config, write_both_layouts
-from .rope.config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
+from .rope.config import KNOBS, PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
 from .errors import ConfigError
 from .patcher import apply_to_config, patch, plan_for_config
 from .portability.portable import BLOCK, logical_rope
@@ -27,9 +27,8 @@ from .rope.registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, chec
                        rotary_modules)
 
 # Keywords that belong to the method, not to transformers.
-METHOD_KNOBS = {"beta_fast", "beta_slow", "mscale_coefficient", "attention_factor", "finetuned",
-                "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
-                "short_factor", "long_factor", *attention.config.ALL_KNOBS}
+METHOD_KNOBS = {*KNOBS, "original_max_position_embeddings", *attention.config.ALL_KNOBS,
+                *(k for keys in PASSTHROUGH_TYPES.values() for k in keys if k != "factor")}
 # The subset of from_pretrained keywords AutoConfig understands, for the early type check.
 _CONFIG_KWARGS = {"revision", "token", "cache_dir", "gguf_file", "local_files_only", "subfolder",
                   "trust_remote_code", "force_download", "proxies"}

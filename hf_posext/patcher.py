@@ -28,17 +28,14 @@ from .errors import ConfigError
 from .portability import portable
 from .rope import dynamic
 from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
-from .rope.config import PASSTHROUGH_TYPES, RopeExtensionConfig, _check_number, method_of_rope_type
+from .rope.config import (KNOBS, PASSTHROUGH, PASSTHROUGH_TYPES, RopeExtensionConfig, _check_number,
+                          method_of_rope_type)
 from .rope.registry import LONGROPE_ONLY, LONGROPE_REFUSED_V4, check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
 _RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "head_dim",
              "original_max_position_embeddings", "rope_local_base_freq", portable.BLOCK,
              *attention.RAW_KEYS)
-# The knobs transformers' own passthrough types cannot run without (its validators then raise
-# deep inside `patch`; we name them first). Values are Llama 3.1's / Phi-3's published settings.
-_PASSTHROUGH_REQUIRED = {"llama3": ("low_freq_factor", "high_freq_factor"),
-                         "longrope": ("short_factor", "long_factor")}
 
 
 @dataclass
@@ -102,8 +99,7 @@ def _build_spec(method, factor, target, trained: int, params: dict[str, Any]) ->
     except TypeError as err:  # an unknown keyword: name it rather than drop it
         if "unexpected keyword" not in str(err):
             raise
-        known = "beta_fast, beta_slow, mscale_coefficient, attention_factor, finetuned, " \
-                "original_max_position_embeddings, max_position_embeddings"
+        known = ", ".join((*KNOBS, "original_max_position_embeddings", "max_position_embeddings"))
         raise TypeError(f"Unknown parameter for method {method!r}: {err}. Known: {known}.") from None
 
 
@@ -123,7 +119,7 @@ def _passthrough_rope(method: str, factor, target, trained: int, base: dict, par
     if unknown:
         raise TypeError(f"{method!r} does not take {sorted(unknown)}; it takes "
                         f"{sorted(PASSTHROUGH_TYPES[method])}.")
-    missing = [k for k in _PASSTHROUGH_REQUIRED[method] if k not in params]
+    missing = [k for k in PASSTHROUGH[method][0] if k not in params]
     if missing:
         raise ValueError(f"{method!r} needs {missing} (transformers' {method} has no defaults for "
                          f"them; Llama 3.1 uses low_freq_factor=1.0, high_freq_factor=4.0)."

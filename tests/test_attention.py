@@ -319,7 +319,7 @@ def test_query_chunking_does_not_change_the_result(method, knobs, chunk):
     """Chunks smaller and larger than the window, not dividing it: same as one chunk."""
     from hf_posext.attention import AttentionExtensionConfig
     from hf_posext.attention.kernel import attend
-    from hf_posext.attention.plans import plan_for
+    from hf_posext.attention.units import plan_for
     from hf_posext.rope.methods import default_inv_freq
 
     g = torch.Generator().manual_seed(0)

@@ -12,7 +12,7 @@ import hf_posext
 from hf_posext.attention import AttentionExtensionConfig
 from hf_posext.attention.backends import ENV
 from hf_posext.attention.kernel import attend
-from hf_posext.attention.plans import plan_for
+from hf_posext.attention.units import plan_for
 from hf_posext.rope.methods import default_inv_freq
 
 pytestmark = pytest.mark.usefixtures("one_thread")

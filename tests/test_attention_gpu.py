@@ -11,7 +11,7 @@ from test_attention import CASES
 import hf_posext
 from hf_posext.attention import AttentionExtensionConfig
 from hf_posext.attention.kernel import attend
-from hf_posext.attention.plans import plan_for
+from hf_posext.attention.units import plan_for
 from hf_posext.rope.methods import default_inv_freq
 
 pytestmark = [pytest.mark.gpu,

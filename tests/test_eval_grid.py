@@ -16,7 +16,8 @@ import torch
 import hf_posext
 from _evalkit import random_doc, tiny_model
 from hf_posext.evaluation import perplexity as ppl_mod
-from hf_posext.evaluation.perplexity import evaluate_perplexity, plan_cells, truncate_nll
+from hf_posext.evaluation.perplexity import evaluate_perplexity, truncate_nll
+from hf_posext.evaluation.settings import PerplexityGrid
 from hf_posext.evaluation.results import ResultsStore, format_table, plot_perplexity
 
 DOCS = [random_doc(160, seed=11), random_doc(200, seed=12)]
@@ -59,7 +60,8 @@ def test_identical_rope_cells_are_reused_and_equal_a_recompute():
 
 
 def test_plan_cells_order_auto_and_numeric_factors():
-    cells = plan_cells(["yarn", "linear"], [256, 64], ["auto", 2.0], ["truncate"], trained=64)
+    cells = PerplexityGrid(["yarn", "linear"], [256, 64], ["auto", 2.0], ["truncate"],
+                           baseline=False).cells(trained=64)
     got = [(c.method, c.factor, c.length) for c in cells]
     assert got == [("none", 1.0, 64), ("yarn", 1.0, 64), ("yarn", 2.0, 64), ("linear", 1.0, 64),
                    ("linear", 2.0, 64), ("none", 1.0, 256), ("yarn", 4.0, 256), ("yarn", 2.0, 256),

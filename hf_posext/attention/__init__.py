@@ -2,6 +2,7 @@
 Attention, STRING and log-n query scaling, through transformers' `AttentionInterface`.
 
     positions.py  the position maps (plain functions)
+    units.py      one unit per method: knobs and defaults, log-n default, plan, own checks
     config.py     AttentionExtensionConfig (validated, immutable knobs)
     kernel.py     chunked attention over parts merged by log-sum-exp
     backends.py   the block kernels that return the log-sum-exp (CPU flash, CUDA efficient, math)

@@ -1,15 +1,7 @@
 """`AttentionExtensionConfig`: one validated, immutable description of an attention-level method.
 
-Knobs and defaults follow the authors' code (docs/attention_methods.md):
-- `rerope`, `leaky_rerope` (bojone/rerope): window = L/8 (512 at L = 4096), leak k = 16,
-  log-n scaling on (both patches scale queries by max(1, log n / log L)).
-- `self_extend` (datamllab/LongLM): group_size G = 8, neighbour window W = 1024 (L/2 for models
-  trained on fewer than 2,048 tokens, where 1024 would not fit), log-n off (`scale_base = -1`).
-- `dual_chunk` (HKUNLP/ChunkLlama): chunk_size = 3L/4, local_window = L/16, log-n off.
-- `string` (An et al. 2024, arXiv 2410.18745; HKUNLP/STRING `string_for_llama.py`): relative
-  distance d kept below shifted_offset S, d − S + W from S on; S = int(0.33·L) (the scripts'
-  `shifted_ratio` 0.33), W = `small_local_value` 128 (at most S), log-n off.
-- `logn`: plain RoPE, only the log-n query scaling. `logn=True` also combines with any rope method.
+Which knobs a method takes, their defaults (the authors' code, docs/attention_methods.md) and
+whether log-n scaling is on by default: its unit, units.py. Here: the checks of each knob.
 
 `leak="auto"` (leaky ReRoPE) and `group_size="auto"` (Self-Extend) fit the knob to the target
 length T = s·L so that the farthest relative position a T-token input produces stays trained
@@ -27,32 +19,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# method -> its knobs besides trained_length and logn
-KNOBS: dict[str, tuple[str, ...]] = {
-    "rerope": ("window",),
-    "leaky_rerope": ("window", "leak"),
-    "self_extend": ("window", "group_size"),
-    "dual_chunk": ("chunk_size", "local_window"),
-    "string": ("shifted_offset", "local_value"),
-    "logn": (),
-}
-ATTENTION_METHODS: tuple[str, ...] = tuple(KNOBS)
+from .units import ATTENTION_METHODS, UNITS
+
+# The methods, their knobs, defaults and own checks: one unit each (units.py).
+KNOBS: dict[str, tuple[str, ...]] = {n: u.knobs() for n, u in UNITS.items()}
 # Longest target "auto" knobs may be fitted to (int32 positions; no model has a longer cache).
 MAX_TARGET_LENGTH = 2 ** 31   # positions 0 .. 2^31 - 1
 MAX_FACTOR = 2 ** 20          # so the auto group search below runs at most 2^20 / L steps
-ALL_KNOBS = ("window", "leak", "group_size", "chunk_size", "local_window", "shifted_offset",
-             "local_value", "logn")
-_LOGN_DEFAULT = {"rerope": True, "leaky_rerope": True, "self_extend": False, "dual_chunk": False,
-                 "string": False, "logn": True}
-
-
-def _defaults(method: str, L: int) -> dict[str, Any]:
-    return {"rerope": {"window": L // 8},
-            "leaky_rerope": {"window": L // 8, "leak": 16.0},
-            "self_extend": {"window": min(1024, L // 2), "group_size": 8},
-            "dual_chunk": {"chunk_size": 3 * L // 4, "local_window": L // 16},
-            "string": {"shifted_offset": int(0.33 * L), "local_value": min(128, int(0.33 * L))},
-            "logn": {}}[method]
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -102,15 +75,17 @@ class AttentionExtensionConfig:
         set_("trained_length", L)
         used = KNOBS[self.method]
         given = {knob: getattr(self, knob) for knob in used}
-        for knob in ALL_KNOBS[:-1]:
+        for knob in ALL_KNOBS:
+            if knob == "logn":
+                continue
             value = getattr(self, knob)
             if knob not in used:
                 if value is not None:
                     raise ValueError(f"{self.method!r} does not use {knob!r} (it uses: "
                                      f"{', '.join(used + ('logn',))}). Remove it.")
                 continue
-            set_(knob, _defaults(self.method, L)[knob] if value is None else value)
-        logn = _LOGN_DEFAULT[self.method] if self.logn is None else self.logn
+            set_(knob, UNITS[self.method].defaults(L)[knob] if value is None else value)
+        logn = UNITS[self.method].logn if self.logn is None else self.logn
         if not isinstance(logn, bool):
             raise TypeError(f"logn must be True or False, got {logn!r}")
         if self.method == "logn" and not logn:
@@ -118,15 +93,8 @@ class AttentionExtensionConfig:
                              "Use no method (unpatch) instead.")
         set_("logn", logn)
         self._check_knobs(set_)
-        if self.method == "string" and self.local_value >= self.shifted_offset \
-                and (given.get("local_value") is None or given.get("shifted_offset") is None):
-            # W = S maps d − S + W back to d: STRING would be plain attention, silently
-            raise ValueError(
-                f"string at trained length {L}: the defaults (shifted_offset S = 0.33·L = "
-                f"{int(0.33 * L)}, local_value W = 128 capped at S) give W = S, which shifts "
-                f"nothing (d − S + W = d). The authors' W = 128 assumes L well above 388; pass "
-                f"both knobs, e.g. shifted_offset={int(0.33 * L)}, "
-                f"local_value={max(0, int(0.33 * L) // 8)}.")
+        if UNITS[self.method].check is not None:
+            UNITS[self.method].check(self, given)
 
     def _check_knobs(self, set_) -> None:
         L = self.trained_length
@@ -227,3 +195,12 @@ class AttentionExtensionConfig:
             raise ValueError(f"Unknown attention-method keys {sorted(unknown)}; expected some of "
                              f"{sorted(names)}.")
         return cls(**data)
+
+
+# Every knob of an attention method: the fields but the method, L and the target T (which only
+# "auto" knobs read). A unit naming a knob without a field is a bug: fail on import.
+ALL_KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AttentionExtensionConfig)
+                                   if f.name not in ("method", "trained_length", "target_length"))
+_stray = {n: set(k) - set(ALL_KNOBS) for n, k in KNOBS.items() if set(k) - set(ALL_KNOBS)}
+if _stray:
+    raise RuntimeError(f"attention units use knobs AttentionExtensionConfig has no field for: {_stray}")

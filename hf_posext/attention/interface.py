@@ -32,7 +32,7 @@ from ..rope.compat import get_rope_parameters, rotary_dim
 from ..rope.methods import default_inv_freq
 from .config import AttentionExtensionConfig
 from .kernel import attend
-from .plans import plan_for
+from .units import UNITS, plan_for
 from .positions import logn_scale
 
 IMPLEMENTATION = "hf_posext"   # the attn_implementation name
@@ -89,7 +89,7 @@ def _seen_keys(keep, Q: int, K: int) -> int:
 def _row_padding(spec, position_ids, keep, offset: int, B: int, Q: int) -> list[int] | None:
     """Per-row shift p = index − real position of the queries (None when every row starts at
     0, or when the method only sees i − j), checked against the padding mask."""
-    absolute = spec.logn or spec.method in ("self_extend", "dual_chunk")
+    absolute = spec.logn or UNITS[spec.method].absolute
     if not absolute or position_ids is None or position_ids.shape[-1] != Q:
         return None
     # from the last query: always a real token under left padding (the first may be padding,

@@ -21,7 +21,6 @@ from typing import Callable
 import torch
 
 from . import positions as P
-from .config import AttentionExtensionConfig
 from .kernel import Part
 
 
@@ -66,20 +65,3 @@ class DualChunkPlan:
             Part("far", max(0, start - c), start, self._query("successive"), None),
             Part("far", 0, max(0, start - c), self._query("inter"), None),
         ]
-
-
-def plan_for(spec: AttentionExtensionConfig):
-    if spec.method in ("rerope", "leaky_rerope"):
-        leak = spec.leak_value if spec.method == "leaky_rerope" else None
-        return WindowPlan(spec.window, partial(P.rerope_far_query, window=spec.window, leak=leak),
-                          partial(P.rerope_far_key, leak=leak))
-    if spec.method == "self_extend":
-        return WindowPlan(spec.window,
-                          partial(P.self_extend_far_query, group_size=spec.group_value, window=spec.window),
-                          partial(P.self_extend_far_key, group_size=spec.group_value))
-    if spec.method == "string":
-        return WindowPlan(spec.shifted_offset, partial(P.string_far_query, shifted_offset=spec.shifted_offset,
-                                                       local_value=spec.local_value), None)
-    if spec.method == "dual_chunk":
-        return DualChunkPlan(spec.chunk_size, spec.local_window)
-    raise ValueError(f"{spec.method!r} has no attention plan")

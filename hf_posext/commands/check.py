@@ -23,6 +23,7 @@ from ..portability.gguf_export import flags_text, rope_keys
 from ..portability.verdicts import check, load_config, meaning, report
 from ..rope.config import RopeExtensionConfig
 from ..rope.longrope import LONGROPE_SEED, longrope_knobs
+from ..rope.units import ROPE_METHODS
 
 # reader (column) -> the export target that writes its form
 _TARGET_OF = {"transformers 5.x": "transformers", "transformers 4.x": "transformers",
@@ -30,11 +31,10 @@ _TARGET_OF = {"transformers 5.x": "transformers", "transformers 4.x": "transform
               "llama.cpp": "llama.cpp"}
 # The table's rows: the methods at s = 4 with their default knobs, plus YaRN with the YaRN
 # authors' Mistral settings (docs/portability.md).
-TABLE_ROWS = [("linear", {}), ("ntk", {}), ("dynamic_ntk", {}), ("ntk_by_parts", {}), ("yarn", {}),
-              ("yarn (Mistral settings: β 128/2, mscale 0.07)",
-               {"beta_fast": 128, "beta_slow": 2, "mscale_coefficient": 0.07}),
-              ("dynamic_yarn", {}),
-              ("longrope (as `hf-posext search` saves it; here YaRN's factors)", {})]
+TABLE_ROWS = [row for m in ROPE_METHODS for row in [(m, {})] + (
+    [("yarn (Mistral settings: β 128/2, mscale 0.07)",
+      {"beta_fast": 128, "beta_slow": 2, "mscale_coefficient": 0.07})] if m == "yarn" else [])]
+TABLE_ROWS.append(("longrope (as `hf-posext search` saves it; here YaRN's factors)", {}))
 
 
 def add_subcommands(sub) -> None:

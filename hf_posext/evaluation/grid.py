@@ -13,10 +13,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .. import catalog as _catalog   # read at call time: methods registered later count too
-from ..attention import ALL_KNOBS, is_attention_method, split
+from ..attention import ALL_KNOBS, AttentionExtensionConfig, is_attention_method, split
 from ..rope.config import RopeExtensionConfig
 from ..patcher import is_patched, patch, unpatch
 from .distributed import Ranks
@@ -30,9 +31,20 @@ _NOT_KNOBS = {"method", "factor"}
 def knob_names() -> tuple[str, ...]:
     """Every knob a method may take: the public fields of `RopeExtensionConfig`, then the
     attention methods' knobs."""
-    rope = tuple(f.name for f in dataclasses.fields(RopeExtensionConfig)
-                 if f.init and not f.name.startswith("_") and f.name not in _NOT_KNOBS)
-    return rope + tuple(k for k in ALL_KNOBS if k not in rope)
+    return tuple(f.name for f in _knob_fields())
+
+
+def integral_knobs() -> tuple[str, ...]:
+    """The knobs that count tokens (annotated `int`), so `--knobs window=4096` stays 4096."""
+    return tuple(f.name for f in _knob_fields() if str(f.type).split(" ")[0] == "int")
+
+
+def _knob_fields() -> list[dataclasses.Field]:
+    rope = [f for f in dataclasses.fields(RopeExtensionConfig)
+            if f.init and not f.name.startswith("_") and f.name not in _NOT_KNOBS]
+    names = {f.name for f in rope}
+    return rope + [f for f in dataclasses.fields(AttentionExtensionConfig)
+                   if f.name in ALL_KNOBS and f.name not in names]
 
 
 def canonical(name: str) -> str:
@@ -189,29 +201,9 @@ def run_grid(model, cells: Sequence[Cell], *, identity: dict, base_row: dict, co
 
     ranks = ranks or Ranks()
     jobs = plan_jobs(model, cells, identity, forward_lengths)
-    stored = {r.get("signature"): r for r in (store.rows if store is not None else [])
-              if r.get("signature")}
-    rows: dict[int, dict] = {}
-    leaders: dict[str, Job] = {}
-    followers: dict[int, list[Job]] = {}
-    for job in jobs:
-        if store is not None and store.has(job.key):
-            rows[job.index] = store.get(job.key)
-        elif reuse and job.signature in stored:
-            rows[job.index] = _row(job, base_row, identity, stored[job.signature], result_fields)
-            _save(store, ranks, rows[job.index])
-        elif reuse and job.signature in leaders:
-            followers[leaders[job.signature].index].append(job)
-        else:
-            leaders.setdefault(job.signature if reuse else job.key, job)
-            followers[job.index] = []
-    todo = list(leaders.values())
-    owner = ranks.assign([float(j.cell.length) for j in todo])
-    mine = [j for j, r in zip(todo, owner) if r == ranks.rank]
-    rounds = max([owner.count(r) for r in range(ranks.size)] + [0])
-    if ranks.size > 1:
-        print(f"rank {ranks.rank}/{ranks.size}: computing {len(mine)} of {len(todo)} cells",
-              file=sys.stderr, flush=True)
+    copy = partial(_row, base_row=base_row, identity=identity, copied=result_fields)
+    rows, leaders, followers = _triage(jobs, store, reuse, ranks, copy)
+    mine, rounds = _share_out(leaders, ranks)
     if prepare is not None:
         prepare([j.cell for j in mine])
     bar = tqdm(total=len(mine), desc=desc, unit="cell", disable=not progress)
@@ -228,21 +220,60 @@ def run_grid(model, cells: Sequence[Cell], *, identity: dict, base_row: dict, co
             raise error
         ranks.check_all(error)
         for done in ranks.gather(row):
-            if done is None:
-                continue
-            lead = next(j for j in todo if j.key == done["key"])
-            rows[lead.index] = done
-            _save(store, ranks, done)
-            for f in followers[lead.index]:
-                rows[f.index] = _row(f, base_row, identity, done, result_fields)
-                _save(store, ranks, rows[f.index])
+            if done is not None:
+                _finish(done, leaders, followers, rows, store, ranks, copy)
     bar.close()
     out = [rows[j.index] for j in jobs]
     if annotate is not None:
         annotate(out)
-    if store is not None and ranks.is_main and hasattr(store, "reorder"):
+    if store is not None and ranks.is_main:
         store.reorder([j.key for j in jobs])
     return out
+
+
+def _triage(jobs: list[Job], store, reuse: bool, ranks: Ranks, copy: Callable
+            ) -> tuple[dict[int, dict], list[Job], dict[int, list[Job]]]:
+    """Where each job's row comes from: the store (same key: resume), a stored row of the same
+    signature (copied), a leader computed this run (its followers copy it), or a forward (a
+    leader). Returns (rows known now by job index, leaders, followers by leader index)."""
+    stored = {r.get("signature"): r for r in (store.rows if store is not None else [])
+              if r.get("signature")}
+    rows: dict[int, dict] = {}
+    leaders: dict[str, Job] = {}
+    followers: dict[int, list[Job]] = {}
+    for job in jobs:
+        if store is not None and store.has(job.key):
+            rows[job.index] = store.get(job.key)
+        elif reuse and job.signature in stored:
+            rows[job.index] = copy(job, result=stored[job.signature])
+            _save(store, ranks, rows[job.index])
+        elif reuse and job.signature in leaders:
+            followers[leaders[job.signature].index].append(job)
+        else:
+            leaders.setdefault(job.signature if reuse else job.key, job)
+            followers[job.index] = []
+    return rows, list(leaders.values()), followers
+
+
+def _share_out(leaders: list[Job], ranks: Ranks) -> tuple[list[Job], int]:
+    """(this rank's jobs, rounds every rank runs): each leader on one rank, balanced by length."""
+    owner = ranks.assign([float(j.cell.length) for j in leaders])
+    mine = [j for j, r in zip(leaders, owner) if r == ranks.rank]
+    if ranks.size > 1:
+        print(f"rank {ranks.rank}/{ranks.size}: computing {len(mine)} of {len(leaders)} cells",
+              file=sys.stderr, flush=True)
+    return mine, max([owner.count(r) for r in range(ranks.size)] + [0])
+
+
+def _finish(done: dict, leaders: list[Job], followers: dict[int, list[Job]], rows: dict[int, dict],
+            store, ranks: Ranks, copy: Callable) -> None:
+    """A computed row (from any rank): store it, and the rows of the jobs that copy it."""
+    lead = next(j for j in leaders if j.key == done["key"])
+    rows[lead.index] = done
+    _save(store, ranks, done)
+    for f in followers[lead.index]:
+        rows[f.index] = copy(f, result=done)
+        _save(store, ranks, rows[f.index])
 
 
 def _compute(model, job: Job, base_row: dict, identity: dict, compute: Callable) -> dict:
@@ -252,10 +283,11 @@ def _compute(model, job: Job, base_row: dict, identity: dict, compute: Callable)
         result = compute(job.cell)
     finally:
         _leave(model, job.cell)
-    return _row(job, base_row, identity, result, None, time.perf_counter() - started)
+    return _row(job, base_row=base_row, identity=identity, result=result, copied=None,
+                seconds=time.perf_counter() - started)
 
 
-def _row(job: Job, base_row: dict, identity: dict, result: dict, copied: Sequence[str] | None,
+def _row(job: Job, *, base_row: dict, identity: dict, result: dict, copied: Sequence[str] | None,
          seconds: float = 0.0) -> dict:
     """One tidy row: what the cell is, the run's identity, the result, and where it came from."""
     cell = job.cell
@@ -278,5 +310,5 @@ def _knob_text(knobs: Mapping) -> str:
 
 
 def _save(store, ranks: Ranks, row: dict) -> None:
-    if store is not None and ranks.is_main and hasattr(store, "add") and not store.has(row["key"]):
+    if store is not None and ranks.is_main and not store.has(row["key"]):
         store.add(row)

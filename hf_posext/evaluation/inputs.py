@@ -14,7 +14,7 @@ from .. import catalog as _catalog   # read at call time: methods registered lat
 from ..data.documents import looks_like_path
 from ..errors import ConfigError
 from ..loading import check_config_early
-from .grid import canonical, check_knobs, knob_names
+from .grid import canonical, check_knobs, integral_knobs, knob_names
 
 
 
@@ -70,9 +70,7 @@ def _knob_value(item: str, name: str, value: str):
     except ValueError:
         raise InputError(f"--knobs: {item!r}: {value!r} is not a number, true/false or auto.") from None
     # token counts stay integers (so rows and saved configs read 4096, not 4096.0)
-    integral = ("original_max_position_embeddings", "window", "group_size", "chunk_size", "local_window",
-                "shifted_offset", "local_value")
-    return int(number) if number.is_integer() and name in integral else number
+    return int(number) if number.is_integer() and name in integral_knobs() else number
 
 
 def parse_knobs(text: str | None, methods: list[str]) -> dict:

@@ -15,22 +15,21 @@ windows, never a mean of per-window perplexities.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..patcher import trained_length
-from .grid import Cell, knobs_for, method_factors, run_grid
+from .grid import Cell, run_grid
 from .identity import model_dtype, rope_prefix_stable, run_identity
 from .buckets import PositionNLL, nll_from, prefix, summarize
 from .loss import IGNORE_INDEX, PeakMemory, causal_targets, token_nll
+from .settings import PerplexityGrid, RunInfo, split_keywords
 
-PROTOCOLS = ("truncate", "sliding")
-DEFAULT_STRIDE = 256  # the papers' sliding-window stride
 # What a cell computes (copied to a cell that computes the same logits, see `grid.run_grid`).
 RESULT_FIELDS = ("perplexity", "nll", "tokens", "bucket_edges", "bucket_nll", "bucket_tokens",
                  "doc_nll", "doc_tokens", "bytes", "bits_per_byte")
@@ -121,33 +120,6 @@ def _total(per_doc: Sequence[PositionNLL]) -> tuple[float, int]:
 
 
 # --- the grid ----------------------------------------------------------------------------------
-
-def plan_cells(methods, lengths, factors, protocols, trained: int, knobs=None, *, stride: int =
-               DEFAULT_STRIDE, eval_tokens: int | None = None, chunk_size: int = 1024,
-               baseline_window: int | None = None, baseline_stride: int | None = None
-               ) -> list[Cell]:
-    """Cells in run order: by protocol, then length (short first), then method (`none` first).
-    With `baseline_window`, the truncate protocol gains at each length above the trained one a
-    `baseline` cell: the unpatched model over the same tokens with a sliding window of that
-    size and `baseline_stride` (default a quarter window: 2,048 for 8k), docs/evaluation.md,
-    "The sliding-window baseline"."""
-    eval_tokens = eval_tokens or max(lengths)
-    cells = []
-    for protocol in protocols:
-        extra = {"chunk_size": chunk_size}
-        if protocol == "sliding":
-            extra.update(stride=stride, eval_tokens=eval_tokens)
-        for length in sorted(set(lengths)):
-            cells += [Cell(m, spec, s, length, protocol, knobs_for(m, knobs or {}),
-                           {"window": length, **extra})
-                      for m, spec, s in method_factors(methods, factors, length, trained)]
-            if protocol == "truncate" and baseline_window and length > baseline_window:
-                cells.append(Cell("none", "1", 1.0, length, "baseline", {},
-                                  {"window": baseline_window, "chunk_size": chunk_size,
-                                   "stride": baseline_stride or max(1, baseline_window // 4),
-                                   "eval_tokens": length}))
-    return cells
-
 
 def cell_positions(model, docs: Sequence[np.ndarray], cell: Cell,
                    progress: bool = False) -> list[PositionNLL]:
@@ -251,90 +223,70 @@ def _beyond_ratio(row: dict, base: dict) -> float | None:
     return round(math.exp(a[0] / a[1] - b[0] / b[1]), 4)
 
 
-def evaluate_perplexity(model, docs: Sequence[np.ndarray], *, methods: Sequence[str] | None,
-                        lengths: Sequence[int], factors: Sequence = ("auto",),
-                        protocols: Sequence[str] = ("truncate",), stride: int = DEFAULT_STRIDE,
-                        eval_tokens: int | None = None, store=None, model_name: str = "model",
-                        dataset: str = "", data_hash: str | None = None, dtype: str | None = None,
-                        device: str = "cpu", chunk_size: int = 1024, reuse_identical: bool = True,
-                        progress: bool = True, knobs: dict | None = None,
-                        baseline: bool = True, baseline_window: int | None = None,
-                        baseline_stride: int | None = None, fingerprint: str | None = None,
-                        label: str | None = None, ranks=None, extra_columns: dict | None = None,
-                        text_bytes: Callable[[int], int] | None = None) -> list[dict]:
-    """Perplexity of every (method, factor, length, protocol) cell on one loaded model.
+def evaluate_perplexity(model, docs: Sequence[np.ndarray], grid: PerplexityGrid | None = None, *,
+                        run: RunInfo | None = None, store=None, ranks=None, progress: bool = True,
+                        reuse_identical: bool = True,
+                        text_bytes: Callable[[int], int] | None = None, **keywords) -> list[dict]:
+    """Perplexity of every (method, factor, length, protocol) cell of `grid` on one loaded model.
 
     Args:
-        docs: token ids per document (each [n_i]); for truncate each must have >= max(lengths)
-            tokens, for sliding >= eval_tokens (default max(lengths)).
-        methods: names from hf_posext.METHODS; `none` (unpatched) is always added. None: run
-            the model exactly as given (e.g. just fine-tuned), rows labelled `label`.
-        factors: numbers >= 1 and/or "auto" (s = max(1, length / trained length)).
-        knobs: {"*" or method: {knob: value}} (see `grid.check_knobs`).
-        store: a `ResultsStore`; each row is written as soon as its cell finishes, and cells
+        docs: token ids per document (each [n_i]); each needs `grid.tokens_needed()` tokens.
+        grid: what to measure (`settings.PerplexityGrid`); run: whose run it is (`RunInfo`).
+            Keyword shorthand: `evaluate_perplexity(model, docs, methods=[...], lengths=[...],
+            model_name=...)` sets the fields of either.
+        store: a `store.RowStore`; each row is written as soon as its cell finishes, and cells
             whose key it holds are skipped (resume). The key covers the model's content
-            (`fingerprint`, else a hash of its weights), dtype, device, attention, data and
+            (`run.fingerprint`, else a hash of its weights), dtype, device, attention, data and
             every cell setting (docs/evaluation.md, "Identity, resume and reuse").
         reuse_identical: a cell computing the same logits as an earlier one (same rotary
             cos/sin, attention and data) copies its result; the row says so in `same_as`.
-        baseline: with `methods`, add the unpatched sliding-window baseline at truncate lengths
-            above `baseline_window` (default the trained length), stride `baseline_stride`,
-            and a `ratio_to_sliding` column.
-        dtype: if given, must match the model's dtype (a check; the model's own is recorded).
         ranks: a `distributed.Ranks` (default: from the launcher's environment).
-        extra_columns: constant columns added to every row (e.g. the recipe's step).
         text_bytes: n -> UTF-8 bytes of the scored text of the first n tokens of every document
             (tokens 1..n-1); with it, rows gain `bytes` and `bits_per_byte` (comparable across
             tokenizers).
     Each row also holds its NLL per position bucket and per document (`buckets.summarize`),
     and truncate cells of one (method, s, knobs) share one forward per document at their longest
     length wherever that is exact (`SharedForwards`; the row's `forward_length` says which).
+    With a baseline, truncate rows gain `ratio_to_sliding` and the other ratios (`annotate`).
     Returns the rows of this run (computed, reused and resumed), in cell order.
     """
-    for p in protocols:
-        if p not in PROTOCOLS:
-            raise ValueError(f"Unknown protocol {p!r}; use one of {', '.join(PROTOCOLS)}.")
-    if dtype not in (None, "", "auto") and model_dtype(model) != dtype:
-        raise ValueError(f"dtype={dtype!r} but the model runs in {model_dtype(model)}.")
+    grid, run = split_keywords(grid, run, keywords)
+    if run.dtype not in (None, "", "auto") and model_dtype(model) != run.dtype:
+        raise ValueError(f"dtype={run.dtype!r} but the model runs in {model_dtype(model)}.")
     trained = trained_length(model)
-    eval_tokens = eval_tokens or max(lengths)
-    need = max(max(lengths) if "truncate" in protocols else 0, eval_tokens if "sliding" in protocols else 0)
-    short = [i for i, d in enumerate(docs) if len(d) < need]
+    short = [i for i, d in enumerate(docs) if len(d) < grid.tokens_needed()]
     if short:
-        raise ValueError(f"documents {short} have fewer than the {need} tokens this grid needs")
-    if data_hash is None:
-        h = hashlib.sha256()
-        for d in docs:
-            h.update(np.asarray(d, dtype=np.int32).tobytes())
-        data_hash = h.hexdigest()[:12]
-    window = (baseline_window or trained) if baseline and methods is not None else None
-    if methods is None:
-        cells = [dataclasses.replace(c, method=label or "model", as_is=True)
-                 for c in plan_cells(["none"], lengths, [1.0], protocols, trained, stride=stride,
-                                     eval_tokens=eval_tokens, chunk_size=chunk_size)]
-    else:
-        cells = plan_cells(methods, lengths, factors, protocols, trained, knobs, stride=stride,
-                           eval_tokens=eval_tokens, chunk_size=chunk_size, baseline_window=window,
-                           baseline_stride=baseline_stride)
-    identity = run_identity(model, fingerprint=fingerprint, device=device, data_hash=data_hash)
-    base_row = {"model": model_name, "dataset": dataset, "docs": len(docs), "trained_length": trained,
-                **(extra_columns or {})}
-
+        raise ValueError(f"documents {short} have fewer than the {grid.tokens_needed()} tokens "
+                         "this grid needs")
+    identity = run_identity(model, fingerprint=run.fingerprint, device=run.device,
+                            data_hash=run.data_hash or _tokens_hash(docs))
+    base_row = {"model": run.model_name, "dataset": run.dataset, "docs": len(docs),
+                "trained_length": trained, **run.extra_columns}
     forwards = SharedForwards(model, docs, progress)
-
-    def compute(cell: Cell) -> dict:
-        with PeakMemory(device) as peak:
-            per_doc, forward = forwards.positions(cell)
-        span = scored_span(cell)
-        result = summarize(per_doc, span, trained)
-        if text_bytes is not None:
-            n_bytes = int(text_bytes(span))
-            result.update(bytes=n_bytes, bits_per_byte=result["nll"] / math.log(2) / n_bytes
-                          if n_bytes else None)
-        return {**result, "forward_length": forward, "peak_rss_mb": round(peak.peak_mb, 1),
-                "peak_increase_mb": round(peak.increase_mb, 1)}
-
-    return run_grid(model, cells, identity=identity, base_row=base_row, compute=compute,
+    return run_grid(model, grid.cells(trained), identity=identity, base_row=base_row,
+                    compute=partial(_cell_result, forwards, trained, run.device, text_bytes),
                     result_fields=RESULT_FIELDS, forward_lengths=lambda c: [c.extra["window"]],
                     store=store, reuse=reuse_identical, ranks=ranks, progress=progress,
                     desc="perplexity cells", annotate=annotate, prepare=forwards.plan)
+
+
+def _tokens_hash(docs: Sequence[np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for d in docs:
+        h.update(np.asarray(d, dtype=np.int32).tobytes())
+    return h.hexdigest()[:12]
+
+
+def _cell_result(forwards: SharedForwards, trained: int, device: str,
+                 text_bytes: Callable[[int], int] | None, cell: Cell) -> dict:
+    """One cell's result: its per-position NLL summarised, bits per byte, memory."""
+    with PeakMemory(device) as peak:
+        per_doc, forward = forwards.positions(cell)
+    span = scored_span(cell)
+    result = summarize(per_doc, span, trained)
+    if text_bytes is not None:
+        n_bytes = int(text_bytes(span))
+        result.update(bytes=n_bytes, bits_per_byte=result["nll"] / math.log(2) / n_bytes
+                      if n_bytes else None)
+    return {**result, "forward_length": forward, "peak_rss_mb": round(peak.peak_mb, 1),
+            "peak_increase_mb": round(peak.increase_mb, 1)}

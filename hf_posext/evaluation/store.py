@@ -18,6 +18,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Protocol
 
 from filelock import FileLock, Timeout
 
@@ -25,6 +26,21 @@ from ..errors import ConfigError
 
 _IDENTITY_FIELDS = ("model_fingerprint", "dtype", "device", "attn_implementation", "data_hash",
                     "versions")
+
+
+class RowStore(Protocol):
+    """What the grid (`grid.run_grid`) reads and writes: rows keyed by `row["key"]`.
+    `ResultsStore` persists them; `RowsView` is the read-only copy a non-writing rank holds."""
+
+    rows: list[dict]
+
+    def has(self, key: str) -> bool: ...
+
+    def get(self, key: str) -> dict: ...
+
+    def add(self, row: dict, flush: bool = True) -> None: ...
+
+    def reorder(self, keys: list[str]) -> None: ...
 
 
 class ResultsError(ConfigError):
@@ -151,6 +167,12 @@ class ResultsStore:
         return self._index[key]
 
     def add(self, row: dict, flush: bool = True) -> None:
+        raise RuntimeError("RowsView is read-only: only rank 0 writes results (run_grid).")
+
+    def reorder(self, keys: list[str]) -> None:
+        raise RuntimeError("RowsView is read-only: only rank 0 writes results (run_grid).")
+
+    def add(self, row: dict, flush: bool = True) -> None:
         if row["key"] in self._index:
             raise KeyError(f"duplicate result for {row['key']}")
         self.rows.append(row)
@@ -188,3 +210,9 @@ class RowsView:
 
     def get(self, key: str) -> dict:
         return self._index[key]
+
+    def add(self, row: dict, flush: bool = True) -> None:
+        raise RuntimeError("RowsView is read-only: only rank 0 writes results (run_grid).")
+
+    def reorder(self, keys: list[str]) -> None:
+        raise RuntimeError("RowsView is read-only: only rank 0 writes results (run_grid).")

@@ -14,12 +14,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from . import engines, portable
+from ..rope.units import UNITS
 
 # reader -> how it reads the rope layouts (engines.v5_rope / v4_rope / converter_rope)
 _LAYOUTS = (("transformers 5.x, vLLM, SGLang (rope_scaling first)", engines.v5_rope),
@@ -145,12 +147,12 @@ def _effective_base(cfg: dict[str, Any], target, T: int) -> float | None:
     divide the low frequencies by s, which maps m <= T back into the trained range, and
     attention-level methods keep relative positions trained: no base to compare (None)."""
     spec, theta, d = target.spec, target.theta, target.dim
-    if spec is None or spec.method not in ("ntk", "dynamic_ntk"):
+    unit = UNITS[spec.method] if spec is not None else None
+    if unit is None or unit.raised_base is None:
         return None
-    if spec.method == "ntk":
-        return theta * spec.factor ** (d / (d - 2))
-    L = spec.original_max_position_embeddings or cfg["max_position_embeddings"]
-    return theta * (spec.factor * T / L - (spec.factor - 1)) ** (d / (d - 2))
+    if spec.original_max_position_embeddings is None:
+        spec = dataclasses.replace(spec, original_max_position_embeddings=cfg["max_position_embeddings"])
+    return unit.raised_base(spec, theta, d, T)
 
 
 def _unsafe_files(cfg: dict[str, Any], folder: Path) -> list[str]:

@@ -45,11 +45,9 @@ _HF = TARGETS["transformers"]
 def _forms(spec, theta: float, dim: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
     """Candidate rope dicts (5.x flat layout), the portable default first."""
     forms = [portable.saved_rope(spec, {"rope_type": "default", "rope_theta": theta, **extra}, dim)]
-    if spec.method in ("yarn", "ntk_by_parts"):
+    if forms[0]["rope_type"] == "yarn":  # a YaRN-family saved form (yarn, ntk_by_parts)
         s = spec.factor
-        t = 1.0 if spec.method == "ntk_by_parts" else (
-            spec.attention_factor if spec.attention_factor is not None
-            else yarn_mscale(s, spec.mscale_coefficient))
+        t = portable.yarn_temperature(forms[0])
         g = yarn_mscale(s)  # the readers' own 0.1·ln s + 1
         m = (t * g - 1) / (0.1 * math.log(s))  # mscale(s, m) / mscale(s, 1) = t
         if m > 0:  # transformers reads mscale / mscale_all_dim only when both are non-zero
@@ -125,7 +123,8 @@ def export(model_or_path, out, target: str, gguf=None):
         block = portable.block(spec, theta)
         readers = TARGETS[key] + _HF
         chosen, first = None, None
-        for form in _forms(spec, theta, dim, extra):
+        forms = _forms(spec, theta, dim, extra)
+        for form in forms:
             candidate = _with_rope(cfg, form, block)
             results = [verdict(r, candidate, target_meaning) for r in readers]
             first = first or results
@@ -140,7 +139,7 @@ def export(model_or_path, out, target: str, gguf=None):
                             for v in blame)
             hint = (" llama.cpp reads no YaRN temperature or betas from the converter's keys: "
                     "use --target gguf on the converter's GGUF instead."
-                    if key == "llama.cpp" and spec.method in ("yarn", "ntk_by_parts") else "")
+                    if key == "llama.cpp" and forms[0]["rope_type"] == "yarn" else "")
             raise ValueError(f"export refused: {target} cannot run {target_meaning.label} exactly "
                              f"in any form hf_posext knows: {why}.{hint}")
     with atomic_output(out) as tmp:

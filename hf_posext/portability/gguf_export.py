@@ -24,10 +24,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from . import engines
+from . import engines, portable
 from .atomic import atomic_output
-from ..rope.methods import yarn_mscale
 from .meaning import TOLERANCE, errors
+from ..rope.units import STATIC_METHODS
 
 _READS_YARN_KEYS = ("grok", "mistral3")  # architectures whose runtime reads the yarn_* keys
 _UNREAD = ("yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_ext_factor",
@@ -49,30 +49,31 @@ def rope_keys(target) -> tuple[dict[str, Any], dict[str, float]]:
     spec, theta, d = target.spec, target.theta, target.dim
     if spec is None:
         return {"rope.freq_base": theta, "rope.scaling.type": "none"}, {}
-    L = spec.original_max_position_embeddings
-    if spec.method == "linear":
-        keys, flags = {"rope.freq_base": theta, "rope.scaling.type": "linear",
-                       "rope.scaling.factor": spec.factor}, {}
-        reading = engines.Reading(engines.static(engines.plain(d, theta) / spec.factor))
-    elif spec.method == "ntk":  # plain RoPE on the raised base (portable.saved_rope)
-        base = theta * spec.factor ** (d / (d - 2))
-        keys, flags = {"rope.freq_base": base, "rope.scaling.type": "none"}, {}
-        reading = engines.Reading(engines.static(engines.plain(d, base)))
-    elif spec.method in ("yarn", "ntk_by_parts"):
-        t = 1.0 if spec.method == "ntk_by_parts" else (
-            spec.attention_factor if spec.attention_factor is not None
-            else yarn_mscale(spec.factor, spec.mscale_coefficient))
-        attn = t / engines.mscale(spec.factor)
-        keys = {"rope.freq_base": theta, "rope.scaling.type": "yarn",
-                "rope.scaling.factor": spec.factor, "rope.scaling.original_context_length": L,
-                "rope.scaling.attn_factor": attn}
-        flags = {k: v for k, v, default in (("yarn_beta_fast", spec.beta_fast, 32.0),
-                                            ("yarn_beta_slow", spec.beta_slow, 1.0)) if v != default}
-        reading = engines.gguf_reading(d, theta, spec.factor, L, attn, spec.beta_fast, spec.beta_slow)
-    else:
+    if spec.is_dynamic:
         raise ValueError(f"export refused: llama.cpp builds one rope table, so {spec.method!r} "
                          "(a length-dependent method) cannot run in it; choose a static method "
-                         "(linear, ntk, ntk_by_parts, yarn) for the length you serve.")
+                         f"({', '.join(STATIC_METHODS)}) for the length you serve.")
+    # What llama.cpp runs is told by the method's saved form (portable.saved_rope), not its name.
+    saved = portable.saved_rope(spec, {"rope_type": "default", "rope_theta": theta}, d)
+    kind, base = saved["rope_type"], float(saved["rope_theta"])
+    if kind == "default":  # e.g. NTK-aware: plain RoPE on the raised base
+        keys, flags = {"rope.freq_base": base, "rope.scaling.type": "none"}, {}
+        reading = engines.Reading(engines.static(engines.plain(d, base)))
+    elif kind == "linear":
+        keys, flags = {"rope.freq_base": base, "rope.scaling.type": "linear",
+                       "rope.scaling.factor": spec.factor}, {}
+        reading = engines.Reading(engines.static(engines.plain(d, base) / spec.factor))
+    elif kind == "yarn":
+        L, s = saved["original_max_position_embeddings"], spec.factor
+        attn = portable.yarn_temperature(saved) / engines.mscale(s)
+        keys = {"rope.freq_base": base, "rope.scaling.type": "yarn", "rope.scaling.factor": s,
+                "rope.scaling.original_context_length": L, "rope.scaling.attn_factor": attn}
+        flags = {k: v for k, v, default in (("yarn_beta_fast", saved["beta_fast"], 32.0),
+                                            ("yarn_beta_slow", saved["beta_slow"], 1.0)) if v != default}
+        reading = engines.gguf_reading(d, base, s, L, attn, saved["beta_fast"], saved["beta_slow"])
+    else:
+        raise ValueError(f"export refused: {spec.method!r} is saved as rope_type {kind!r}, which "
+                         "llama.cpp's GGUF keys cannot express.")
     freq_err, scale_err = errors(reading, target)
     if max(freq_err, scale_err) > TOLERANCE:  # a guard on the formulas above, not a user error
         raise ValueError(f"export refused: the GGUF keys would run {target.label} with relative "

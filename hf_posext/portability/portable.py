@@ -1,17 +1,12 @@
 """Save every method in the form most readers load exactly without hf_posext (docs/portability.md).
 
-What config.json carries for a model patched with a method (the *saved* rope):
+What config.json carries for a model patched with a method (the *saved* rope) is the method
+unit's saved form (`rope/units.py`; docs/portability.md tabulates it, checked against the units
+by tests/test_units.py): transformers' own type or plain RoPE wherever the method equals one
+(`ntk`: plain RoPE on the raised base; `ntk_by_parts`: `yarn` with `attention_factor` 1), so
+only `dynamic_yarn` needs `import hf_posext`.
 
-| method         | saved rope                                                  | exact without hf_posext |
-|----------------|-------------------------------------------------------------|-------------------------|
-| `linear`       | transformers' `linear`                                      | yes                     |
-| `ntk`          | plain RoPE (`default`) with `rope_theta = b·s^(d/(d−2))`    | yes                     |
-| `dynamic_ntk`  | transformers' `dynamic`                                     | yes                     |
-| `ntk_by_parts` | transformers' `yarn` with `attention_factor: 1.0`           | yes                     |
-| `yarn`         | transformers' `yarn`                                        | yes                     |
-| `dynamic_yarn` | hf_posext's registered `dynamic_yarn`                       | **no**: needs `import hf_posext` |
-
-The first five are the same frequencies and cos/sin scale bit for bit (static NTK is plain RoPE
+These are the same frequencies and cos/sin scale bit for bit (static NTK is plain RoPE
 with another base, by its definition; NTK-by-parts is YaRN without the temperature). What the
 portable form loses — which method it was, the original base and the trained length L — goes into
 one block of config.json, `config.hf_posext` (BLOCK), read back by `logical_rope` so that
@@ -29,8 +24,9 @@ from .._version import __version__
 from ..rope.compat import get_rope_parameters, rotary_dim
 from ..rope.config import RopeExtensionConfig, method_of_rope_type
 from ..rope.longrope import longrope_form
-from ..rope.methods import ntk_base
 from ..rope.registry import LONGROPE_ONLY
+from ..rope.methods import yarn_mscale
+from ..rope.units import UNITS
 from .engines import NotApplicable, transformers_reading
 from .meaning import TOLERANCE, errors, meaning_of
 
@@ -42,22 +38,24 @@ def saved_rope(spec: RopeExtensionConfig, base: dict[str, Any], dim: int,
     """The rope dict (5.x flat layout, with rope_theta) written for `spec` on top of the plain
     RoPE `base` ({"rope_type": "default", "rope_theta", maybe "partial_rotary_factor"}).
     `longrope_only`: the model's config accepts only plain RoPE and `longrope` (Phi-3,
-    `registry.LONGROPE_ONLY`), so every static method but NTK goes in its longrope form."""
+    `registry.LONGROPE_ONLY`), so every static method goes in its longrope form unless its
+    saved form is plain RoPE (NTK's raised theta). The saved form is the method unit's own
+    (`units.RopeMethod.saved`), else its logical rope dict."""
     theta = float(base["rope_theta"])
     extra = {k: v for k, v in base.items() if k == "partial_rotary_factor"}
-    if longrope_only and spec.method != "ntk":
+    unit = UNITS[spec.method]
+    saved = unit.saved(spec, theta, dim) if unit.saved is not None else spec.to_rope_dict(theta)
+    if longrope_only and saved["rope_type"] != "default":
         return longrope_form(spec, dim, theta, **extra)
-    if spec.method == "ntk":
-        # NTK-aware is default RoPE with the raised base (methods.ntk computes exactly this).
-        return {"rope_type": "default", "rope_theta": ntk_base(dim, theta, spec.factor), **extra}
-    if spec.method == "ntk_by_parts":
-        # transformers' yarn (truncate=True: floor/ceil of the correction range, as
-        # methods.correction_range) with the temperature fixed to 1 is NTK-by-parts.
-        return {"rope_type": "yarn", "rope_theta": theta, "factor": spec.factor,
-                "original_max_position_embeddings": spec.original_max_position_embeddings,
-                "beta_fast": spec.beta_fast, "beta_slow": spec.beta_slow,
-                "attention_factor": 1.0, **extra}
-    return {**spec.to_rope_dict(theta), **extra}
+    return {**saved, **extra}
+
+
+def yarn_temperature(rope: dict[str, Any]) -> float:
+    """The cos/sin scale t of a saved `yarn` rope dict as transformers runs it: its
+    `attention_factor`, else YaRN's 0.1·ln s + 1 (eq. 22). Readers that take the scale from other
+    keys get it in their own form from `export`."""
+    scale = rope.get("attention_factor")
+    return float(scale) if scale is not None else yarn_mscale(float(rope["factor"]))
 
 
 def block(spec: RopeExtensionConfig, rope_theta: float) -> dict[str, Any]:

@@ -12,32 +12,19 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .methods import yarn_mscale
+from .units import ROPE_METHODS, UNITS
 
-# method -> (rope_type written into the model config, knobs it uses besides factor/L, dynamic?)
-# linear, dynamic_ntk and yarn are saved under transformers' own rope types so a checkpoint
-# loads even where hf_posext is absent; the other three are types hf_posext registers.
-_METHOD_TABLE: dict[str, tuple[str, tuple[str, ...], bool]] = {
-    "linear": ("linear", (), False),
-    "ntk": ("ntk", (), False),
-    "dynamic_ntk": ("dynamic", (), True),
-    "ntk_by_parts": ("ntk_by_parts", ("beta_fast", "beta_slow"), False),
-    "yarn": ("yarn", ("beta_fast", "beta_slow", "mscale_coefficient", "attention_factor"), False),
-    "dynamic_yarn": ("dynamic_yarn", ("beta_fast", "beta_slow", "mscale_coefficient", "finetuned"), True),
-}
-ROPE_METHODS: tuple[str, ...] = tuple(_METHOD_TABLE)
-# Every method name (+ the attention-level ones): hf_posext.catalog.METHODS, built above both.
+# ROPE_METHODS (from the units) + the attention-level names: hf_posext.catalog.METHODS.
 ALIASES = {"dynamic": "dynamic_ntk", "pi": "linear", "ntk_aware": "ntk"}
-# transformers' own rope types that hf_posext passes through untouched (no math of ours).
-PASSTHROUGH_TYPES = {
-    "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
-    "longrope": {"factor", "original_max_position_embeddings", "short_factor", "long_factor",
-                 "attention_factor"},
+# transformers' own rope types that hf_posext passes through untouched (no math of ours):
+# type -> (required keys, optional keys). The required ones have no default in transformers (its
+# validators would raise deep inside `patch`; the patcher names them first).
+PASSTHROUGH: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "llama3": (("low_freq_factor", "high_freq_factor"), ("factor", "original_max_position_embeddings")),
+    "longrope": (("short_factor", "long_factor"),
+                 ("factor", "original_max_position_embeddings", "attention_factor")),
 }
-# YaRN paper defaults for Llama (§3.2): alpha = beta_slow = 1, beta = beta_fast = 32.
-DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale_coefficient": 0.1, "attention_factor": None,
-            "finetuned": False}
-_KNOBS = ("beta_fast", "beta_slow", "mscale_coefficient", "attention_factor", "finetuned")
+PASSTHROUGH_TYPES = {t: set(req + opt) for t, (req, opt) in PASSTHROUGH.items()}
 
 
 def canonical_method(method: str, known: tuple[str, ...] = ROPE_METHODS) -> str:
@@ -55,17 +42,17 @@ def canonical_method(method: str, known: tuple[str, ...] = ROPE_METHODS) -> str:
 
 
 def rope_type_of(method: str) -> str:
-    return _METHOD_TABLE[canonical_method(method)][0]
+    return UNITS[canonical_method(method)].rope_type
 
 
 def is_dynamic(method: str) -> bool:
-    return _METHOD_TABLE[canonical_method(method)][2]
+    return UNITS[canonical_method(method)].dynamic
 
 
 def method_of_rope_type(rope_type: str) -> str | None:
     """The hf_posext method a transformers rope_type stands for, or None."""
-    for name, (rtype, _, _) in _METHOD_TABLE.items():
-        if rtype == rope_type:
+    for name, unit in UNITS.items():
+        if unit.rope_type == rope_type:
             return name
     return None
 
@@ -123,21 +110,21 @@ class RopeExtensionConfig:
                 raise ValueError(f"original_max_position_embeddings must be a positive integer "
                                  f"(the trained context length), got {L!r}")
             set_(self, "original_max_position_embeddings", int(L))
-        used = _METHOD_TABLE[self.method][1]
-        for knob in _KNOBS:
+        used = tuple(UNITS[self.method].knobs)
+        for knob in KNOBS:
             value = getattr(self, knob)
             if knob not in used:
                 if value is not None:
                     raise ValueError(f"{self.method!r} does not use {knob!r} (it uses: "
                                      f"{', '.join(('factor',) + used)}). Remove it, or pick a "
                                      f"method that takes it, e.g. "
-                                     f"{'dynamic_yarn' if knob == 'finetuned' else 'yarn'!r}.")
+                                     f"{next(n for n, u in UNITS.items() if knob in u.knobs)!r}.")
                 continue
             if value is None:
-                value = DEFAULTS[knob]
-            if knob == "finetuned":
+                value = UNITS[self.method].knobs[knob]
+            if isinstance(UNITS[self.method].knobs[knob], bool):  # a switch, e.g. finetuned
                 if not isinstance(value, bool):
-                    raise TypeError(f"finetuned must be True or False, got {value!r}")
+                    raise TypeError(f"{knob} must be True or False, got {value!r}")
             elif value is not None:
                 value = _check_number(knob, value, minimum=0.0, strict=True)
             set_(self, knob, value)
@@ -158,8 +145,7 @@ class RopeExtensionConfig:
     @property
     def knobs(self) -> dict[str, Any]:
         """The method-specific knobs with their resolved values."""
-        return {k: getattr(self, k) for k in _METHOD_TABLE[self.method][1]
-                if getattr(self, k) is not None}
+        return {k: getattr(self, k) for k in UNITS[self.method].knobs if getattr(self, k) is not None}
 
     # -- our own layout ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -177,34 +163,18 @@ class RopeExtensionConfig:
 
     # -- transformers' layout ------------------------------------------------------------------
     def to_rope_dict(self, rope_theta: float) -> dict[str, Any]:
-        """The rope config transformers reads (`rope_parameters` in 5.x, `rope_scaling` +
-        `rope_theta` in 4.x, see `compat`). Keys follow transformers' names for its own types."""
-        if self.original_max_position_embeddings is None and self.method != "linear" \
-                and self.method != "ntk":
+        """The *logical* rope dict: the method under its own rope type (`ntk`, `ntk_by_parts`,
+        `dynamic_yarn` are types hf_posext registers with transformers), which `from_rope_dict`
+        reads back and hf_posext reasons with (`portable.logical_rope`). It is not always what
+        config.json holds: that is `portable.saved_rope`, the most portable exact form (plain RoPE
+        for `ntk`, transformers' `yarn` for `ntk_by_parts`). Keys follow transformers' names;
+        5.x flat layout with rope_theta (`compat` writes the 4.x one)."""
+        unit = UNITS[self.method]
+        if self.original_max_position_embeddings is None and unit.needs_trained_length:
             raise ValueError(f"{self.method!r} needs original_max_position_embeddings (the trained "
                              "context length); pass it or let hf_posext.patch read it from the model.")
-        d: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": float(rope_theta),
-                             "factor": self.factor}
-        if self.method in ("yarn", "ntk_by_parts", "dynamic_yarn"):
-            d["original_max_position_embeddings"] = self.original_max_position_embeddings
-            d["beta_fast"] = self.beta_fast
-            d["beta_slow"] = self.beta_slow
-        if self.method == "ntk" and self.original_max_position_embeddings is not None:
-            d["original_max_position_embeddings"] = self.original_max_position_embeddings
-        if self.method == "yarn":
-            # transformers' yarn knows no mscale coefficient: write the resulting cos/sin scale
-            # explicitly unless it is transformers' own default (0.1·ln s + 1).
-            if self.attention_factor is not None:
-                d["attention_factor"] = float(self.attention_factor)
-            elif self.mscale_coefficient != DEFAULTS["mscale_coefficient"]:
-                d["attention_factor"] = float(yarn_mscale(self.factor, self.mscale_coefficient))
-        if self.method == "dynamic_yarn":
-            d["mscale_coefficient"] = self.mscale_coefficient
-            if self.finetuned:
-                d["finetuned"] = True
-        # dynamic_ntk ("dynamic"): transformers reads L from config.max_position_embeddings,
-        # which the patcher therefore leaves at the trained length.
-        return d
+        return {"rope_type": unit.rope_type, "rope_theta": float(rope_theta), "factor": self.factor,
+                **unit.rope_keys(self)}
 
     @classmethod
     def from_rope_dict(cls, rope: dict[str, Any], max_position_embeddings: int | None = None
@@ -215,10 +185,10 @@ class RopeExtensionConfig:
         method = method_of_rope_type(rope_type)
         if method is None:
             raise ValueError(f"rope_type {rope_type!r} is not an hf_posext method; known types: "
-                             f"{sorted(t for t, _, _ in _METHOD_TABLE.values())}.")
+                             f"{sorted(u.rope_type for u in UNITS.values())}.")
         for key in ("rope_theta", "partial_rotary_factor"):
             rope.pop(key, None)
-        unsupported = set(rope) - {"factor", "original_max_position_embeddings", *_KNOBS}
+        unsupported = set(rope) - {"factor", "original_max_position_embeddings", *KNOBS}
         if unsupported:
             raise ValueError(f"rope config keys {sorted(unsupported)} of type {rope_type!r} have no "
                              "hf_posext equivalent; use transformers' own type directly.")
@@ -231,6 +201,14 @@ class RopeExtensionConfig:
                                rope.pop("factor"), minimum=1.0)
         L = rope.pop("original_max_position_embeddings", None)
         if L is None and max_position_embeddings is not None:
-            # linear: the patcher raised max_position_embeddings to s·L; dynamic: it kept L.
-            L = round(max_position_embeddings / factor) if method == "linear" else max_position_embeddings
+            L = UNITS[method].trained_length_from(max_position_embeddings, factor)
         return cls(method=method, factor=factor, original_max_position_embeddings=L, **rope)
+
+
+# The knobs a method may use: every field but the three all methods share (each unit's `knobs`
+# says which ones it uses, with their defaults). A unit naming another knob is a bug: fail on import.
+KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RopeExtensionConfig)
+                               if f.name not in ("method", "factor", "original_max_position_embeddings"))
+_stray = {n: set(u.knobs) - set(KNOBS) for n, u in UNITS.items() if set(u.knobs) - set(KNOBS)}
+if _stray:
+    raise RuntimeError(f"rope units use knobs RopeExtensionConfig has no field for: {_stray}")

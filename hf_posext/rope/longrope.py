@@ -30,6 +30,7 @@ import torch
 
 from .config import RopeExtensionConfig
 from .registry import compute
+from .units import STATIC_METHODS
 
 
 def rope_powers(dim: int, base: float) -> torch.Tensor:
@@ -60,7 +61,7 @@ def longrope_form(spec: RopeExtensionConfig, dim: int, base: float, **extra: Any
     if spec.is_dynamic:
         raise ValueError(f"{spec.method!r} has no longrope form: its frequencies follow the current "
                          "length, while longrope holds one fixed factor set per side of L. Use a "
-                         "static method (linear, ntk, ntk_by_parts, yarn).")
+                         f"static method ({', '.join(STATIC_METHODS)}).")
     if spec.original_max_position_embeddings is None:
         raise ValueError("the longrope form needs original_max_position_embeddings (the trained "
                          "length L); pass it or let hf_posext.patch read it from the model.")

@@ -8,7 +8,7 @@ types are never replaced, so models that do not use ours are untouched.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import modeling_rope_utils
@@ -16,6 +16,7 @@ from transformers import modeling_rope_utils
 from . import dynamic, methods
 from .compat import IS_V5, get_rope_parameters, rotary_dim
 from .config import RopeExtensionConfig, method_of_rope_type
+from .units import REGISTERED_ROPE_TYPES, STATIC_METHODS, UNITS
 
 # model_type -> name of its rotary embedding class in transformers. Every one builds its rotary
 # module from ROPE_INIT_FUNCTIONS and config's rope dict (4.57 and 5.23), and each is tested
@@ -40,7 +41,7 @@ LONGROPE_ONLY: dict[str, str] = {
     "phi3": ("transformers' Phi3Config accepts only rope_type 'longrope' (5.x refuses any other "
              "type; 4.57 and 5.x rewrite a saved 'yarn' to 'longrope' on load), and a dynamic "
              "method has no longrope form: its frequencies follow the current length. Use a "
-             "static method (linear, ntk, ntk_by_parts, yarn) or an attention-level one"),
+             f"static method ({', '.join(STATIC_METHODS)}) or an attention-level one"),
 }
 # On 4.x, where even the longrope form cannot be saved (reason); NTK's plain theta change can.
 LONGROPE_REFUSED_V4: dict[str, str] = {} if IS_V5 else {
@@ -62,32 +63,12 @@ if not IS_V5:
         "'dynamic', 'factor'} and refuses any other rope config on load, so an extended OLMo 2 "
         "checkpoint could not be reloaded. Use transformers 5.x, where OLMo 2 is supported")
 
-# method -> f(spec, dim, base, seq_len, device) -> (inv_freq, attention_scale)
-METHOD_FUNCTIONS: dict[str, Callable[..., methods.Freqs]] = {
-    "linear": lambda c, d, b, n, dev: methods.linear(d, b, c.factor, dev),
-    "ntk": lambda c, d, b, n, dev: methods.ntk(d, b, c.factor, dev),
-    "dynamic_ntk": lambda c, d, b, n, dev: methods.dynamic_ntk(
-        d, b, c.factor, c.original_max_position_embeddings, n, dev),
-    "ntk_by_parts": lambda c, d, b, n, dev: methods.ntk_by_parts(
-        d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow, dev),
-    "yarn": lambda c, d, b, n, dev: methods.yarn(
-        d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow,
-        c.mscale_coefficient, c.attention_factor, dev),
-    "dynamic_yarn": lambda c, d, b, n, dev: methods.dynamic_yarn(
-        d, b, c.original_max_position_embeddings, n, c.beta_fast, c.beta_slow,
-        c.mscale_coefficient, c.factor if c.finetuned else 1.0, dev),
-}
-
-# The rope types hf_posext adds to transformers (the others are transformers' own).
-REGISTERED_ROPE_TYPES = ("ntk", "ntk_by_parts", "dynamic_yarn")
-
-
 def compute(spec: RopeExtensionConfig, dim: int, base: float, seq_len: int | None = None,
             device=None) -> methods.Freqs:
     """inv_freq [dim/2] (float32) and the cos/sin scale of `spec` for a rotary dim and base."""
     if isinstance(seq_len, torch.Tensor):
         seq_len = int(seq_len.max().item())
-    return METHOD_FUNCTIONS[spec.method](spec, dim, base, seq_len, device)
+    return UNITS[spec.method].compute(spec, dim, base, seq_len, device)
 
 
 def _rope_init_fn(config, device=None, seq_len=None, layer_type=None, **_: Any):

@@ -36,8 +36,9 @@ from ..rope.compat import get_rope_parameters, rotary_dim, text_config
 from ..rope.config import RopeExtensionConfig
 from ..rope.longrope import factors_of, longrope_dict, rope_powers
 from ..rope.registry import compute, rotary_modules
+from ..rope.units import STATIC_METHODS
 
-SEED_METHODS = ("linear", "ntk", "ntk_by_parts", "yarn")
+SEED_METHODS = STATIC_METHODS  # every static method seeds the search (its exact factors)
 
 
 @dataclass(frozen=True)

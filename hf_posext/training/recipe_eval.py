@@ -13,13 +13,15 @@ torchrun is the way to share a grid's cells across ranks.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from ..catalog import canonical_method
-from ..evaluation import ResultsStore, evaluate_perplexity, format_table, plot_perplexity
+from ..evaluation import (PerplexityGrid, ResultsStore, RunInfo, evaluate_perplexity, format_table,
+                          plot_perplexity)
 from ..evaluation.distributed import Ranks
 from ..evaluation.identity import checkpoint_fingerprint, loaded_fingerprint, source_fingerprint
 from .model import load_model
@@ -56,26 +58,29 @@ def evaluate_recipe(cfg, final_dir: Path, eval_ids, doc_names, out: Path, steps:
     `AutoModelForCausalLM.from_pretrained`, rope config inside)."""
 
     method, s = canonical_method(cfg.model.method), float(cfg.model.factor)
-    common = dict(lengths=sorted(cfg.eval.lengths), dataset=cfg.data.source, chunk_size=cfg.eval.chunk_size,
-                  baseline=False, progress=False, ranks=MainProcessOnly())
+    grid = PerplexityGrid(methods=[method], lengths=sorted(cfg.eval.lengths), factors=[s],
+                          knobs={method: dict(cfg.model.knobs)}, chunk_size=cfg.eval.chunk_size,
+                          baseline=False)
+    quiet = dict(progress=False, ranks=MainProcessOnly())
     labelled = []
     with ResultsStore(out, "results", resume=True) as store:
         if cfg.eval.compare_base:   # one model: cells `none` (unpatched) and `method` at s (patched)
             base = load_model(cfg.model, extend=False).eval()
             rows = evaluate_perplexity(
-                base, eval_ids, methods=[method], factors=[s], knobs={method: dict(cfg.model.knobs)},
-                store=store, model_name=cfg.model.name,
-                fingerprint=loaded_fingerprint(base, source_fingerprint(cfg.model.name)), **common)
+                base, eval_ids, grid, store=store, run=RunInfo(
+                    model_name=cfg.model.name, dataset=cfg.data.source,
+                    fingerprint=loaded_fingerprint(base, source_fingerprint(cfg.model.name))), **quiet)
             del base
             labelled += [(SERIES["base"] if r["method"] == "none" else SERIES["free"].format(m=method, s=s), r)
                          for r in rows]
         # The fine-tuned model exactly as saved (its rope config is already the extended one).
         kwargs = {"attn_implementation": cfg.model.attn_implementation} if cfg.model.attn_implementation else {}
         tuned = AutoModelForCausalLM.from_pretrained(final_dir, dtype=getattr(torch, cfg.model.dtype), **kwargs)
-        rows = evaluate_perplexity(tuned.eval(), eval_ids, methods=None, label=f"{method} fine-tuned",
-                                   store=store, model_name=f"{cfg.model.name} fine-tuned",
-                                   fingerprint=checkpoint_fingerprint(final_dir),
-                                   extra_columns={"finetune_steps": steps}, **common)
+        as_is = dataclasses.replace(grid, methods=None, label=f"{method} fine-tuned")
+        rows = evaluate_perplexity(tuned.eval(), eval_ids, as_is, store=store, run=RunInfo(
+            model_name=f"{cfg.model.name} fine-tuned", dataset=cfg.data.source,
+            fingerprint=checkpoint_fingerprint(final_dir), extra_columns={"finetune_steps": steps}),
+            **quiet)
         del tuned
         labelled += [(SERIES["tuned"].format(m=method, s=s, steps=steps), r) for r in rows]
         paths = {"csv": str(store.csv_path), "json": str(store.json_path)}

@@ -1,0 +1,131 @@
+"""One unit per rope method: everything hf_posext knows about a method, in one entry of `UNITS`.
+
+A unit holds the method's math (a plain function of `methods.py`, called with the config's
+knobs), its knobs with their defaults, the rope type its logical config uses, whether that type
+is one hf_posext registers with transformers, the form it is *saved* in (the most portable exact
+one, docs/portability.md), and the base it runs at when it extends by raising the base. Every
+table of the package is derived from `UNITS`: `RopeExtensionConfig`'s validation and rope dicts,
+`registry`'s rope-init functions and registered types, `portable.saved_rope`, the engine forms
+of `export` (which read the saved form, not method names), the CLI's `--methods` choices and the
+knob lists of `loading`, `patcher` and `evaluation.inputs`. Adding a method is one entry here
+(tests/test_units.py adds a toy method by editing only this file).
+
+Function arguments: `c` the validated `RopeExtensionConfig`, `d` the rotary dim, `b` the base
+(rope_theta), `n` the current length (None: the table is built without one), `dev` the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import methods
+
+# YaRN paper defaults for Llama (§3.2): alpha = beta_slow = 1, beta = beta_fast = 32; mscale
+# coefficient 0.1 (eq. 22). The YaRN authors' Mistral runs used 128, 2 and 0.07.
+_RAMP = {"beta_fast": 32.0, "beta_slow": 1.0}
+
+
+@dataclass(frozen=True)
+class RopeMethod:
+    """A rope method. `rope_keys(c)`: the method's keys of its logical rope dict beyond
+    rope_type / rope_theta / factor (what `from_rope_dict` reads back). `saved(c, theta, d)`:
+    the rope dict written into config.json when it differs from the logical one (None: the
+    logical one is saved). `raised_base(c, theta, d, T)`: the base it runs at length T, for
+    methods that extend by raising the base (config_audit's decay bound)."""
+
+    name: str
+    rope_type: str
+    compute: Callable[..., methods.Freqs]
+    knobs: dict[str, Any] = field(default_factory=dict)
+    rope_keys: Callable[[Any], dict[str, Any]] = lambda c: {}
+    dynamic: bool = False
+    registered: bool = False
+    needs_trained_length: bool = True
+    trained_length_from: Callable[[int, float], int] = lambda max_pos, s: max_pos
+    saved: Callable[[Any, float, int], dict[str, Any]] | None = None
+    raised_base: Callable[[Any, float, int, int], float] | None = None
+    summary: str = ""
+
+
+def _ramp_keys(c) -> dict[str, Any]:
+    return {"original_max_position_embeddings": c.original_max_position_embeddings,
+            "beta_fast": c.beta_fast, "beta_slow": c.beta_slow}
+
+
+def _yarn_keys(c) -> dict[str, Any]:
+    keys = _ramp_keys(c)
+    # transformers' yarn knows no mscale coefficient: write the resulting cos/sin scale
+    # explicitly unless it is transformers' own default (0.1·ln s + 1).
+    if c.attention_factor is not None:
+        keys["attention_factor"] = float(c.attention_factor)
+    elif c.mscale_coefficient != YARN.knobs["mscale_coefficient"]:
+        keys["attention_factor"] = float(methods.yarn_mscale(c.factor, c.mscale_coefficient))
+    return keys
+
+
+def _dynamic_yarn_keys(c) -> dict[str, Any]:
+    return {**_ramp_keys(c), "mscale_coefficient": c.mscale_coefficient,
+            **({"finetuned": True} if c.finetuned else {})}
+
+
+LINEAR = RopeMethod(
+    "linear", "linear", summary="Position Interpolation (Chen et al. 2023): positions / s",
+    compute=lambda c, d, b, n, dev: methods.linear(d, b, c.factor, dev),
+    needs_trained_length=False,
+    # the patcher raised max_position_embeddings to s·L
+    trained_length_from=lambda max_pos, s: round(max_pos / s))
+
+NTK = RopeMethod(
+    "ntk", "ntk", registered=True, summary="NTK-aware base change (bloc97 2023)",
+    compute=lambda c, d, b, n, dev: methods.ntk(d, b, c.factor, dev),
+    rope_keys=lambda c: ({"original_max_position_embeddings": c.original_max_position_embeddings}
+                         if c.original_max_position_embeddings is not None else {}),
+    needs_trained_length=False,
+    # NTK-aware is plain RoPE on the raised base (methods.ntk computes exactly this)
+    saved=lambda c, theta, d: {"rope_type": "default", "rope_theta": methods.ntk_base(d, theta, c.factor)},
+    raised_base=lambda c, theta, d, T: methods.ntk_base(d, theta, c.factor))
+
+DYNAMIC_NTK = RopeMethod(
+    # transformers' `dynamic` reads L from config.max_position_embeddings, which the patcher
+    # therefore leaves at the trained length
+    "dynamic_ntk", "dynamic", dynamic=True, summary="dynamic NTK (emozilla 2023)",
+    compute=lambda c, d, b, n, dev: methods.dynamic_ntk(
+        d, b, c.factor, c.original_max_position_embeddings, n, dev),
+    raised_base=lambda c, theta, d, T: theta * (
+        c.factor * T / c.original_max_position_embeddings - (c.factor - 1)) ** (d / (d - 2)))
+
+NTK_BY_PARTS = RopeMethod(
+    "ntk_by_parts", "ntk_by_parts", registered=True, knobs=dict(_RAMP),
+    summary="NTK-by-parts (YaRN paper §3.2)",
+    compute=lambda c, d, b, n, dev: methods.ntk_by_parts(
+        d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow, dev),
+    rope_keys=_ramp_keys,
+    # transformers' yarn (truncate=True: floor/ceil of the correction range, as
+    # methods.correction_range) with the temperature fixed to 1 is NTK-by-parts
+    saved=lambda c, theta, d: {"rope_type": "yarn", "rope_theta": theta, "factor": c.factor,
+                               **_ramp_keys(c), "attention_factor": 1.0})
+
+YARN = RopeMethod(
+    "yarn", "yarn", summary="YaRN (Peng et al. 2023, §3.4)",
+    knobs={**_RAMP, "mscale_coefficient": 0.1, "attention_factor": None},
+    compute=lambda c, d, b, n, dev: methods.yarn(
+        d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow,
+        c.mscale_coefficient, c.attention_factor, dev),
+    rope_keys=_yarn_keys)
+
+DYNAMIC_YARN = RopeMethod(
+    "dynamic_yarn", "dynamic_yarn", dynamic=True, registered=True,
+    summary="dynamic YaRN (YaRN paper §3.3)",
+    knobs={**_RAMP, "mscale_coefficient": 0.1, "finetuned": False},
+    compute=lambda c, d, b, n, dev: methods.dynamic_yarn(
+        d, b, c.original_max_position_embeddings, n, c.beta_fast, c.beta_slow,
+        c.mscale_coefficient, c.factor if c.finetuned else 1.0, dev),
+    rope_keys=_dynamic_yarn_keys)
+
+UNITS: dict[str, RopeMethod] = {u.name: u for u in (LINEAR, NTK, DYNAMIC_NTK, NTK_BY_PARTS, YARN,
+                                                     DYNAMIC_YARN)}
+ROPE_METHODS: tuple[str, ...] = tuple(UNITS)
+STATIC_METHODS: tuple[str, ...] = tuple(n for n, u in UNITS.items() if not u.dynamic)
+# The rope types hf_posext adds to transformers (the others are transformers' own).
+REGISTERED_ROPE_TYPES: tuple[str, ...] = tuple(u.rope_type for u in UNITS.values() if u.registered)

@@ -1,0 +1,184 @@
+"""A rope method is one unit (hf_posext/rope/units.py): adding one edits that file only, and the
+tables users read (README, docs/portability.md) agree with the units."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import hf_posext
+from hf_posext.portability.portable import saved_rope
+from hf_posext.rope.config import RopeExtensionConfig
+from hf_posext.rope.units import UNITS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The whole diff that adds a toy method: a unit (positions divided by s², a static rope type
+# hf_posext registers) and its name in UNITS. Nothing else in the package is edited.
+TOY_UNIT = '''
+TOY = RopeMethod(
+    "toy", "toy", registered=True, needs_trained_length=False, summary="positions / s^2",
+    compute=lambda c, d, b, n, dev: methods.linear(d, b, c.factor ** 2, dev))
+
+'''
+
+# Run in a fresh interpreter on the edited copy: everything below must come from the one unit.
+TOY_CHECKS = '''
+import json, math, pathlib, sys, tempfile
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+import hf_posext
+from hf_posext.errors import ConfigError
+from hf_posext.evaluation.inputs import parse_knobs, parse_methods
+from hf_posext.rope.longrope import longrope_form
+from hf_posext.training.factor_search import SEED_METHODS
+
+assert hf_posext.__file__.startswith(sys.argv[1]), hf_posext.__file__
+assert "toy" in hf_posext.METHODS and "toy" in hf_posext.ROPE_METHODS
+assert parse_methods("none,toy") == ["none", "toy"]          # the CLI's --methods
+assert "toy" in SEED_METHODS                                  # a static method seeds the search
+try:
+    parse_knobs("beta_fast=64", ["toy"])                      # knobs it does not use: refused
+    raise AssertionError("a knob the toy method does not use was accepted")
+except ConfigError:
+    pass
+
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+model = LlamaForCausalLM(cfg).eval()
+hf_posext.patch(model, "toy", 2.0)
+d, b = 16, 10000.0
+# the toy formula, written out independently in float64: b^(-2i/d) / s^2
+want = torch.tensor([b ** (-2 * i / d) / 4.0 for i in range(d // 2)], dtype=torch.float64)
+got = model.model.rotary_emb.inv_freq.double()
+assert torch.allclose(got, want, rtol=1e-6), (got, want)
+ids = torch.randint(0, 64, (1, 100))
+with torch.no_grad():
+    logits = model(ids).logits
+with tempfile.TemporaryDirectory() as tmp:
+    model.save_pretrained(tmp)
+    saved = json.loads((pathlib.Path(tmp) / "config.json").read_text())
+    rope = saved.get("rope_parameters") or saved.get("rope_scaling")
+    assert rope["rope_type"] == "toy", rope
+    again = AutoModelForCausalLM.from_pretrained(tmp).eval()   # the registered type loads
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, logits)
+    report = hf_posext.check(tmp)                              # check reads it, names it
+    assert "toy" in str(report), report
+spec = hf_posext.RopeExtensionConfig("toy", 2.0, 64)
+form = longrope_form(spec, d, b)                               # its exact longrope form
+assert form["rope_type"] == "longrope" and abs(form["short_factor"][3] - 4.0) < 1e-5
+print("toy ok")
+'''
+
+
+def test_a_toy_method_is_one_edit_of_units_py(tmp_path):
+    _run_toy(tmp_path, Path("rope/units.py"), "UNITS: dict[str, RopeMethod] = ", TOY_UNIT,
+             ("DYNAMIC_YARN)}", "DYNAMIC_YARN, TOY)}"), TOY_CHECKS)
+
+
+def _run_toy(tmp_path, source: Path, anchor: str, unit: str, listing: tuple[str, str], checks: str):
+    """Copy the package, add `unit` before `anchor` in `source` and list it; check that this is
+    the only file changed, then run `checks` against the copy in a fresh interpreter."""
+    copy = tmp_path / "hf_posext"
+    shutil.copytree(ROOT / "hf_posext", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (copy / source).read_text()
+    assert anchor in text and listing[0] in text
+    (copy / source).write_text(text.replace(anchor, unit.lstrip("\n") + anchor).replace(*listing))
+    changed = [p.relative_to(copy) for p in copy.rglob("*") if p.is_file()
+               and p.read_bytes() != (ROOT / "hf_posext" / p.relative_to(copy)).read_bytes()]
+    assert changed == [source]
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(checks), str(tmp_path)],
+                         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf"),
+                                            "HF_HUB_OFFLINE": "1"},
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "toy ok" in run.stdout, run.stderr[-3000:]
+
+
+# An attention-level toy: ReRoPE with a window of L/4 by default, as one unit.
+TOY_ATTENTION_UNIT = '''
+TOY_WINDOW = AttentionMethod("toy_window", lambda L: {"window": L // 4}, logn=True,
+                             plan=partial(_rerope_plan, leaky=False))
+
+'''
+
+TOY_ATTENTION_CHECKS = '''
+import sys, tempfile
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+import hf_posext
+from hf_posext.evaluation.inputs import parse_knobs, parse_methods
+
+assert hf_posext.__file__.startswith(sys.argv[1]), hf_posext.__file__
+assert "toy_window" in hf_posext.METHODS and "toy_window" in hf_posext.ATTENTION_METHODS
+assert parse_methods("toy_window") == ["toy_window"]
+parse_knobs("toy_window:window=8", ["toy_window"])
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+base = LlamaForCausalLM(cfg).eval()
+ids = torch.randint(0, 64, (1, 150))
+with torch.no_grad():
+    plain = base(ids).logits
+    hf_posext.patch(base, "rerope", 2.0, window=16)      # the same rule, spelled as ReRoPE
+    want = base(ids).logits
+    hf_posext.unpatch(base)
+    hf_posext.patch(base, "toy_window", 2.0)             # window L/4 = 16 by default
+    got = base(ids).logits
+assert torch.equal(got, want) and not torch.allclose(got, plain)
+with tempfile.TemporaryDirectory() as tmp:
+    base.save_pretrained(tmp)
+    again = hf_posext.from_pretrained(tmp).eval()
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, got)
+print("toy ok")
+'''
+
+
+def test_a_toy_attention_method_is_one_edit_of_attention_units_py(tmp_path):
+    _run_toy(tmp_path, Path("attention/units.py"), "UNITS: dict[str, AttentionMethod] = ",
+             TOY_ATTENTION_UNIT, ("DUAL_CHUNK, STRING, LOGN)}", "DUAL_CHUNK, STRING, LOGN, TOY_WINDOW)}"),
+             TOY_ATTENTION_CHECKS)
+
+
+def _table_rows(text: str, heading: str) -> dict[str, str]:
+    """method -> its saved-form cell, from the first markdown table after `heading`."""
+    section = text[text.index(heading):]
+    rows = {}
+    for line in section.splitlines()[1:]:
+        if line.startswith("## "):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        match = re.match(r"`(\w+)`", cells[0]) if line.startswith("|") else None
+        if match:
+            rows[match.group(1)] = cells[1]
+    return rows
+
+
+@pytest.mark.parametrize("doc, heading", [("README.md", "## Methods"),
+                                          ("docs/portability.md", "## 1. The saved form")])
+def test_saved_form_tables_agree_with_the_units(doc, heading):
+    rows = _table_rows((ROOT / doc).read_text(), heading)
+    assert set(rows) == set(UNITS), f"{doc}: rows {sorted(rows)} vs units {sorted(UNITS)}"
+    for name in UNITS:
+        spec = RopeExtensionConfig(name, 4.0, 4096)
+        saved = saved_rope(spec, {"rope_type": "default", "rope_theta": 10000.0}, 128)
+        kind = "plain RoPE" if saved["rope_type"] == "default" else saved["rope_type"]
+        assert kind in rows[name], f"{doc}: {name} is saved as {kind!r}, the table says {rows[name]!r}"
+        if saved.get("attention_factor") == 1.0:  # NTK-by-parts: yarn without the temperature
+            assert "attention_factor: 1.0" in rows[name]
+
+
+def test_units_name_their_knobs_and_types_once():
+    for name, unit in UNITS.items():
+        spec = RopeExtensionConfig(name, 2.0, 4096)
+        assert set(spec.knobs) <= set(unit.knobs), name
+        assert hf_posext.rope.config.rope_type_of(name) == unit.rope_type
+    assert len({u.rope_type for u in UNITS.values()}) == len(UNITS)
