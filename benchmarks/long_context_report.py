@@ -9,7 +9,8 @@ import json
 import textwrap
 from pathlib import Path
 
-from hf_posext.evaluation.results import format_length
+from hf_posext.evaluation.perplexity import annotate
+from hf_posext.evaluation.results import format_length, pivot
 
 HERE = Path(__file__).resolve().parent
 EVAL_DIR = HERE.parent / "docs" / "results" / "eval"
@@ -32,20 +33,17 @@ def _label(r: dict) -> str:
 
 
 def _cells(rows: list[dict]) -> tuple[list[str], dict]:
-    labels, cells = [], {}
-    for r in rows:
-        label = _label(r)
-        labels += [label] if label not in labels else []
-        cells[(label, int(r["length"]))] = r
+    labels, _, cells = pivot(rows, label_of=_label)
     return labels, cells
 
 
 def _with_ratios(rows: list[dict]) -> list[dict]:
-    """Each truncate row with `ratio` = its perplexity / the baseline row's at its length (the
-    grid writes ratio_to_sliding only when a run ends; this also reads runs still going)."""
-    base = {int(r["length"]): r["perplexity"] for r in rows if r["protocol"] == "baseline"}
-    return [{**r, "ratio": r["perplexity"] / base[int(r["length"])]}
-            if r["protocol"] == "truncate" and int(r["length"]) in base else r for r in rows]
+    """Copies of the rows with `ratio` = `ratio_to_sliding`, derived by the grid's own
+    `annotate` (rows of a run still going have none stored yet)."""
+    rows = [dict(r) for r in rows]
+    annotate(rows)
+    return [{**r, "ratio": r["ratio_to_sliding"]} if r.get("ratio_to_sliding") is not None else r
+            for r in rows]
 
 
 def demo_table(rows: list[dict], lengths: tuple[int, ...] = LENGTHS) -> str:

@@ -18,7 +18,8 @@ from _evalkit import random_doc, tiny_model
 from hf_posext.evaluation import perplexity as ppl_mod
 from hf_posext.evaluation.perplexity import evaluate_perplexity, truncate_nll
 from hf_posext.evaluation.settings import PerplexityGrid
-from hf_posext.evaluation.results import ResultsStore, format_table, plot_perplexity
+from hf_posext.evaluation.results import format_table, plot_perplexity
+from hf_posext.evaluation.store import ResultsStore
 
 DOCS = [random_doc(160, seed=11), random_doc(200, seed=12)]
 
@@ -124,7 +125,7 @@ KILLED_RUN = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from _evalkit import random_doc, tiny_model
     from hf_posext.evaluation import perplexity as P
-    from hf_posext.evaluation.results import ResultsStore
+    from hf_posext.evaluation.store import ResultsStore
     calls = []
     real = P.truncate_positions
     def dying(*a, **k):

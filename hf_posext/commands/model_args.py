@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoTokenizer
 
-from ..data.embedded import DEFAULT_MODEL, load_model, load_tokenizer
+from ..data.embedded import resolve_model
 from ..loading import from_pretrained
 
 
@@ -22,16 +22,13 @@ def model_kwargs(args) -> dict:
 
 
 def load_tokenizer_from(args):
-    if args.model == DEFAULT_MODEL:
-        return load_tokenizer()
-    kwargs = {k: v for k, v in model_kwargs(args).items() if k in ("revision", "gguf_file")}
-    return AutoTokenizer.from_pretrained(args.model, **kwargs)
+    path, gguf = resolve_model(args.model, args.gguf_file)
+    kwargs = {"revision": args.revision} if args.revision else {}
+    return AutoTokenizer.from_pretrained(path, **kwargs, **({"gguf_file": gguf} if gguf else {}))
 
 
 def load_model_from(args):
     kwargs = model_kwargs(args)
-    if args.model == DEFAULT_MODEL:
-        model = load_model(**kwargs)
-    else:
-        model = from_pretrained(args.model, **kwargs)
+    path, kwargs["gguf_file"] = resolve_model(args.model, args.gguf_file)
+    model = from_pretrained(path, **{k: v for k, v in kwargs.items() if v is not None})
     return (model if args.device_map else model.to(args.device)).eval()

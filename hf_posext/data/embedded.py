@@ -37,6 +37,17 @@ def model_location() -> tuple[str, str]:
     return str(folder), GGUF_NAME
 
 
+def resolve_model(name: str, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """(folder or Hub id, gguf_file) to load what a model name means: the embedded default's
+    wheel folder and GGUF for `DEFAULT_MODEL`, anything else as given. The one place a loader
+    (the CLI's, the recipe's, the fingerprint's, the evaluate module's) tells them apart."""
+    if isinstance(name, str) and name.startswith("embedded:"):
+        if name != DEFAULT_MODEL:
+            raise ValueError(f"Unknown embedded model {name!r}; the only one is {DEFAULT_MODEL!r}.")
+        return model_location()
+    return name, gguf_file
+
+
 def load_model(method=None, factor=None, **kwargs):
     """The embedded SmolLM2-135M through `hf_posext.from_pretrained` (about 30 s on 2 CPU cores)."""
     folder, gguf = model_location()

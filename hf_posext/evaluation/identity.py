@@ -21,7 +21,7 @@ import torch
 import transformers
 
 from .._version import __version__
-from ..data.embedded import DEFAULT_MODEL, model_location
+from ..data.embedded import resolve_model
 from ..rope.compat import text_config
 from ..rope.registry import rotary_modules
 
@@ -71,9 +71,7 @@ def source_fingerprint(model: str, gguf_file: str | None = None, revision: str |
     files, the embedded GGUF, or the git commit of a Hub snapshot already in the local cache
     (git commits are content hashes). None for a Hub model not cached yet (see `loaded_fingerprint`)."""
 
-    if model == DEFAULT_MODEL:
-        folder, gguf = model_location()
-        return checkpoint_fingerprint(folder, gguf)
+    model, gguf_file = resolve_model(model, gguf_file)
     path = Path(model).expanduser()
     if path.is_dir():
         return checkpoint_fingerprint(path, gguf_file)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .buckets import curve, doc_perplexities
-from .store import ResultsStore  # noqa: F401  (its historical home; kept importable from here)
 
 
 def format_length(n: int) -> str:
@@ -24,11 +23,13 @@ def _series_label(row: dict) -> str:
     return f"{row['method']} (s={spec})" if spec and spec != "auto" else row["method"]
 
 
-def pivot(rows: Sequence[dict], value: str) -> tuple[list[str], list[int], dict]:
-    """(series labels, lengths, {(label, length): row}) for a table or plot."""
+def pivot(rows: Sequence[dict], value: str = "perplexity", label_of: Callable[[dict], str] | None = None
+          ) -> tuple[list[str], list[int], dict]:
+    """(series labels, lengths, {(label, length): row}) for a table or plot; `label_of` names
+    a row's series (default: method and factor)."""
     labels, lengths, cells = [], [], {}
     for r in rows:
-        label = _series_label(r)
+        label = (label_of or _series_label)(r)
         if label not in labels:
             labels.append(label)
         if int(r["length"]) not in lengths:

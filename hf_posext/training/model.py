@@ -11,13 +11,10 @@ from ..portability.portable import method_spec
 from ..rope.compat import text_config
 from .pose import PoseCollator
 
-EMBEDDED_PREFIX = "embedded:"
-
 
 def load_tokenizer(name: str):
-    if name.startswith(EMBEDDED_PREFIX):
-        return embedded.load_tokenizer()
-    return AutoTokenizer.from_pretrained(name)
+    path, gguf = embedded.resolve_model(name)
+    return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf} if gguf else {}))
 
 
 def load_model(mc, extend: bool = True):
@@ -27,11 +24,10 @@ def load_model(mc, extend: bool = True):
     if mc.attn_implementation:
         kwargs["attn_implementation"] = mc.attn_implementation
     method, factor, knobs = (mc.method, mc.factor, dict(mc.knobs)) if extend else (None, None, {})
-    if mc.name.startswith(EMBEDDED_PREFIX):
-        if mc.name != embedded.DEFAULT_MODEL:
-            raise ValueError(f"Unknown embedded model {mc.name!r}; the only one is {embedded.DEFAULT_MODEL!r}.")
-        return embedded.load_model(method, factor, **knobs, **kwargs)
-    return from_pretrained(mc.name, method, factor, **knobs, **kwargs)
+    path, gguf = embedded.resolve_model(mc.name)
+    if gguf:
+        kwargs["gguf_file"] = gguf
+    return from_pretrained(path, method, factor, **knobs, **kwargs)
 
 
 def special_id(tokenizer, setting: str | None, which: str) -> int | None:

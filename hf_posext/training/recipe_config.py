@@ -21,6 +21,7 @@ import os
 
 from ..catalog import canonical_method
 from ..data.documents import looks_like_path
+from ..data.embedded import DEFAULT_MODEL
 from ..errors import ConfigError
 from ..rope.config import RopeExtensionConfig
 from . import data as datalib
@@ -241,11 +242,13 @@ def validate(cfg: RecipeConfig) -> None:
 def _validate(cfg: RecipeConfig) -> None:
     m, t, p, e = cfg.model, cfg.training, cfg.pose, cfg.eval
     canonical_method(m.method)                        # unknown method -> ValueError naming METHODS
-    from .model import EMBEDDED_PREFIX
-    if not m.name.startswith(EMBEDDED_PREFIX) and looks_like_path(m.name) \
+    if m.name.startswith("embedded:") and m.name != DEFAULT_MODEL:
+        raise ValueError(f"model.name {m.name!r}: unknown embedded model; the only one is "
+                         f"{DEFAULT_MODEL!r}.")
+    if not m.name.startswith("embedded:") and looks_like_path(m.name) \
             and not os.path.isdir(os.path.expanduser(m.name)):
         raise ValueError(f"model.name {m.name!r}: no such folder; pass a saved model folder, a Hub id "
-                         f"or {EMBEDDED_PREFIX}<name>.")
+                         f"or {DEFAULT_MODEL}.")
     RopeExtensionConfig(canonical_method(m.method), m.factor, **m.knobs)  # factor < 1, bad knobs
     for name in ("seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "save_every",
                  "keep_checkpoints"):
