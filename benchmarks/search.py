@@ -9,7 +9,9 @@ same tokens (docs/results/eval/long-context-code, `python benchmarks/long_contex
 Not a timed test: run by hand, each step in the background under nice.
 
     python benchmarks/search.py tune       # hf-posext search ... -> results/search-lear-16k/
+    python benchmarks/search.py compare    # gradient vs evolution, same budget -> results/search-compare/
     python benchmarks/search.py heldout    # plain-transformers scores -> results/search.json
+    python benchmarks/search.py heldout --only evolution --lengths 16384   # a compare checkpoint
     python benchmarks/search.py report     # results/search.md and search_curve.png
 """
 
@@ -100,15 +102,90 @@ def baseline_row() -> dict:
 
 
 def curve(rows: list[dict]) -> list[tuple[float, float]]:
-    """(minutes, best proxy perplexity so far / the best seed's) after each seed and step."""
+    """(minutes, best proxy perplexity so far / the best seed's) after each seed, gradient step
+    and evolutionary candidate."""
     seeds = [r for r in rows if r["kind"] == "seed"]
     start = min(r["nll"] for r in seeds)
     pts, best = [], float("inf")
     for r in rows:
-        if r["kind"] in ("seed", "step"):
-            best = min(best, r["nll"] if r["kind"] == "seed" else r["checked"])
+        if r["kind"] in ("seed", "step", "candidate"):
+            best = min(best, r["checked"] if r["kind"] == "step" else r["nll"])
             pts.append((r["elapsed"] / 60, math.exp(best - start)))
     return pts
+
+
+COMPARE = HERE / "results" / "search-compare"
+COMPARE_BUDGET = 15.0   # minutes per algorithm, the shared baseline and seeds included
+
+
+def compare(budget: float) -> None:
+    """Gradient vs evolutionary search for the same wall-clock budget on this 2-core CPU, in
+    one process (the model loads once): the same King Lear tokens, 16k target, 4k proxy. The
+    gradient run computes the sliding baseline and the four seeds; the evolutionary run's log
+    starts with copies of those rows (their clock included), so both spend the same budget on
+    the same start and differ only in how they search."""
+    from hf_posext.data import embedded
+    from hf_posext.data.documents import load_documents
+    from hf_posext.evaluation.data import TokenCache, select_documents
+    from hf_posext.training.evolution import evolve, evolution_label
+    from hf_posext.training.factor_search import save_best
+    from hf_posext.training.gradient import search
+
+    tok, model = embedded.load_tokenizer(), embedded.load_model()
+    docs = select_documents(load_documents("embedded:shakespeare/king-lear"), TokenCache(tok), TARGET + 1, 1)
+    common = dict(budget_minutes=budget, proxy_length=4096, data=docs.fingerprint, final_check=False)
+    grad_dir, evo_dir = COMPARE / "gradient", COMPARE / "evolution"
+    result = search(model, docs.docs, TARGET, grad_dir / "search_log.jsonl", lr=0.02, **common)
+    save_best(model, tok, result, grad_dir, TARGET)
+    grad_rows = [json.loads(line) for line in open(grad_dir / "search_log.jsonl")]
+    evo_log = evo_dir / "search_log.jsonl"
+    if not evo_log.is_file():
+        evo_dir.mkdir(parents=True, exist_ok=True)
+        settings = {**grad_rows[0]["settings"], "lr": 0.0, "algorithm": evolution_label()}
+        start = [{"kind": "settings", "settings": settings}] + \
+            [r for r in grad_rows if r["kind"] in ("baseline", "seed")]
+        evo_log.write_text("".join(json.dumps(r) + "\n" for r in start))
+    result = evolve(model, docs.docs, TARGET, evo_log, **common)
+    save_best(model, tok, result, evo_dir, TARGET)
+
+
+def compare_section(base: dict, held: dict) -> list[str]:
+    """The gradient-vs-evolution table and search_compare.png, from the two logs."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    logs = {name: [json.loads(line) for line in open(COMPARE / name / "search_log.jsonl") if line.strip()]
+            for name in ("gradient", "evolution") if (COMPARE / name / "search_log.jsonl").is_file()}
+    if not logs:
+        return []
+    lines = ["", "## Gradient vs evolutionary search, same budget (`python benchmarks/search.py compare`)", "",
+             f"King Lear, 16k target, 4k proxy, {COMPARE_BUDGET:g} minutes each on this quiet 2-core CPU "
+             "(the sliding baseline and the four seeds computed once, their time counted in both).", "",
+             "| algorithm | evaluations | best proxy perplexity / best seed's | best found | held-out 16k ratio to sliding-8k |",
+             "|---|---|---|---|---|"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for name, log in logs.items():
+        pts = curve(log)
+        evaluations = sum(r["kind"] in ("step", "candidate") for r in log)
+        kind = "step" if name == "gradient" else "candidate"
+        best = min((r for r in log if r["kind"] in ("seed", kind)),
+                   key=lambda r: r["checked"] if r["kind"] == "step" else r["nll"])
+        found = best.get("method") or (f"step {best['step']}" if kind == "step" else f"generation {best['generation']}")
+        row = held.get(f"searched ({name})")
+        ratio = f"{math.exp(row['nll'][str(TARGET)]) / base['perplexity']:.4f}" if row and str(TARGET) in row["nll"] else "not scored"
+        lines.append(f"| {name} | {evaluations} {kind}s | {pts[-1][1]:.4f} | {found} | {ratio} |")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("minutes since the search started (baseline and seeds first)")
+    ax.set_ylabel("best proxy perplexity so far\n/ best seed's")
+    ax.set_title("search on King Lear, 16k target, 4k proxy: lower is better")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(HERE / "results" / "search_compare.png", dpi=100)
+    plt.close(fig)
+    return lines + ["", "![best proxy perplexity vs time](search_compare.png)"]
 
 
 def report() -> None:
@@ -144,6 +221,7 @@ def report() -> None:
     if check:
         lines.append(f"Tuning text (King Lear) at 16k: searched {math.exp(check[-1]['nll']):.4f} vs "
                      f"sliding-8k {math.exp(tune['nll']):.4f}, ratio {check[-1]['ratio']:.4f}.")
+    lines += compare_section(base, held)
     (HERE / "results" / "search.md").write_text("\n".join(lines) + "\n")
     pts = curve(log)
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -159,16 +237,24 @@ def report() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["tune", "heldout", "report"])
-    p.add_argument("--only", default=None, help="heldout: one of searched, yarn")
+    p.add_argument("step", choices=["tune", "compare", "heldout", "report"])
+    p.add_argument("--only", default=None,
+                   help="heldout: one of searched, yarn, gradient, evolution (the compare step's)")
+    p.add_argument("--budget-minutes", type=float, default=COMPARE_BUDGET,
+                   help=f"compare: minutes per algorithm (default {COMPARE_BUDGET:g})")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
                    help="heldout: comma-separated lengths (default 4096,8192,16384)")
     args = p.parse_args()
     if args.step == "tune":
         from hf_posext import cli
         raise SystemExit(cli.main(TUNE_ARGV))
+    if args.step == "compare":
+        compare(args.budget_minutes)
     if args.step == "heldout":
         lengths = [int(n) for n in args.lengths.split(",")]
+        for name in ("gradient", "evolution"):
+            if args.only == name:
+                print(score(f"searched ({name})", str(COMPARE / name), None, lengths))
         if args.only in (None, "yarn"):
             print(score("yarn (s=2)", None, 2.0, lengths))
         if args.only in (None, "searched"):

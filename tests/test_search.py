@@ -19,7 +19,8 @@ from test_longrope import load_plain
 import hf_posext
 from hf_posext import cli
 from hf_posext.commands import search as search_cmd
-from hf_posext.training.factor_search import SEED_METHODS, _Factors, _Installed, proxy_chunks, save_best, search
+from hf_posext.training.factor_search import SEED_METHODS, _Factors, _Installed, proxy_chunks, save_best
+from hf_posext.training.gradient import search
 from hf_posext.rope.longrope import rope_powers
 
 pytestmark = pytest.mark.usefixtures("one_thread")

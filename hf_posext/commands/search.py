@@ -19,7 +19,9 @@ from ..data.documents import TextSource, load_documents
 from ..data.embedded import DEFAULT_MODEL
 from ..evaluation.data import TokenCache, select_documents
 from ..evaluation.inputs import InputError, check_device, check_model_arg, parse_length
-from ..training.factor_search import save_best, search
+from ..training.evolution import evolve
+from ..training.factor_search import save_best
+from ..training.gradient import search
 from .model_args import load_model_from, load_tokenizer_from
 
 LOG_NAME = "search_log.jsonl"
@@ -42,8 +44,17 @@ def add_subcommand(sub) -> None:
                    help="tokens per gradient step: spans at their true positions spread over the "
                         "target length (default: the whole target length)")
     p.add_argument("--budget-minutes", type=float, default=60.0, help="time budget (default 60)")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
-    p.add_argument("--lr", type=float, default=0.05, help="Adam step size on the log-factors (default 0.05)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="stop after this many steps (evolution: generations)")
+    p.add_argument("--lr", type=float, default=0.05, help="gradient: Adam step size on the log-factors (default 0.05)")
+    p.add_argument("--algorithm", choices=("gradient", "evolution"), default="gradient",
+                   help="gradient: Adam on the factors, one backward per step (default); evolution: "
+                        "LongRoPE's evolutionary search, one forward per candidate")
+    p.add_argument("--population", type=int, default=8, help="evolution: candidates per generation (default 8)")
+    p.add_argument("--parents", type=int, default=3, help="evolution: best candidates bred from (default 3)")
+    p.add_argument("--sigma", type=float, default=0.05,
+                   help="evolution: std of a mutation step on a log-factor (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="evolution: random seed (default 0)")
     p.add_argument("--out", required=True, help="output folder (checkpoint + search_log.jsonl)")
     p.add_argument("--no-final-check", action="store_true",
                    help="do not score the best config over the whole target length at the end "
@@ -66,6 +77,13 @@ def _checked(args) -> tuple[int, int | None]:
         raise InputError(f"--budget-minutes must be a positive number, got {args.budget_minutes}.")
     if not (args.lr > 0 and math.isfinite(args.lr)):
         raise InputError(f"--lr must be a positive number, got {args.lr}.")
+    if args.population < 2:
+        raise InputError(f"--population must be at least 2, got {args.population}.")
+    if not 1 <= args.parents <= args.population:
+        raise InputError(f"--parents must be between 1 and --population ({args.population}), "
+                         f"got {args.parents}.")
+    if not (args.sigma > 0 and math.isfinite(args.sigma)):
+        raise InputError(f"--sigma must be a positive number, got {args.sigma}.")
     for flag, value in (("--max-docs", args.max_docs), ("--max-steps", args.max_steps)):
         if value is not None and value <= 0:
             raise InputError(f"{flag} must be a positive integer, got {value}.")
@@ -90,12 +108,17 @@ def run(args) -> int:
     args.dtype, args.revision, args.attn_implementation, args.device_map = "float32", None, None, None
     model = load_model_from(args)
     out = Path(args.out)
-    result = search(model, docs.docs, length, out / LOG_NAME, budget_minutes=args.budget_minutes,
-                    proxy_length=proxy, lr=args.lr, max_steps=args.max_steps,
-                    data=docs.fingerprint, final_check=not args.no_final_check,
-                    progress=not args.no_progress)
+    common = dict(budget_minutes=args.budget_minutes, proxy_length=proxy, data=docs.fingerprint,
+                  final_check=not args.no_final_check, progress=not args.no_progress)
+    if args.algorithm == "evolution":
+        result = evolve(model, docs.docs, length, out / LOG_NAME, population=args.population,
+                        parents=args.parents, sigma=args.sigma, seed=args.seed,
+                        max_generations=args.max_steps, **common)
+    else:
+        result = search(model, docs.docs, length, out / LOG_NAME, lr=args.lr,
+                        max_steps=args.max_steps, **common)
     rope = save_best(model, tokenizer, result, out, length)
-    print(f"best: {result.source} after {result.steps} step(s); saved as rope_type "
+    print(f"best: {result.source} after {result.steps} {'candidate' if args.algorithm == 'evolution' else 'step'}(s); saved as rope_type "
           f"{rope['rope_type']!r} in {out}")
     base = f"unpatched sliding-window baseline {math.exp(result.baseline_nll):.4f}"
     if result.checked:

@@ -1,18 +1,15 @@
-"""Search a portable `longrope` config: per-frequency rescale factors and the attention factor.
+"""Search a portable `longrope` config: what both search algorithms share.
 
 LongRoPE (Ding et al. 2024, arXiv 2402.13753, §3.2) searches one rescale factor f_i per rotary
 frequency (inv'_i = inv_i / f_i, non-decreasing from high to low frequency, f_i >= 1) plus the
-cos/sin scale, evolutionarily, on the perplexity at the target length. Here the same space is
-searched by gradient descent with the weights frozen: the loss is differentiable in inv'_i (cos
-and sin of position × inv'_i), so one backward gives all d/2 + 1 directions at once, where an
-evolutionary step needs a forward per candidate. LongRoPE's cost cuts kept: few documents (one by
-default), a shorter proxy for the gradient steps (`proxy_length`) with full-length checks, and
-early rejection (a step whose checked loss is worse than the best goes back to the best and
-halves the step size). The start is LongRoPE's: the best rope-only method's factors, i.e. the
-longrope form of linear / NTK / NTK-by-parts / YaRN (hf_posext/rope/longrope.py).
-
-Every evaluation is a row of a JSON-lines log, so a run resumes from its log: the baseline,
-the seeds and every step (parameters and Adam moments) are read back instead of recomputed.
+cos/sin scale on the perplexity at the target length. This module holds that space (`_Factors`,
+a rotary module computing cos/sin from it), the objective (mean NLL over proxy spans at their
+true positions: LongRoPE's short-proxy cost cut), the sliding-window baseline, the seeds (the
+best rope-only method's factors, LongRoPE's start: the longrope form of every static method),
+the resumable JSON-lines log (every evaluation a row, read back instead of recomputed), the
+full-length check and the saved checkpoint. The algorithms: `gradient.search` (Adam with the
+weights frozen: one backward gives all d/2 + 1 directions) and `evolution.evolve` (LongRoPE's
+evolutionary search: one forward per candidate).
 """
 
 from __future__ import annotations
@@ -49,6 +46,7 @@ class SearchSettings:
     lr: float = 0.05
     baseline_window: int = 0      # sliding baseline window (0: the trained length)
     data: str = ""                # fingerprint of the tuning tokens
+    algorithm: str = "gradient"   # or "evolution(...)" with its settings (evolution.py)
 
 
 class SearchLog:
@@ -202,15 +200,24 @@ def _baseline(model, docs, settings: SearchSettings, log: SearchLog, started: fl
                     "elapsed": time.monotonic() - started})["nll"]
 
 
-def search(model, docs: Sequence[np.ndarray], target_length: int, log_path: str | Path, *,
-           budget_minutes: float = 60.0, proxy_length: int | None = None, lr: float = 0.05,
-           max_steps: int | None = None, data: str = "", final_check: bool = True,
-           progress: bool = True) -> SearchResult:
-    """Search factors for `model` (plain RoPE, weights untouched) on the token arrays `docs`
-    (each at least `target_length` + 1 tokens), logging to `log_path`; resumes from that log.
-    Returns the best config found (the best seed when no step beats it); with `final_check`
-    False its `nll` is the proxy objective, not a full-length figure (saves a target-length
-    forward)."""
+@dataclass
+class _Run:
+    """A search under way: its log and settings, clock, baseline, rotary dims and best seed."""
+    log: SearchLog
+    settings: SearchSettings
+    elapsed: Any
+    baseline: float
+    dim: int
+    base: float
+    powers: torch.Tensor
+    best: dict
+
+
+def _start(model, docs, target_length: int, log_path, proxy_length: int | None, lr: float,
+           data: str, algorithm: str = "gradient") -> _Run:
+    """What every search algorithm does first: check the model and the log (a resumed run must
+    have the same settings), freeze the weights, the sliding baseline and the seeds (each once,
+    from the log when resuming)."""
     config = text_config(model.config)
     rope = get_rope_parameters(config)
     if is_patched(model) or rope.get("rope_type", "default") != "default":
@@ -219,11 +226,11 @@ def search(model, docs: Sequence[np.ndarray], target_length: int, log_path: str 
     trained = trained_length(model)
     if target_length <= trained:
         raise ValueError(f"target length {target_length} must exceed the trained length {trained}.")
-    proxy = proxy_length or target_length
-    settings = SearchSettings(target_length, proxy, lr, trained, data)
+    settings = SearchSettings(target_length, proxy_length or target_length, lr, trained, data, algorithm)
     log = SearchLog(log_path)
     first = log.of("settings")
-    if first and first[0]["settings"] != asdict(settings):
+    # logs written before `algorithm` existed are gradient searches
+    if first and {"algorithm": "gradient", **first[0]["settings"]} != asdict(settings):
         raise ValueError(f"{log.path} is the log of another search ({first[0]['settings']}); "
                          f"this one is {asdict(settings)}. Use another --out, or the same settings.")
     if not first:
@@ -234,15 +241,13 @@ def search(model, docs: Sequence[np.ndarray], target_length: int, log_path: str 
     for p in model.parameters():
         p.requires_grad_(False)
     dim, base = rotary_dim(config), float(rope["rope_theta"])
-    factor = target_length / trained
     with torch.no_grad():
         baseline = _baseline(model, docs, settings, log, started)
-
-    proxy_spans = proxy_chunks(target_length, proxy)
-    params = _Factors([1.0] * (dim // 2), 1.0)
+    proxy_spans = proxy_chunks(target_length, settings.proxy_length)
+    params, powers = _Factors([1.0] * (dim // 2), 1.0), rope_powers(dim, base)
     done = {r["method"]: r for r in log.of("seed")}
-    with _Installed(model, params, rope_powers(dim, base)):
-        for method, (f, a) in seed_candidates(dim, base, trained, factor).items():
+    with _Installed(model, params, powers):
+        for method, (f, a) in seed_candidates(dim, base, trained, target_length / trained).items():
             if method not in done:
                 with torch.no_grad():
                     params.log_f.copy_(torch.tensor(f, dtype=torch.float64).log())
@@ -250,18 +255,21 @@ def search(model, docs: Sequence[np.ndarray], target_length: int, log_path: str 
                 nll = float(_loss(model, docs, proxy_spans, grad=False))
                 done[method] = log.add({"kind": "seed", "method": method, "factors": f,
                                         "attention_factor": a, "nll": nll, "elapsed": elapsed()})
-        best = min(done.values(), key=lambda r: r["nll"])
-        best = {**best, "source": best["method"]}
-        best = _descend(model, docs, params, best, settings, log, budget_minutes, max_steps,
-                        elapsed, progress, baseline)
+    best = min(done.values(), key=lambda r: r["nll"])
+    return _Run(log, settings, elapsed, baseline, dim, base, powers, {**best, "source": best["method"]})
+
+
+def _finish(model, docs, run: _Run, best: dict, final_check: bool, steps: int) -> SearchResult:
+    """The result: with `final_check`, the best point's NLL over the whole target length."""
     if not final_check:
         return SearchResult(best["factors"], best["attention_factor"], best["nll"], best["nll"],
-                            baseline, best["source"], len(log.of("step")), checked=False)
-    return _checked(model, docs, best, settings, log, baseline, dim, base, elapsed)
+                            run.baseline, best["source"], steps, checked=False)
+    return _checked(model, docs, best, run.settings, run.log, run.baseline, run.dim, run.base,
+                    run.elapsed, steps)
 
 
 def _checked(model, docs, best: dict, settings: SearchSettings, log: SearchLog, baseline: float,
-             dim: int, base: float, elapsed) -> SearchResult:
+             dim: int, base: float, elapsed, steps: int) -> SearchResult:
     """The best point's NLL over the whole target length (once per best point, logged), so the
     printed perplexity and ratio to the sliding baseline are full-length figures."""
     key = [best["factors"], best["attention_factor"]]
@@ -276,85 +284,7 @@ def _checked(model, docs, best: dict, settings: SearchSettings, log: SearchLog, 
                  "source": best["source"], "nll": nll, "ratio": math.exp(nll - baseline),
                  "elapsed": elapsed()})
     return SearchResult(best["factors"], best["attention_factor"], nll, best["nll"], baseline,
-                        best["source"], len(log.of("step")))
-
-
-def _descend(model, docs, params: _Factors, best: dict, settings: SearchSettings, log: SearchLog,
-             budget_minutes: float, max_steps: int | None, elapsed, progress: bool,
-             baseline: float) -> dict:
-    """Adam on (log f, log a) from the best seed, or from the last logged step when resuming."""
-    steps = log.of("step")
-    for row in steps:
-        if row.get("checked") is not None and row["checked"] < best["nll"]:
-            best = {"factors": row["factors"], "attention_factor": row["attention_factor"],
-                    "nll": row["checked"], "source": f"step {row['step']}"}
-    state = steps[-1] if steps else {"factors": best["factors"], "attention_factor": best["attention_factor"],
-                                     "lr": settings.lr, "step": 0, "m": None, "v": None}
-    with torch.no_grad():
-        params.log_f.copy_(torch.tensor(state["next_factors"] if steps else state["factors"],
-                                        dtype=torch.float64).log())
-        params.log_a.fill_(math.log(state["next_attention_factor"] if steps else state["attention_factor"]))
-    lr = state["lr"]
-    opt = torch.optim.Adam(params.parameters(), lr=lr)
-    if state.get("m") is not None:  # Adam moments back from the log: the resumed run continues
-        for p, m, v in zip(params.parameters(), state["m"], state["v"]):
-            opt.state[p] = {"step": torch.tensor(float(state["step"])),
-                            "exp_avg": torch.tensor(m).reshape(p.shape),
-                            "exp_avg_sq": torch.tensor(v).reshape(p.shape)}
-    step, budget = state["step"], budget_minutes * 60.0
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=round(budget), initial=min(round(elapsed()), round(budget)), unit="s",
-                   desc="search", leave=True)
-    # transformers 5.x renamed gradient_checkpointing_* to activation_checkpointing_* (4.57: old)
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        disable = model.activation_checkpointing_disable
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        disable = model.gradient_checkpointing_disable
-    model.train()  # transformers checkpoints layers in training mode only (no dropout in these)
-    try:
-        while elapsed() < budget and (max_steps is None or step < max_steps):
-            step += 1
-            f, a = params.values()
-            opt.zero_grad()
-            loss = _loss(model, docs, proxy_chunks(settings.target_length, settings.proxy_length), grad=True)
-            loss.backward()
-            checked = float(loss.detach())  # the objective at the parameters before this step
-            rejected = checked > best["nll"]
-            if checked < best["nll"]:  # equal: the same point (step 1 re-reads the seed)
-                best = {"factors": f, "attention_factor": a, "nll": checked, "source": f"step {step}"}
-            if rejected:  # early rejection: back to the best point with half the step size
-                lr /= 2
-                with torch.no_grad():
-                    params.log_f.copy_(torch.tensor(best["factors"], dtype=torch.float64).log())
-                    params.log_a.fill_(math.log(best["attention_factor"]))
-                opt = torch.optim.Adam(params.parameters(), lr=lr)
-            else:
-                opt.step()
-                params.project()
-            nf, na = params.values()
-            st = [opt.state.get(p) for p in params.parameters()]
-            moments = None if any(s is None for s in st) else (
-                [s["exp_avg"].flatten().tolist() for s in st],
-                [s["exp_avg_sq"].flatten().tolist() for s in st])
-            log.add({"kind": "step", "step": step, "factors": f, "attention_factor": a,
-                     "proxy_nll": checked, "checked": checked, "rejected": rejected, "lr": lr,
-                     "next_factors": nf, "next_attention_factor": na,
-                     "m": moments and moments[0], "v": moments and moments[1],
-                     "best_nll": best["nll"], "best_ratio": math.exp(best["nll"] - baseline),
-                     "elapsed": elapsed()})
-            if bar is not None:
-                bar.set_postfix(step=step, best_ratio=f"{math.exp(best['nll'] - baseline):.4f}")
-                bar.update(max(0, min(round(elapsed()), round(budget)) - bar.n))
-    finally:
-        disable()
-        model.eval()
-        if bar is not None:
-            bar.close()
-    return best
+                        best["source"], steps)
 
 
 def save_best(model, tokenizer, result: SearchResult, out: str | Path, target_length: int) -> dict[str, Any]:
