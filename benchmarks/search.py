@@ -202,13 +202,19 @@ def report() -> None:
     lines = ["# Searched longrope config (benchmarks/search.py)", "",
              "Tuned on King Lear at 16k (`hf-posext " + " ".join(TUNE_ARGV).replace(str(ROOT) + "/", "") + "`); scored by plain "
              "transformers (no hf_posext import) on torch's `_refs/__init__.py`.", "",
-             "| config | " + " | ".join(f"{n // 1024}k ppl" for n in LENGTHS) + " | 16k ratio to sliding-8k |",
-             "|---" * (len(LENGTHS) + 2) + "|"]
+             "| config | " + " | ".join(f"{n // 1024}k ppl" for n in LENGTHS)
+             + " | 16k ratio to sliding-8k | ≤8k vs unpatched (worst) |",
+             "|---" * (len(LENGTHS) + 3) + "|"]
+    plain = held.get("unpatched", {"nll": {}})["nll"]
     for name, row in held.items():
         ppl = [math.exp(row["nll"][str(n)]) if str(n) in row["nll"] else float("nan") for n in LENGTHS]
-        ratio = ppl[-1] / base["perplexity"]
+        ratio = "—" if math.isnan(ppl[-1]) else f"{ppl[-1] / base['perplexity']:.4f}"
+        # short-context regression: perplexity / the unpatched model's at lengths <= L
+        short = [math.exp(row["nll"][str(n)] - plain[str(n)]) for n in LENGTHS
+                 if n <= TRAINED and str(n) in row["nll"] and str(n) in plain]
+        regression = f"{max(short):.4f}" if short and name != "unpatched" else "—"
         lines.append(f"| {name} | " + " | ".join("—" if math.isnan(p) else f"{p:.4f}" for p in ppl)
-                     + f" | {ratio:.4f} |")
+                     + f" | {ratio} | {regression} |")
     lines += ["", f"Sliding-8k baseline at 16k: {base['perplexity']:.4f} ({BASELINE_CSV.relative_to(ROOT)}, "
               f"data hash {base['data_hash']}; scorer's data hash "
               f"{next(iter(held.values()))['data_hash'] if held else 'n/a'})."]
@@ -242,7 +248,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=["tune", "compare", "heldout", "report"])
     p.add_argument("--only", default=None,
-                   help="heldout: one of searched, yarn, gradient, evolution (the compare step's)")
+                   help="heldout: one of searched, yarn, gradient, evolution (the compare step's), "
+                        "unpatched")
     p.add_argument("--budget-minutes", type=float, default=COMPARE_BUDGET,
                    help=f"compare: minutes per algorithm (default {COMPARE_BUDGET:g})")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
@@ -258,6 +265,8 @@ def main() -> None:
         for name in ("gradient", "evolution"):
             if args.only == name:
                 print(score(f"searched ({name})", str(COMPARE / name), None, lengths))
+        if args.only == "unpatched":   # the short-context reference: plain RoPE, no scaling
+            print(score("unpatched", None, None, lengths))
         if args.only in (None, "yarn"):
             print(score("yarn (s=2)", None, 2.0, lengths))
         if args.only in (None, "searched"):
