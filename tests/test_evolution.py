@@ -66,6 +66,19 @@ def test_evolution_resumes_to_the_same_candidates(doc, tmp_path):  # noqa: F811
                progress=False)
 
 
+def test_a_generation_cut_short_is_completed_on_resume(doc, tmp_path):  # noqa: F811
+    full = tmp_path / "full.jsonl"
+    evolve(tiny_model(), [doc], TARGET, full, max_generations=2, final_check=False, **SETTINGS)
+    rows = _rows(full)
+    cut = tmp_path / "cut.jsonl"   # as if the budget ran out after 2 candidates of generation 2
+    keep = [r for r in rows if not (r["kind"] == "candidate" and r["generation"] == 2 and r["index"] >= 2)]
+    cut.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    evolve(tiny_model(), [doc], TARGET, cut, max_generations=2, final_check=False, **SETTINGS)
+    pick = lambda rs: [(r["generation"], r["index"], r["factors"]) for r in rs  # noqa: E731
+                       if r["kind"] == "candidate"]
+    assert pick(_rows(cut)) == pick(rows)
+
+
 def test_evolution_refuses_bad_settings(doc, tmp_path):  # noqa: F811
     with pytest.raises(ValueError, match="population"):
         evolve(tiny_model(), [doc], TARGET, tmp_path / "log.jsonl", population=1)

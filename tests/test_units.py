@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # hf_posext registers) and its name in UNITS. Nothing else in the package is edited.
 TOY_UNIT = '''
 TOY = RopeMethod(
-    "toy", "toy", registered=True, needs_trained_length=False, summary="positions / s^2",
+    "toy", "toy", registered=True, needs_trained_length=False,  # positions / s^2
     compute=lambda c, d, b, n, dev: methods.linear(d, b, c.factor ** 2, dev))
 
 '''

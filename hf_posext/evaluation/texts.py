@@ -19,12 +19,11 @@ from typing import Any, Sequence
 import torch
 from transformers import AutoTokenizer
 
-from .. import catalog
 from ..data.embedded import resolve_model
 from ..errors import ConfigError
 from ..loading import from_pretrained
 from .data import TokenCache, scored_bytes, select_documents
-from .grid import check_knobs
+from .grid import canonical, check_knobs
 from .perplexity import evaluate_perplexity
 from .settings import PerplexityGrid, RunInfo
 
@@ -48,7 +47,7 @@ def check_inputs(texts: Any, lengths: Any, methods: Any, factors: Any, knobs: An
     if isinstance(methods, str):
         raise ConfigError(f"methods must be a list of names, e.g. [{methods!r}].")
     try:
-        names = [m if m == "none" else catalog.canonical_method(m) for m in methods]
+        names = [canonical(m) for m in methods]
         check_knobs(names, knobs or {})
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from None

@@ -45,7 +45,6 @@ class RopeMethod:
     trained_length_from: Callable[[int, float], int] = lambda max_pos, s: max_pos
     saved: Callable[[Any, float, int], dict[str, Any]] | None = None
     raised_base: Callable[[Any, float, int, int], float] | None = None
-    summary: str = ""
 
 
 def _ramp_keys(c) -> dict[str, Any]:
@@ -70,14 +69,14 @@ def _dynamic_yarn_keys(c) -> dict[str, Any]:
 
 
 LINEAR = RopeMethod(
-    "linear", "linear", summary="Position Interpolation (Chen et al. 2023): positions / s",
+    "linear", "linear",
     compute=lambda c, d, b, n, dev: methods.linear(d, b, c.factor, dev),
     needs_trained_length=False,
     # the patcher raised max_position_embeddings to s·L
     trained_length_from=lambda max_pos, s: round(max_pos / s))
 
 NTK = RopeMethod(
-    "ntk", "ntk", registered=True, summary="NTK-aware base change (bloc97 2023)",
+    "ntk", "ntk", registered=True,
     compute=lambda c, d, b, n, dev: methods.ntk(d, b, c.factor, dev),
     rope_keys=lambda c: ({"original_max_position_embeddings": c.original_max_position_embeddings}
                          if c.original_max_position_embeddings is not None else {}),
@@ -89,7 +88,7 @@ NTK = RopeMethod(
 DYNAMIC_NTK = RopeMethod(
     # transformers' `dynamic` reads L from config.max_position_embeddings, which the patcher
     # therefore leaves at the trained length
-    "dynamic_ntk", "dynamic", dynamic=True, summary="dynamic NTK (emozilla 2023)",
+    "dynamic_ntk", "dynamic", dynamic=True,
     compute=lambda c, d, b, n, dev: methods.dynamic_ntk(
         d, b, c.factor, c.original_max_position_embeddings, n, dev),
     raised_base=lambda c, theta, d, T: theta * (
@@ -97,7 +96,6 @@ DYNAMIC_NTK = RopeMethod(
 
 NTK_BY_PARTS = RopeMethod(
     "ntk_by_parts", "ntk_by_parts", registered=True, knobs=dict(_RAMP),
-    summary="NTK-by-parts (YaRN paper §3.2)",
     compute=lambda c, d, b, n, dev: methods.ntk_by_parts(
         d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow, dev),
     rope_keys=_ramp_keys,
@@ -107,7 +105,7 @@ NTK_BY_PARTS = RopeMethod(
                                **_ramp_keys(c), "attention_factor": 1.0})
 
 YARN = RopeMethod(
-    "yarn", "yarn", summary="YaRN (Peng et al. 2023, §3.4)",
+    "yarn", "yarn",
     knobs={**_RAMP, "mscale_coefficient": 0.1, "attention_factor": None},
     compute=lambda c, d, b, n, dev: methods.yarn(
         d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow,
@@ -116,7 +114,6 @@ YARN = RopeMethod(
 
 DYNAMIC_YARN = RopeMethod(
     "dynamic_yarn", "dynamic_yarn", dynamic=True, registered=True,
-    summary="dynamic YaRN (YaRN paper §3.3)",
     knobs={**_RAMP, "mscale_coefficient": 0.1, "finetuned": False},
     compute=lambda c, d, b, n, dev: methods.dynamic_yarn(
         d, b, c.original_max_position_embeddings, n, c.beta_fast, c.beta_slow,

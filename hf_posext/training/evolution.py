@@ -73,9 +73,10 @@ def evolve(model, docs: Sequence[np.ndarray], target_length: int, log_path: str 
     log = run.log
     spans = proxy_chunks(target_length, run.settings.proxy_length)
     scored = [{"factors": r["factors"], "attention_factor": r["attention_factor"], "nll": r["nll"],
-               "source": r["method"]} for r in log.of("seed")] + \
+               "source": r["method"], "generation": 0} for r in log.of("seed")] + \
              [{"factors": r["factors"], "attention_factor": r["attention_factor"], "nll": r["nll"],
-               "source": f"generation {r['generation']}"} for r in log.of("candidate")]
+               "source": f"generation {r['generation']}", "generation": r["generation"]}
+              for r in log.of("candidate")]
     best = min(scored, key=lambda r: r["nll"])
     budget = budget_minutes * 60.0
     bar = None
@@ -85,12 +86,17 @@ def evolve(model, docs: Sequence[np.ndarray], target_length: int, log_path: str 
                    desc="evolve", leave=True)
     params = _Factors([1.0] * (run.dim // 2), 1.0)
     generation = max((r["generation"] for r in log.of("candidate")), default=0)
+    if 0 < len([r for r in log.of("candidate") if r["generation"] == generation]) < population:
+        generation -= 1   # the last generation was cut short (budget): complete it first
     try:
         with _Installed(model, params, run.powers):
             while run.elapsed() < budget and (max_generations is None or generation < max_generations):
                 generation += 1
                 done = [r for r in log.of("candidate") if r["generation"] == generation]
-                pool = sorted(scored, key=lambda r: r["nll"])[:parents]
+                # parents from the generations before this one only, so a generation resumed
+                # half-way draws the same children as it did before it was cut short
+                pool = sorted((r for r in scored if r["generation"] < generation),
+                              key=lambda r: r["nll"])[:parents]
                 rng = np.random.default_rng([seed, generation])
                 for i, (f, a) in enumerate(_children(pool, population, rng, sigma, p_mutate, p_cross)):
                     if i < len(done) or run.elapsed() >= budget:
@@ -100,7 +106,7 @@ def evolve(model, docs: Sequence[np.ndarray], target_length: int, log_path: str 
                         params.log_a.fill_(math.log(a))
                         nll = float(_loss(model, docs, spans, grad=False))
                     row = {"factors": f, "attention_factor": a, "nll": nll,
-                           "source": f"generation {generation}"}
+                           "source": f"generation {generation}", "generation": generation}
                     scored.append(row)
                     if nll < best["nll"]:
                         best = row
