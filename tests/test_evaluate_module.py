@@ -106,6 +106,6 @@ def test_texts_too_short_fail_before_the_model_loads(tmp_path, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(texts_module, "from_pretrained", no_load)
+    monkeypatch.setattr(texts_module, "load_model", no_load)
     with pytest.raises(ConfigError, match="data: "):
         evaluate_texts(_texts(chars=50), str(_saved(tmp_path)), lengths=[128])

@@ -48,15 +48,19 @@ def resolve_model(name: str, gguf_file: str | None = None) -> tuple[str, str | N
     return name, gguf_file
 
 
-def load_model(method=None, factor=None, **kwargs):
-    """The embedded SmolLM2-135M through `hf_posext.from_pretrained` (about 30 s on 2 CPU cores)."""
-    folder, gguf = model_location()
-    return from_pretrained(folder, method, factor, gguf_file=gguf, **kwargs)
+def load_model(method=None, factor=None, *, name: str = DEFAULT_MODEL, gguf_file: str | None = None,
+               **kwargs):
+    """A model by name (the embedded SmolLM2-135M by default, about 30 s on 2 CPU cores; a folder
+    or Hub id otherwise) through `hf_posext.from_pretrained`: the one loader the CLI, the recipe
+    and `evaluate_texts` share, so a name means the same model everywhere."""
+    path, gguf = resolve_model(name, gguf_file)
+    return from_pretrained(path, method, factor, **({"gguf_file": gguf} if gguf else {}), **kwargs)
 
 
-def load_tokenizer():
-    folder, gguf = model_location()
-    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+def load_tokenizer(name: str = DEFAULT_MODEL, gguf_file: str | None = None, **kwargs):
+    """The tokenizer of the model `load_model(name=name)` loads (kwargs: e.g. `revision`)."""
+    path, gguf = resolve_model(name, gguf_file)
+    return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf} if gguf else {}), **kwargs)
 
 
 def play_paths() -> list[Path]:

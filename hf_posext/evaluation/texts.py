@@ -17,11 +17,9 @@ import math
 from typing import Any, Sequence
 
 import torch
-from transformers import AutoTokenizer
 
-from ..data.embedded import resolve_model
+from ..data.embedded import load_model, load_tokenizer
 from ..errors import ConfigError
-from ..loading import from_pretrained
 from .data import TokenCache, scored_bytes, select_documents
 from .grid import canonical, check_knobs
 from .perplexity import evaluate_perplexity
@@ -72,14 +70,12 @@ def evaluate_texts(texts: Sequence[str], model: str, lengths: Sequence[int],
     for each method in `methods` (the unpatched model always included) at each length, with the
     sliding-window baseline beyond the trained length and its ratios (docs/evaluation.md)."""
     grid = check_inputs(texts, lengths, methods, factors, knobs, dtype, max_docs)
-    path, gguf = resolve_model(model, gguf_file)
-    tokenizer = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf} if gguf else {}))
+    tokenizer = load_tokenizer(model, gguf_file)
     try:
         docs = select_documents(texts, TokenCache(tokenizer), grid.tokens_needed(), max_docs)
     except ValueError as err:
         raise ConfigError(f"data: {err}") from None
-    loaded = from_pretrained(path, dtype=getattr(torch, dtype),
-                             **({"gguf_file": gguf} if gguf else {})).to(device).eval()
+    loaded = load_model(name=model, gguf_file=gguf_file, dtype=getattr(torch, dtype)).to(device).eval()
     rows = evaluate_perplexity(loaded, docs.docs, grid, progress=False,
                                run=RunInfo(model_name=model, dataset="texts",
                                            data_hash=docs.fingerprint, device=device),

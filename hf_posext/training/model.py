@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoTokenizer
 
 from ..data import embedded
-from ..loading import from_pretrained
 from ..portability.portable import method_spec
 from ..rope.compat import text_config
 from .pose import PoseCollator
 
 
 def load_tokenizer(name: str):
-    path, gguf = embedded.resolve_model(name)
-    return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf} if gguf else {}))
+    return embedded.load_tokenizer(name)
 
 
 def load_model(mc, extend: bool = True):
@@ -24,10 +21,7 @@ def load_model(mc, extend: bool = True):
     if mc.attn_implementation:
         kwargs["attn_implementation"] = mc.attn_implementation
     method, factor, knobs = (mc.method, mc.factor, dict(mc.knobs)) if extend else (None, None, {})
-    path, gguf = embedded.resolve_model(mc.name)
-    if gguf:
-        kwargs["gguf_file"] = gguf
-    return from_pretrained(path, method, factor, **knobs, **kwargs)
+    return embedded.load_model(method, factor, name=mc.name, **knobs, **kwargs)
 
 
 def special_id(tokenizer, setting: str | None, which: str) -> int | None:
