@@ -9,9 +9,11 @@ same tokens (docs/results/eval/long-context-code, `python benchmarks/long_contex
 Not a timed test: run by hand, each step in the background under nice.
 
     python benchmarks/search.py tune       # hf-posext search ... -> results/search-lear-16k/
+    python benchmarks/search.py tune4      # 4x: evolution at 32k (8k proxy) -> results/search-lear-32k/
     python benchmarks/search.py compare    # gradient vs evolution, same budget -> results/search-compare/
     python benchmarks/search.py heldout    # plain-transformers scores -> results/search.json
     python benchmarks/search.py heldout --only evolution --lengths 16384   # a compare checkpoint
+    python benchmarks/search.py heldout --only searched4 --lengths 32768   # the 4x checkpoint (and yarn4)
     python benchmarks/search.py report     # results/search.md and search_curve.png
 """
 
@@ -32,6 +34,12 @@ BASELINE_CSV = ROOT / "docs" / "results" / "eval" / "long-context-code" / "perpl
 TUNE_ARGV = ["search", "--dataset", "embedded:shakespeare/king-lear", "--length", "16k", "--no-final-check",
              "--proxy-length", "4k", "--budget-minutes", "25", "--lr", "0.1", "--out", str(OUT)]
 TARGET, TRAINED = 16384, 8192
+# 4x: the better algorithm of the 2x comparison (evolution) at 32k, proxy a quarter of the target
+# as at 2x; the same held-out text and plain-transformers scorer.
+OUT4 = HERE / "results" / "search-lear-32k"
+TUNE4_ARGV = ["search", "--dataset", "embedded:shakespeare/king-lear", "--length", "32k", "--no-final-check",
+              "--proxy-length", "8k", "--budget-minutes", "45", "--algorithm", "evolution", "--out", str(OUT4)]
+TARGET4 = 32768
 LENGTHS = (4096, 8192, 16384)   # short-context regression at <= L, the target at 2x
 
 # Scores one model on the first N tokens of a text with plain transformers only (run with -c).
@@ -92,13 +100,13 @@ def score(name: str, checkpoint: str | None, yarn: float | None, lengths) -> dic
     return row
 
 
-def baseline_row() -> dict:
-    """The unpatched model's sliding-8k baseline at 16k on the code text (long_context.py code)."""
+def baseline_row(length: int = TARGET) -> dict:
+    """The unpatched model's sliding-8k baseline at `length` on the code text (long_context.py code)."""
     import csv
     for row in csv.DictReader(open(BASELINE_CSV)):
-        if row["method"] == "none" and row["protocol"] == "baseline" and int(row["length"]) == TARGET:
+        if row["method"] == "none" and row["protocol"] == "baseline" and int(row["length"]) == length:
             return {"perplexity": float(row["perplexity"]), "data_hash": row["data_hash"]}
-    raise SystemExit(f"no 16k baseline row in {BASELINE_CSV}; run benchmarks/long_context.py code")
+    raise SystemExit(f"no {length} baseline row in {BASELINE_CSV}; run benchmarks/long_context.py code")
 
 
 def curve(rows: list[dict]) -> list[tuple[float, float]]:
@@ -190,6 +198,35 @@ def compare_section(base: dict, held: dict) -> list[str]:
     return lines + ["", "![best proxy perplexity vs time](search_compare.png)"]
 
 
+def section_4x(held: dict) -> list[str]:
+    """The 4x search (tune4): held-out 32k ratios to the sliding-8k baseline and its log."""
+    log_path = OUT4 / "search_log.jsonl"
+    if not log_path.is_file():
+        return []
+    log = [json.loads(line) for line in open(log_path) if line.strip()]
+    base = baseline_row(TARGET4)
+    lines = ["", "## 4x: evolutionary search at 32k (`python benchmarks/search.py tune4`)", "",
+             "`hf-posext " + " ".join(TUNE4_ARGV).replace(str(ROOT) + "/", "") + "`; held out "
+             "(`python benchmarks/search.py heldout --only searched4 --lengths 32768`), plain transformers "
+             f"on the code text, sliding-8k baseline at 32k {base['perplexity']:.4f}:", "",
+             "| config | 32k ppl | ratio to sliding-8k |", "|---|---|---|"]
+    for name, row in held.items():
+        if str(TARGET4) in row["nll"]:
+            ppl = math.exp(row["nll"][str(TARGET4)])
+            lines.append(f"| {name} | {ppl:.4f} | {ppl / base['perplexity']:.4f} |")
+    seeds = [r for r in log if r["kind"] == "seed"]
+    cands = [r for r in log if r["kind"] == "candidate"]
+    best_seed = min(seeds, key=lambda r: r["nll"]) if seeds else None
+    if best_seed and cands:
+        best = min(cands, key=lambda r: r["nll"])
+        lines += ["", f"Search log ({OUT4.relative_to(ROOT)}/search_log.jsonl): {len(cands)} candidates in "
+                  f"{max(r.get('elapsed', 0) for r in log) / 60:.1f} min; best seed {best_seed['method']} (proxy perplexity "
+                  f"{math.exp(best_seed['nll']):.4f}); best candidate {math.exp(best['nll']):.4f} "
+                  f"({math.exp(best['nll'] - best_seed['nll']):.4f}x the best seed's, generation "
+                  f"{best['generation']})."]
+    return lines
+
+
 def report() -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -207,6 +244,8 @@ def report() -> None:
              "|---" * (len(LENGTHS) + 3) + "|"]
     plain = held.get("unpatched", {"nll": {}})["nll"]
     for name, row in held.items():
+        if not any(str(n) in row["nll"] for n in LENGTHS):
+            continue   # a 4x-only row: its own section below
         ppl = [math.exp(row["nll"][str(n)]) if str(n) in row["nll"] else float("nan") for n in LENGTHS]
         ratio = "—" if math.isnan(ppl[-1]) else f"{ppl[-1] / base['perplexity']:.4f}"
         # short-context regression: perplexity / the unpatched model's at lengths <= L
@@ -231,6 +270,7 @@ def report() -> None:
         lines.append(f"Tuning text (King Lear) at 16k: searched {math.exp(check[-1]['nll']):.4f} vs "
                      f"sliding-8k {math.exp(tune['nll']):.4f}, ratio {check[-1]['ratio']:.4f}.")
     lines += compare_section(base, held)
+    lines += section_4x(held)
     (HERE / "results" / "search.md").write_text("\n".join(lines) + "\n")
     pts = curve(log)
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -246,18 +286,18 @@ def report() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["tune", "compare", "heldout", "report"])
+    p.add_argument("step", choices=["tune", "tune4", "compare", "heldout", "report"])
     p.add_argument("--only", default=None,
                    help="heldout: one of searched, yarn, gradient, evolution (the compare step's), "
-                        "unpatched")
+                        "unpatched, searched4, yarn4 (4x)")
     p.add_argument("--budget-minutes", type=float, default=COMPARE_BUDGET,
                    help=f"compare: minutes per algorithm (default {COMPARE_BUDGET:g})")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
                    help="heldout: comma-separated lengths (default 4096,8192,16384)")
     args = p.parse_args()
-    if args.step == "tune":
+    if args.step in ("tune", "tune4"):
         from hf_posext import cli
-        raise SystemExit(cli.main(TUNE_ARGV))
+        raise SystemExit(cli.main(TUNE_ARGV if args.step == "tune" else TUNE4_ARGV))
     if args.step == "compare":
         compare(args.budget_minutes)
     if args.step == "heldout":
@@ -271,6 +311,10 @@ def main() -> None:
             print(score("yarn (s=2)", None, 2.0, lengths))
         if args.only in (None, "searched"):
             print(score("searched", str(OUT), None, lengths))
+        if args.only in ("yarn4", "searched4"):   # 4x: both at 32k
+            print(score("yarn (s=4)", None, 4.0, lengths))
+        if args.only == "searched4":
+            print(score("searched 4x (evolution)", str(OUT4), None, lengths))
     if args.step == "report":
         report()
 

@@ -23,6 +23,7 @@ from hf_posext.evaluation import perplexity as P
 from hf_posext.evaluation.buckets import bucket_edges, curve, doc_perplexities, nll_from
 from hf_posext.evaluation.identity import rope_prefix_stable
 from hf_posext.evaluation.results import format_table, plot_nll_by_position
+from hf_posext.evaluation.settings import PerplexityGrid
 from hf_posext.evaluation.store import ResultsStore
 from hf_posext.rope.compat import IS_V5
 
@@ -90,6 +91,57 @@ def test_dynamic_methods_keep_one_forward_per_length(monkeypatch):
     assert sorted(calls) == [96, 160, 160]          # `none` shares one 160 forward; dynamic does not
     for r in dyn:
         assert r["perplexity"] == pytest.approx(_reference_ppl(model, "dynamic_ntk", 2.5, r["length"]), rel=1e-4)
+
+
+def _reference_sliding_ppl(model, n, window, stride):
+    """The sliding baseline over the first n tokens of DOCS by brute force: each prediction
+    position p scored once, with context from the start of the first window (ends window,
+    window + stride, ..., n) that covers it, one separate forward per window."""
+    total, count = 0.0, 0
+    for d in DOCS:
+        ends = list(range(window, n, stride)) + [n]
+        prev = 0
+        for end in ends:
+            losses = _token_losses(model, d[end - window:min(end + 1, n)])   # positions end-window..
+            sel = losses[prev - (end - window):]
+            total, count, prev = total + float(sel.sum()), count + sel.numel(), end
+    assert count == len(DOCS) * (n - 1)
+    return math.exp(total / count)
+
+
+def test_the_baseline_takes_its_first_window_from_the_unpatched_forward(monkeypatch):
+    """With the unpatched model in the grid at a longer length, the sliding baseline does not run
+    its first window again (one window fewer per document) and still equals separate forwards."""
+    model = tiny_model()
+    windows = []
+    real = P.token_nll
+    monkeypatch.setattr(P, "token_nll", lambda m, ids, *a, **k: windows.append(ids.numel()) or real(m, ids, *a, **k))
+    rows = P.evaluate_perplexity(model, DOCS, methods=["yarn"], factors=[2.5], lengths=[96, 160],
+                                 baseline_stride=16, progress=False, reuse_identical=False)
+    base = {r["length"]: r for r in rows if r["protocol"] == "baseline"}
+    assert sorted(base) == [96, 160]
+    # window ends 64, 80, 96 and 64, 80, ..., 160: 3 + 7 windows per document, the first of each shared
+    assert windows.count(L) == len(DOCS) * (2 + 6)
+    assert sorted(n for n in windows if n != L) == [160] * 4      # none and yarn: one forward per document
+    for n, r in base.items():
+        assert r["perplexity"] == pytest.approx(_reference_sliding_ppl(model, n, L, 16), rel=1e-5)
+
+
+def test_the_baseline_runs_every_window_when_the_unpatched_model_is_not_run(monkeypatch):
+    """Only the cells this process computes share: a baseline whose unpatched rows were resumed
+    (not planned here) runs all its windows."""
+    model = tiny_model()
+    windows = []
+    real = P.token_nll
+    monkeypatch.setattr(P, "token_nll", lambda m, ids, *a, **k: windows.append(ids.numel()) or real(m, ids, *a, **k))
+    cells = PerplexityGrid(methods=["yarn"], factors=[2.5], lengths=[96], baseline_stride=8).cells(L)
+    baseline = next(c for c in cells if c.protocol == "baseline")
+    forwards = P.SharedForwards(model, DOCS)
+    forwards.plan([baseline])
+    per_doc, _ = forwards.positions(baseline)
+    assert windows == [L] * (len(DOCS) * 5)           # window ends 64, 72, 80, 88, 96
+    nll, n = P._total(per_doc)
+    assert math.exp(nll / n) == pytest.approx(_reference_sliding_ppl(model, 96, L, 8), rel=1e-5)
 
 
 def test_longrope_is_not_prefix_stable_and_static_methods_are():

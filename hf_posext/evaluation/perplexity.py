@@ -83,17 +83,28 @@ def truncate_nll(model, docs: Sequence[np.ndarray], length: int, chunk_size: int
 
 def sliding_positions(model, docs: Sequence[np.ndarray], window: int, stride: int,
                       eval_tokens: int | None = None, chunk_size: int = 1024,
-                      progress: bool = False) -> list[PositionNLL]:
+                      progress: bool = False,
+                      first_window: Sequence[PositionNLL] | None = None) -> list[PositionNLL]:
     """Per-position NLL over the first `eval_tokens` tokens (default: all) of each document,
     each position scored once, by the first `window`-token window (ends `stride` apart) that
-    covers it; positions are document positions, so buckets line up with a truncate cell's."""
+    covers it; positions are document positions, so buckets line up with a truncate cell's.
+    `first_window`: per document, a per-position NLL that already holds the first window's
+    positions 0..window-1 (the same model's forward of more than `window` tokens: with causal
+    attention its first `window` positions are that window's forward), so it is not run again."""
     out = []
     for i, doc in enumerate(docs):
         doc = torch.as_tensor(doc[:eval_tokens] if eval_tokens else doc, dtype=torch.long)  # [T]
         n = doc.numel()
         nll_doc = np.full(n, np.nan)                                 # [T]
         scored_doc = np.zeros(n, dtype=bool)                         # [T]
-        for start, end, first in sliding_windows(n, window, stride):
+        windows = sliding_windows(n, window, stride)
+        if first_window is not None and n > window:
+            head_nll, head_scored = first_window[i]
+            if not head_scored[:window].all():
+                raise ValueError("first_window must score positions 0..window-1 of every document")
+            windows.pop(0)                                           # (0, window, 0)
+            nll_doc[:window], scored_doc[:window] = head_nll[:window], True
+        for start, end, first in windows:
             ids = doc[start:end]                                     # [W]
             targets = torch.full_like(ids, IGNORE_INDEX)             # [W]
             # window position j is document position start + j; it predicts doc[start + j + 1]
@@ -150,6 +161,9 @@ class SharedForwards:
     methods, whose knobs are fixed by s; false for dynamic types and `longrope`). So a length
     grid at a fixed s costs one forward of its longest length per document, not one per length.
     Checked per cell against the model as patched; where it does not hold, the cell runs alone.
+    The sliding baseline's first window is the same: the unpatched model over tokens
+    0..window-1, so when this process also runs the unpatched model at a longer length, the
+    baseline takes that window from its forward (one window fewer per document).
     """
 
     def __init__(self, model, docs: Sequence[np.ndarray], progress: bool = False):
@@ -171,25 +185,47 @@ class SharedForwards:
                 g = self.group(c)
                 self.longest[g] = max(self.longest.get(g, 0), c.length)
                 self.left[g] = self.left.get(g, 0) + 1
+        for c in cells:   # a baseline is the unpatched group's: method none, s 1, no knobs
+            if c.protocol == "baseline" and self.longest.get(self.group(c), 0) > c.extra["window"]:
+                self.left[self.group(c)] += 1
+
+    def _forward(self, g: tuple, longest: int, chunk: int) -> list[PositionNLL]:
+        if g not in self.cache:
+            self.cache[g] = (longest, truncate_positions(self.model, self.docs, longest, chunk,
+                                                         self.progress))
+        return self.cache[g][1]
+
+    def _release(self, g: tuple) -> None:
+        self.left[g] = self.left.get(g, 1) - 1
+        if self.left[g] <= 0:
+            self.cache.pop(g, None)
+
+    def _baseline(self, cell: Cell) -> list[PositionNLL]:
+        g, window, chunk = self.group(cell), cell.extra["window"], cell.extra.get("chunk_size", 1024)
+        longest = self.cache[g][0] if g in self.cache else self.longest.get(g, 0)
+        head = None
+        if longest > window:
+            if rope_prefix_stable(self.model, window + 1, longest):
+                head = [prefix(p, window + 1) for p in self._forward(g, longest, chunk)]
+            self._release(g)
+        return sliding_positions(self.model, self.docs, window, cell.extra["stride"],
+                                 cell.extra["eval_tokens"], chunk, self.progress, first_window=head)
 
     def positions(self, cell: Cell) -> tuple[list[PositionNLL], int]:
         """(per-document per-position NLL of the cell, the forward length it came from)."""
+        if cell.protocol == "baseline":
+            return self._baseline(cell), cell.extra["window"]
         if cell.protocol != "truncate":
             return cell_positions(self.model, self.docs, cell, self.progress), cell.extra["window"]
         g = self.group(cell)
-        self.left[g] = self.left.get(g, 1) - 1
         longest = self.cache[g][0] if g in self.cache else self.longest.get(g, cell.length)
-        shared = g in self.cache or longest > cell.length
+        shared = g in self.cache or longest > cell.length or self.left.get(g, 0) > 1   # > 1: a baseline too
         if not shared or (cell.length < longest and
                           not rope_prefix_stable(self.model, cell.length, longest)):
+            self._release(g)
             return cell_positions(self.model, self.docs, cell, self.progress), cell.length
-        if g not in self.cache:
-            self.cache[g] = (longest, truncate_positions(self.model, self.docs, longest,
-                                                         cell.extra.get("chunk_size", 1024),
-                                                         self.progress))
-        out = [prefix(p, cell.length) for p in self.cache[g][1]]
-        if self.left[g] <= 0:
-            del self.cache[g]
+        out = [prefix(p, cell.length) for p in self._forward(g, longest, cell.extra.get("chunk_size", 1024))]
+        self._release(g)
         return out, longest
 
 
