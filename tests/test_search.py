@@ -109,3 +109,25 @@ def test_cli_checks_options_before_loading_anything(argv, message, tmp_path, cap
         cli.main(["search", *argv, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_search_runs_end_to_end_on_a_local_model_and_text(tmp_path, capsys):
+    """`hf-posext search` with the real loaders (nothing stubbed): a saved tiny model with its
+    tokenizer, a local text file; it finishes, saves the best config in the exact form it prints
+    (a seed that wins is saved as its own rope type, e.g. yarn) and prints its result."""
+    import re
+
+    from _evalkit import char_tokenizer
+
+    folder = tmp_path / "tiny"
+    tiny_model().save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(chr(32 + (7 * i) % 90) for i in range(TARGET + 50)))
+    out = tmp_path / "searched"
+    assert cli.main(["search", "--model", str(folder), "--dataset", str(text), "--length", str(TARGET),
+                     "--max-steps", "1", "--no-progress", "--no-final-check", "--out", str(out)]) == 0
+    printed = re.search(r"saved as rope_type '(\w+)'", capsys.readouterr().out)
+    config = json.loads((out / "config.json").read_text())
+    rope = config.get("rope_parameters") or config.get("rope_scaling")
+    assert printed and rope["rope_type"] == printed.group(1) != "default"

@@ -105,7 +105,6 @@ def run(args) -> int:
     docs = select_documents(documents, TokenCache(tokenizer), length + 1, args.max_docs)
     print(f"data: {source.label}: {len(docs.docs)} document(s) of >= {length + 1} tokens",
           file=sys.stderr)
-    args.dtype, args.revision, args.attn_implementation, args.device_map = "float32", None, None, None
     model = load_model_from(args)
     out = Path(args.out)
     common = dict(budget_minutes=args.budget_minutes, proxy_length=proxy, data=docs.fingerprint,
