@@ -1,4 +1,5 @@
-"""Stage 1b of the recipe: tokenizer, the extended model, LoRA, and the PoSE/plain collator."""
+"""Stage 1b of the recipe: the extended model, LoRA, and the PoSE/plain collator (the tokenizer
+comes from data/embedded.load_tokenizer, the loader every command shares)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,6 @@ from ..data import embedded
 from ..portability.portable import method_spec
 from ..rope.compat import text_config
 from .pose import PoseCollator
-
-
-def load_tokenizer(name: str):
-    return embedded.load_tokenizer(name)
 
 
 def load_model(mc, extend: bool = True):

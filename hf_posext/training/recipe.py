@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..data.embedded import load_tokenizer
 from ..evaluation.data import TokenCache, select_documents
 from . import data as datalib
 from .accel import make_accelerator, resume_path
 from .checkpoint import load_checkpoint, verify_checkpoint
 from .loop import TrainState, train_loop
-from .model import build_collator, load_model, load_tokenizer, prepare_for_training, special_id
+from .model import build_collator, load_model, prepare_for_training, special_id
 from .optim import build_optimizer, build_scheduler
 from .outputs import append_log, plot_loss, save_final, write_log
 from .packing import packed_sequences
