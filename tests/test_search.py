@@ -7,6 +7,7 @@ from the log; bad options fail before any model loads.
 """
 
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -19,9 +20,12 @@ from test_longrope import load_plain
 import hf_posext
 from hf_posext import cli
 from hf_posext.commands import search as search_cmd
-from hf_posext.training.factor_search import SEED_METHODS, _Factors, _Installed, proxy_chunks, save_best
+from hf_posext.portability import config_audit
+from hf_posext.training.factor_search import (SEED_METHODS, SearchResult, _Factors, _Installed,
+                                              proxy_chunks, save_best)
 from hf_posext.training.gradient import search
 from hf_posext.rope.longrope import rope_powers
+from hf_posext.rope.registry import compute
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,6 +76,52 @@ def test_search_improves_over_its_seed_and_saves_a_plain_longrope(doc, tmp_path)
     report = load_plain(other, [tmp_path / "ckpt"], tmp_path)
     assert report.pop("hf_posext_imported") is False
     assert max(report.values()) <= 1e-5, report
+
+
+def test_identity_short_factors_run_plain_rope_within_L_and_the_searched_set_beyond(doc, tmp_path):
+    """`save_best(..., short_factors="identity")` (LongRoPE §3.3's separate short set): reloaded
+    by plain transformers of both versions, a sequence <= L runs plain RoPE with cos/sin x the
+    attention factor and a longer one the searched factors, each compared with the search's own
+    rotary module (not transformers' longrope code). 4.57 switches at the top-level
+    original_max_position_embeddings the patcher writes; without it, at max_position_embeddings
+    (the target here), and the long check fails."""
+    model = tiny_model()
+    factors, a = [1.0 + 0.4 * i for i in range(8)], 1.07    # head_dim 16: 8 frequencies
+    result = SearchResult(factors, a, 0.0, 0.0, 0.0, "step 1", 1)
+    rope = save_best(model, None, result, tmp_path / "ckpt", TARGET, short_factors="identity")
+    assert rope["short_factor"] == [1.0] * 8 and rope["long_factor"] == factors
+    saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert saved["original_max_position_embeddings"] == TRAINED
+    assert not config_audit.problems(saved)
+    expected = {"short": ([1.0] * 8, TRAINED), "long": (factors, TARGET)}
+    paths = []
+    for name, (f, n) in expected.items():
+        folder = tmp_path / name
+        shutil.copytree(tmp_path / "ckpt", folder)
+        ids = torch.as_tensor(doc[:n], dtype=torch.long)[None]
+        with _Installed(model, _Factors(f, a), rope_powers(16, 10_000.0)), torch.no_grad():
+            torch.save({"ids": ids, "logits": model(ids).logits}, folder / "expected.pt")
+        paths.append(folder)
+    for python in (sys.executable, other_python()):
+        if python is None:
+            pytest.skip("the other transformers version's python is missing (HF_POSEXT_OTHER_PYTHON)")
+        report = load_plain(python, paths, tmp_path)
+        assert report.pop("hf_posext_imported") is False
+        assert len(report) == 2 and max(report.values()) <= 1e-5, (python, report)
+
+
+def test_a_seed_saved_with_identity_short_factors_is_a_longrope(tmp_path):
+    """The seed's own type (yarn) has one factor set: asked for identity short factors, the
+    seed is written as longrope rather than the option being dropped."""
+    model = tiny_model()
+    inv, scale = compute(hf_posext.RopeExtensionConfig("yarn", 4.0, TRAINED), 16, 10_000.0)
+    f = (1.0 / (inv.double() * rope_powers(16, 10_000.0).double())).tolist()
+    result = SearchResult(f, float(scale), 0.0, 0.0, 0.0, "yarn", 0)
+    assert save_best(model, None, result, tmp_path / "a", TARGET)["rope_type"] == "yarn"
+    rope = save_best(model, None, result, tmp_path / "b", TARGET, short_factors="identity")
+    assert rope["rope_type"] == "longrope" and rope["short_factor"] == [1.0] * 8
+    with pytest.raises(ValueError, match="short_factors must be one of"):
+        save_best(model, None, result, tmp_path / "c", TARGET, short_factors="ones")
 
 
 def test_search_resumes_from_its_log(doc, tmp_path):

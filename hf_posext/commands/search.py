@@ -20,7 +20,7 @@ from ..data.embedded import DEFAULT_MODEL
 from ..evaluation.data import TokenCache, select_documents
 from ..evaluation.inputs import InputError, check_device, check_model_arg, parse_length
 from ..training.evolution import evolve
-from ..training.factor_search import save_best
+from ..training.factor_search import SHORT_FACTORS, save_best
 from ..training.gradient import search
 from .model_args import load_model_from, load_tokenizer_from
 
@@ -55,6 +55,11 @@ def add_subcommand(sub) -> None:
     p.add_argument("--sigma", type=float, default=0.05,
                    help="evolution: std of a mutation step on a log-factor (default 0.05)")
     p.add_argument("--seed", type=int, default=0, help="evolution: random seed (default 0)")
+    p.add_argument("--short-factors", choices=SHORT_FACTORS, default="same",
+                   help="factors for contexts <= the trained length: same (the searched ones at "
+                        "every length, default) or identity (LongRoPE's separate short set as plain "
+                        "RoPE: no change within the trained length but the attention factor; "
+                        "transformers switches sets by length, so generate with hf_posext.generate)")
     p.add_argument("--out", required=True, help="output folder (checkpoint + search_log.jsonl)")
     p.add_argument("--no-final-check", action="store_true",
                    help="do not score the best config over the whole target length at the end "
@@ -116,7 +121,7 @@ def run(args) -> int:
     else:
         result = search(model, docs.docs, length, out / LOG_NAME, lr=args.lr,
                         max_steps=args.max_steps, **common)
-    rope = save_best(model, tokenizer, result, out, length)
+    rope = save_best(model, tokenizer, result, out, length, short_factors=args.short_factors)
     print(f"best: {result.source} after {result.steps} {'candidate' if args.algorithm == 'evolution' else 'step'}(s); saved as rope_type "
           f"{rope['rope_type']!r} in {out}")
     base = f"unpatched sliding-window baseline {math.exp(result.baseline_nll):.4f}"

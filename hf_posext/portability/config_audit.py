@@ -5,7 +5,8 @@
   (transformers 5.x, vLLM and SGLang read `rope_scaling` first; 4.x and TGI read only
   `rope_scaling` + `rope_theta`; llama.cpp's converter reads `rope_parameters` first, so the
   same file runs two different ropes), a `hf_posext` block that no longer describes the rope a
-  reader reads (edited by hand), non-finite numbers (JSON allows NaN / Infinity).
+  reader reads (edited by hand), non-finite numbers (JSON allows NaN / Infinity), a longrope
+  config with two factor sets that transformers 4.x and 5.x switch between at different lengths.
 - `warnings(cfg, meaning, folder)`: what users trip over. The context length each engine derives
   from the config and whether it is the extension's target s·L; a RoPE base too small for the
   target length (Men et al. 2024, "Base of RoPE Bounds Context Length", arXiv 2405.14591:
@@ -62,6 +63,8 @@ def problems(cfg: dict[str, Any]) -> list[str]:
                    + "; ".join(f"{' and '.join(who)} read {_describe(rope)}"
                                for rope, who in readings.values())
                    + ". Make rope_parameters and rope_scaling (+ rope_theta) say the same")
+    if not bad:
+        out += _longrope_switch(cfg)
     if isinstance(cfg.get(portable.BLOCK), dict) and not bad:
         for rope, who in readings.values():
             try:
@@ -71,6 +74,27 @@ def problems(cfg: dict[str, Any]) -> list[str]:
             except (ValueError, TypeError, KeyError) as err:
                 out.append(f"error: for {' and '.join(who)}: {err}")
     return out
+
+
+def _longrope_switch(cfg: dict[str, Any]) -> list[str]:
+    """A longrope config with two factor sets: where each transformers major switches from
+    `short_factor` to `long_factor` (modeling_rope_utils `longrope_frequency_update`). 5.x:
+    above the top-level `original_max_position_embeddings` if there is one (its
+    `standardize_rope_params` copies it into the dict), else the dict's; 4.57: above the
+    top-level one, else above `max_position_embeddings`."""
+    rope = engines.v5_rope(cfg)
+    if rope.get("rope_type") != "longrope" or rope.get("short_factor") == rope.get("long_factor"):
+        return []
+    top, max_pos = cfg.get("original_max_position_embeddings"), cfg.get("max_position_embeddings")
+    v5 = top or rope.get("original_max_position_embeddings") or max_pos
+    v4 = top or max_pos
+    if v4 == v5:
+        return []
+    return [f"error: longrope switches from short_factor to long_factor above {v5} tokens in "
+            f"transformers 5.x (the rope dict's original_max_position_embeddings) but above {v4} "
+            "in 4.x (max_position_embeddings: 4.x reads only a top-level "
+            f"original_max_position_embeddings); add \"original_max_position_embeddings\": {v5} at "
+            "the top level of config.json"]
 
 
 def derived_lengths(cfg: dict[str, Any]) -> dict[str, int]:

@@ -45,13 +45,18 @@ def factors_of(inv_freq: torch.Tensor, dim: int, base: float) -> list[float]:
 
 
 def longrope_dict(factors: Sequence[float], attention_factor: float, base: float,
-                  original_max: int, factor: float, **extra: Any) -> dict[str, Any]:
-    """A `longrope` rope dict (5.x flat layout, with rope_theta) with one factor set for every
-    length and the cos/sin scale written out."""
+                  original_max: int, factor: float, short_factors: Sequence[float] | None = None,
+                  **extra: Any) -> dict[str, Any]:
+    """A `longrope` rope dict (5.x flat layout, with rope_theta) with the cos/sin scale written
+    out: `factors` beyond L, and `short_factors` up to L (default: the same set at every length)."""
     factors = [float(f) for f in factors]
+    short = factors if short_factors is None else [float(f) for f in short_factors]
+    if len(short) != len(factors):
+        raise ValueError(f"short_factors has {len(short)} values, the long set {len(factors)}: "
+                         "one per rotary frequency in both")
     return {"rope_type": "longrope", "rope_theta": float(base), "factor": float(factor),
             "original_max_position_embeddings": int(original_max),
-            "short_factor": list(factors), "long_factor": list(factors),
+            "short_factor": list(short), "long_factor": list(factors),
             "attention_factor": float(attention_factor), **extra}
 
 

@@ -287,17 +287,32 @@ def _checked(model, docs, best: dict, settings: SearchSettings, log: SearchLog, 
                         best["source"], steps)
 
 
-def save_best(model, tokenizer, result: SearchResult, out: str | Path, target_length: int) -> dict[str, Any]:
+SHORT_FACTORS = ("same", "identity")
+
+
+def save_best(model, tokenizer, result: SearchResult, out: str | Path, target_length: int,
+              short_factors: str = "same") -> dict[str, Any]:
     """Save model + tokenizer under `out` with the best config in its most portable exact form:
     a rope-only method's own form when the best is an unchanged seed (e.g. transformers' `yarn`),
-    else transformers' `longrope`. Returns the rope dict written."""
+    else transformers' `longrope`. Returns the rope dict written.
+
+    `short_factors`: "same" (the searched factors at every length: one rope, whatever the
+    length, as every engine and a KV cache expect) or "identity" (LongRoPE §3.3's separate set
+    for contexts <= L, here plain RoPE: a sequence within L then runs the unpatched frequencies,
+    only cos/sin x attention_factor differs; always a `longrope` config, since no other type
+    has two sets). transformers switches sets by each forward's length; hf_posext.generate
+    holds one set for a whole generation (generation.py)."""
+    if short_factors not in SHORT_FACTORS:
+        raise ValueError(f"short_factors must be one of {SHORT_FACTORS}, got {short_factors!r}")
     config = text_config(model.config)
     trained = trained_length(model)
     factor = target_length / trained
-    if result.source in SEED_METHODS:
+    if result.source in SEED_METHODS and short_factors == "same":
         patch(model, result.source, factor)
     else:
-        rope = longrope_dict(result.factors, result.attention_factor, 1.0, trained, factor)
+        short = None if short_factors == "same" else [1.0] * len(result.factors)
+        rope = longrope_dict(result.factors, result.attention_factor, 1.0, trained, factor,
+                             short_factors=short)
         patch(model, "longrope", factor, **{k: rope[k] for k in ("short_factor", "long_factor",
                                                                  "attention_factor")})
     try:
