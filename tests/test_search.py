@@ -161,6 +161,38 @@ def test_cli_checks_options_before_loading_anything(argv, message, tmp_path, cap
     assert stop.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_search_tunes_on_every_dataset_named(tmp_path, capsys, monkeypatch):
+    """--dataset repeated: --max-docs documents from each source reach the search, in order;
+    the same source twice is refused before anything loads."""
+    from _evalkit import char_tokenizer
+
+    texts = []
+    for k in (3, 7):
+        texts.append(tmp_path / f"text{k}.txt")
+        texts[-1].write_text("".join(chr(32 + (k * i) % 90) for i in range(TARGET + 50)))
+    seen = {}
+
+    def fake_search(model, docs, length, log, **kw):
+        seen["docs"], seen["data"] = docs, kw["data"]
+        raise SystemExit(0)   # the documents are all this test is about
+
+    monkeypatch.setattr(search_cmd, "load_tokenizer_from", lambda args: char_tokenizer())
+    monkeypatch.setattr(search_cmd, "load_model_from", lambda args: tiny_model())
+    monkeypatch.setattr(search_cmd, "search", fake_search)
+    argv = ["search", "--dataset", str(texts[0]), "--dataset", str(texts[1]), "--length", str(TARGET),
+            "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    tok = char_tokenizer()
+    expected = [tok(t.read_text())["input_ids"] for t in texts]
+    assert [list(d) for d in seen["docs"]] == expected
+    assert "2 document(s)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["search", "--dataset", str(texts[0]), "--dataset", str(texts[0]), "--length",
+                  str(TARGET), "--out", str(tmp_path / "p")])
+    assert stop.value.code == 2 and "names a source twice" in capsys.readouterr().err
+
+
 def test_cli_search_runs_end_to_end_on_a_local_model_and_text(tmp_path, capsys):
     """`hf-posext search` with the real loaders (nothing stubbed): a saved tiny model with its
     tokenizer, a local text file; it finishes, saves the best config in the exact form it prints

@@ -2,6 +2,7 @@
 
     hf-posext search --dataset embedded:shakespeare/king-lear --length 16k --out lear-16k \\
         --budget-minutes 30 --proxy-length 4k
+    hf-posext search --dataset embedded:shakespeare/king-lear --dataset reference.txt ...  # two kinds
 
 Every option is checked, and the tuning text tokenised, before the model loads. The checkpoint
 (config + weights + tokenizer) goes to --out, the search log to --out/search_log.jsonl; rerun
@@ -11,13 +12,14 @@ the same command to resume from the log.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import sys
 from pathlib import Path
 
 from ..data.documents import TextSource, load_documents
 from ..data.embedded import DEFAULT_MODEL
-from ..evaluation.data import TokenCache, select_documents
+from ..evaluation.data import TokenCache, TokenizedDocs, select_documents
 from ..evaluation.inputs import InputError, check_device, check_model_arg, parse_length
 from ..training.evolution import evolve
 from ..training.factor_search import SHORT_FACTORS, save_best
@@ -25,6 +27,7 @@ from ..training.gradient import search
 from .model_args import load_model_from, load_tokenizer_from
 
 LOG_NAME = "search_log.jsonl"
+DEFAULT_TUNING = "embedded:shakespeare/king-lear"
 
 
 def add_subcommand(sub) -> None:
@@ -32,13 +35,15 @@ def add_subcommand(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"Hub id, local folder, or {DEFAULT_MODEL} (default)")
     p.add_argument("--gguf-file", default=None, help="GGUF file name inside --model")
-    p.add_argument("--dataset", default="embedded:shakespeare/king-lear",
+    p.add_argument("--dataset", action="append", default=None,
                    help="tuning text, the sources of `eval` (default embedded:shakespeare/king-lear); "
+                        "repeat it to tune on several kinds of text at once (--max-docs from each); "
                         "never the text you evaluate on")
     p.add_argument("--dataset-config", default=None, help="Hub dataset configuration name")
     p.add_argument("--split", default=None, help="dataset split")
     p.add_argument("--column", default="text", help="text column (default text)")
-    p.add_argument("--max-docs", type=int, default=1, help="tuning documents (default 1, as LongRoPE: few)")
+    p.add_argument("--max-docs", type=int, default=1,
+                   help="tuning documents from each --dataset (default 1, as LongRoPE: few)")
     p.add_argument("--length", required=True, help="target context length, e.g. 16k")
     p.add_argument("--proxy-length", default=None,
                    help="tokens per gradient step: spans at their true positions spread over the "
@@ -92,6 +97,9 @@ def _checked(args) -> tuple[int, int | None]:
     for flag, value in (("--max-docs", args.max_docs), ("--max-steps", args.max_steps)):
         if value is not None and value <= 0:
             raise InputError(f"{flag} must be a positive integer, got {value}.")
+    names = args.dataset or [DEFAULT_TUNING]
+    if len(set(names)) < len(names):
+        raise InputError(f"--dataset names a source twice ({', '.join(names)}); name each once.")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file; name a folder.")
@@ -101,15 +109,27 @@ def _checked(args) -> tuple[int, int | None]:
     return length, proxy
 
 
+def combined(selected: list[TokenizedDocs]) -> TokenizedDocs:
+    """The documents of several sources as one set; one source keeps its own fingerprint (so a
+    search log written before --dataset could repeat still resumes)."""
+    if len(selected) == 1:
+        return selected[0]
+    key = hashlib.sha256(",".join(t.fingerprint for t in selected).encode()).hexdigest()[:12]
+    return TokenizedDocs([d for t in selected for d in t.docs], sum(t.seen for t in selected), key,
+                         [n for t in selected for n in t.names])
+
+
 def run(args) -> int:
     # every error reaches cli.main: one line, exit 2 for bad input (before the model loads)
     length, proxy = _checked(args)
-    source = TextSource(args.dataset, args.dataset_config, args.split, args.column)
-    documents = load_documents(source, streaming=True)
+    names = args.dataset or [DEFAULT_TUNING]
+    sources = [TextSource(name, args.dataset_config, args.split, args.column) for name in names]
+    documents = [load_documents(source, streaming=True) for source in sources]  # each checked now
     tokenizer = load_tokenizer_from(args)
-    docs = select_documents(documents, TokenCache(tokenizer), length + 1, args.max_docs)
-    print(f"data: {source.label}: {len(docs.docs)} document(s) of >= {length + 1} tokens",
-          file=sys.stderr)
+    cache = TokenCache(tokenizer)
+    docs = combined([select_documents(d, cache, length + 1, args.max_docs) for d in documents])
+    print(f"data: {'; '.join(s.label for s in sources)}: {len(docs.docs)} document(s) of >= "
+          f"{length + 1} tokens", file=sys.stderr)
     model = load_model_from(args)
     out = Path(args.out)
     common = dict(budget_minutes=args.budget_minutes, proxy_length=proxy, data=docs.fingerprint,
