@@ -18,6 +18,7 @@ from conftest import TRAINED, tiny_model
 from transformers import AutoConfig
 
 import hf_posext
+from hf_posext.portability import measured
 from hf_posext.portability.exporting import export
 from hf_posext.portability.verdicts import check, report
 from hf_posext.rope.compat import IS_V5, get_rope_parameters
@@ -121,8 +122,15 @@ def test_a_longrope_whose_versions_switch_sets_at_different_lengths_is_an_error(
     inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len=TRAINED + 1)
     used = (1.0 / (inv_freq.double() * 10_000.0 ** (torch.arange(0, 16, 2).double() / 16))).tolist()
     assert used == pytest.approx(long if IS_V5 else short, rel=1e-5)
+    edit(path, original_max_position_embeddings=TRAINED)
+    text = report(path, view=measured.overlay)   # as `hf-posext check` prints it
+    # vLLM runs long_factor below L too (benchmarks/engine_short_factors.py): the one-set
+    # measurement is not shown for two sets, and the warning says what differs
+    assert "warning: two longrope factor sets" in text and "(measured)" in text
+    assert "exact" not in text.split("vLLM 0.32.0 (measured)")[1].splitlines()[0]
     edit(path, rope_parameters={"short_factor": long}, rope_scaling={"short_factor": long})
-    assert "longrope switches" not in report(path)   # one set: the switch changes nothing
+    text = report(path)
+    assert "longrope switches" not in text and "two longrope factor sets" not in text  # one set
 
 
 def test_a_block_edited_against_the_rope_config_is_an_error(tmp_path):

@@ -97,6 +97,19 @@ def _longrope_switch(cfg: dict[str, Any]) -> list[str]:
             "the top level of config.json"]
 
 
+def _two_sets_in_engines(cfg: dict[str, Any]) -> list[str]:
+    """A longrope config with two factor sets: what the engines do with a prompt <= L."""
+    rope = engines.v5_rope(cfg)
+    if rope.get("rope_type") != "longrope" or rope.get("short_factor") == rope.get("long_factor"):
+        return []
+    return ["warning: two longrope factor sets: transformers runs short_factor for sequences up to "
+            "L and long_factor beyond; vLLM 0.29 / 0.32 run long_factor at every position whenever "
+            "max_model_len > L (measured: benchmarks/results/engine_short_factors.md), and llama.cpp, "
+            "where its converter writes both sets (Phi-3), picks one from the context size "
+            "(llama-model.cpp get_rope_factors), so a short prompt served there does not get "
+            "short_factor; one set (hf-posext search --short-factors same) reads the same everywhere"]
+
+
 def derived_lengths(cfg: dict[str, Any]) -> dict[str, int]:
     """The context length each engine derives from config.json (before any user override)."""
     M = cfg.get("max_position_embeddings")
@@ -142,6 +155,7 @@ def warnings(cfg: dict[str, Any], target, folder: Path | None = None) -> list[st
         attention = getattr(target, "attention", None) or {}
         L = attention.get("trained_length")
         T = cfg.get("max_position_embeddings") if L else None
+    out += _two_sets_in_engines(cfg)
     lengths = derived_lengths(cfg)
     if T and lengths:
         # transformers enforces no length: only the engines' limits can be "not the target"

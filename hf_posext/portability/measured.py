@@ -69,7 +69,11 @@ def case_of(cfg: dict[str, Any]) -> tuple[str | None, tuple[str, ...]] | None:
                                                 if getattr(default, k, None) != v))
     kind = engines.v5_rope(cfg)["rope_type"]
     if kind == "longrope":   # what `hf-posext search` saves: measured as such (its factors vary)
-        return "longrope", ()
+        rope = engines.v5_rope(cfg)
+        # two factor sets read differently below L (config_audit.warnings): the one-set
+        # measurement does not stand for them
+        return ("longrope", ()) if rope.get("short_factor") == rope.get("long_factor") else \
+            ("longrope", ("short_factor",))
     return (None, ()) if kind == "default" else None
 
 
