@@ -76,15 +76,22 @@ def problems(cfg: dict[str, Any]) -> list[str]:
     return out
 
 
+def two_factor_sets(cfg: dict[str, Any]) -> bool:
+    """A longrope config whose short_factor and long_factor differ (transformers picks one by
+    length; with one set the choice changes nothing)."""
+    rope = engines.v5_rope(cfg)
+    return rope.get("rope_type") == "longrope" and rope.get("short_factor") != rope.get("long_factor")
+
+
 def _longrope_switch(cfg: dict[str, Any]) -> list[str]:
     """A longrope config with two factor sets: where each transformers major switches from
     `short_factor` to `long_factor` (modeling_rope_utils `longrope_frequency_update`). 5.x:
     above the top-level `original_max_position_embeddings` if there is one (its
     `standardize_rope_params` copies it into the dict), else the dict's; 4.57: above the
     top-level one, else above `max_position_embeddings`."""
-    rope = engines.v5_rope(cfg)
-    if rope.get("rope_type") != "longrope" or rope.get("short_factor") == rope.get("long_factor"):
+    if not two_factor_sets(cfg):
         return []
+    rope = engines.v5_rope(cfg)
     top, max_pos = cfg.get("original_max_position_embeddings"), cfg.get("max_position_embeddings")
     v5 = top or rope.get("original_max_position_embeddings") or max_pos
     v4 = top or max_pos
@@ -99,8 +106,7 @@ def _longrope_switch(cfg: dict[str, Any]) -> list[str]:
 
 def _two_sets_in_engines(cfg: dict[str, Any]) -> list[str]:
     """A longrope config with two factor sets: what the engines do with a prompt <= L."""
-    rope = engines.v5_rope(cfg)
-    if rope.get("rope_type") != "longrope" or rope.get("short_factor") == rope.get("long_factor"):
+    if not two_factor_sets(cfg):
         return []
     return ["warning: two longrope factor sets: transformers runs short_factor for sequences up to "
             "L and long_factor beyond; vLLM 0.29 / 0.32 run long_factor at every position whenever "

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from . import engines
+from . import config_audit, engines
 from ..attention import ATTENTION_METHODS
 from ..rope.config import RopeExtensionConfig
 from .verdicts import Verdict
@@ -69,11 +69,9 @@ def case_of(cfg: dict[str, Any]) -> tuple[str | None, tuple[str, ...]] | None:
                                                 if getattr(default, k, None) != v))
     kind = engines.v5_rope(cfg)["rope_type"]
     if kind == "longrope":   # what `hf-posext search` saves: measured as such (its factors vary)
-        rope = engines.v5_rope(cfg)
         # two factor sets read differently below L (config_audit.warnings): the one-set
         # measurement does not stand for them
-        return ("longrope", ()) if rope.get("short_factor") == rope.get("long_factor") else \
-            ("longrope", ("short_factor",))
+        return ("longrope", ("short_factor",)) if config_audit.two_factor_sets(cfg) else ("longrope", ())
     return (None, ()) if kind == "default" else None
 
 
