@@ -106,11 +106,12 @@ def section_4x(held: dict) -> list[str]:
     return lines
 
 
-def short_regression(held: dict, name: str) -> str:
-    """Worst perplexity ratio to the unpatched model at 4k and 8k (<= L) of row `name`."""
+def short_regression(held: dict, name: str, missing: str = "not scored") -> str:
+    """Worst perplexity ratio to the unpatched model at the lengths <= L of row `name`."""
     plain, row = held.get("unpatched", {"nll": {}})["nll"], held.get(name, {"nll": {}})["nll"]
-    ratios = [math.exp(row[str(n)] - plain[str(n)]) for n in (4096, 8192) if str(n) in row and str(n) in plain]
-    return f"{max(ratios):.4f}" if ratios else "not scored"
+    ratios = [math.exp(row[str(n)] - plain[str(n)]) for n in LENGTHS
+              if n <= TRAINED and str(n) in row and str(n) in plain]
+    return f"{max(ratios):.4f}" if ratios else missing
 
 
 def section_mix(held: dict) -> list[str]:
@@ -188,16 +189,12 @@ def report() -> None:
              "| config | " + " | ".join(f"{n // 1024}k ppl" for n in LENGTHS)
              + " | 16k ratio to sliding-8k | ≤8k vs unpatched (worst) |",
              "|---" * (len(LENGTHS) + 3) + "|"]
-    plain = held.get("unpatched", {"nll": {}})["nll"]
     for name, row in held.items():
         if name not in MAIN_ROWS:
             continue   # 4x and two-kind rows: their own sections below
         ppl = [math.exp(row["nll"][str(n)]) if str(n) in row["nll"] else float("nan") for n in LENGTHS]
         ratio = "—" if math.isnan(ppl[-1]) else f"{ppl[-1] / base['perplexity']:.4f}"
-        # short-context regression: perplexity / the unpatched model's at lengths <= L
-        short = [math.exp(row["nll"][str(n)] - plain[str(n)]) for n in LENGTHS
-                 if n <= TRAINED and str(n) in row["nll"] and str(n) in plain]
-        regression = f"{max(short):.4f}" if short and name != "unpatched" else "—"
+        regression = "—" if name == "unpatched" else short_regression(held, name, missing="—")
         lines.append(f"| {name} | " + " | ".join("—" if math.isnan(p) else f"{p:.4f}" for p in ppl)
                      + f" | {ratio} | {regression} |")
     lines += ["", f"Sliding-8k baseline at 16k: {base['perplexity']:.4f} ({BASELINE_CSV.relative_to(ROOT)}, "

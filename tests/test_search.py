@@ -24,7 +24,7 @@ from hf_posext.portability import config_audit
 from hf_posext.training.factor_search import (SEED_METHODS, SearchResult, _Factors, _Installed,
                                               proxy_chunks, save_best)
 from hf_posext.training.gradient import search
-from hf_posext.rope.longrope import rope_powers
+from hf_posext.rope.longrope import factors_of, rope_powers
 from hf_posext.rope.registry import compute
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -115,7 +115,7 @@ def test_a_seed_saved_with_identity_short_factors_is_a_longrope(tmp_path):
     seed is written as longrope rather than the option being dropped."""
     model = tiny_model()
     inv, scale = compute(hf_posext.RopeExtensionConfig("yarn", 4.0, TRAINED), 16, 10_000.0)
-    f = (1.0 / (inv.double() * rope_powers(16, 10_000.0).double())).tolist()
+    f = factors_of(inv, 16, 10_000.0)
     result = SearchResult(f, float(scale), 0.0, 0.0, 0.0, "yarn", 0)
     assert save_best(model, None, result, tmp_path / "a", TARGET)["rope_type"] == "yarn"
     rope = save_best(model, None, result, tmp_path / "b", TARGET, short_factors="identity")

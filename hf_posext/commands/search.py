@@ -74,7 +74,7 @@ def add_subcommand(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _checked(args) -> tuple[int, int | None]:
+def _checked(args) -> tuple[int, int | None, list[str]]:
     check_device(args.device)
     check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL)
     length = parse_length(args.length)
@@ -106,7 +106,7 @@ def _checked(args) -> tuple[int, int | None]:
     if out.is_dir() and any(out.iterdir()) and not (out / LOG_NAME).is_file():
         raise InputError(f"--out {out} is a non-empty folder without a {LOG_NAME}; choose an empty "
                          "or new folder (an existing search folder resumes).")
-    return length, proxy
+    return length, proxy, names
 
 
 def combined(selected: list[TokenizedDocs]) -> TokenizedDocs:
@@ -121,8 +121,7 @@ def combined(selected: list[TokenizedDocs]) -> TokenizedDocs:
 
 def run(args) -> int:
     # every error reaches cli.main: one line, exit 2 for bad input (before the model loads)
-    length, proxy = _checked(args)
-    names = args.dataset or [DEFAULT_TUNING]
+    length, proxy, names = _checked(args)
     sources = [TextSource(name, args.dataset_config, args.split, args.column) for name in names]
     documents = [load_documents(source, streaming=True) for source in sources]  # each checked now
     tokenizer = load_tokenizer_from(args)
