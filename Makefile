@@ -32,7 +32,7 @@ test: install
 test-tf4:
 	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6" PYTEST_ARGS="--durations=25 -k 'not test_notebook_runs'"
 
-# The quick demo (README "Long-context evaluation: the demo"): two plays at a fixed s = 2, the
+# The quick demo (docs/results.md, "Long-context evaluation: the demo"): two plays at a fixed s = 2, the
 # unpatched model, YaRN and DualChunk against the unpatched model with a sliding 8k window; 4k
 # (short-context regression) comes from the 16k forwards for free. float32: this CPU has no bf16
 # matmul instructions (benchmarks/dtype_speed.py). The 2x/4x grid: make bench-long.
@@ -70,7 +70,7 @@ gpu-smoke: install
 	$(BIN)/pytest -q -rs -m gpu tests/test_attention_gpu.py
 	$(BIN)/python benchmarks/gpu_smoke.py
 
-# The README's method × engine table (how each reader runs every method's checkpoint, ~20 s).
+# The method × engine table of docs/check.md (how each reader runs every method's checkpoint, ~20 s).
 portability-table: install
 	$(BIN)/hf-posext check --table
 
@@ -122,7 +122,7 @@ test-engines: install engine-venvs
 	$(BIN)/pytest -q -m engines tests/engines $(PYTEST_ARGS)
 
 # The same run, writing hf_posext/portability/measured_engines.json first (then `make portability-table` and
-# paste the table into the README: tests/test_portability.py holds README == command).
+# paste the table into docs/check.md: tests/test_portability.py holds page == command).
 engine-table: install engine-venvs
 	HF_POSEXT_WRITE_MEASURED=1 $(BIN)/pytest -q -m engines tests/engines $(PYTEST_ARGS)
 

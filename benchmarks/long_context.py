@@ -4,12 +4,12 @@ window (stride 2,048). Not a timed test: run by hand (`make bench-long`), 2 thre
 
 Steps (each can run as its own background process; results are appended, never overwritten):
     tune     knob settings on the tune text (King Lear, float32) -> results/long_context.json
-    demo     the README's demo: `hf-posext eval` on Hamlet at 8k/16k/32k, rope-only and attention
+    demo     the demo of docs/results.md: `hf-posext eval` on Hamlet at 8k/16k/32k, rope-only and attention
              methods with the knobs chosen on the tune text, the sliding baseline as a row
-             -> docs/results/eval/long-context/
+             -> benchmarks/results/eval/long-context/
     code     the same grid on a long source file of another kind (torch's _refs/__init__.py,
-             torch is pinned) -> docs/results/eval/long-context-code/
-    passkey  `hf-posext passkey` at 8k/16k/32k -> docs/results/eval/long-context-passkey/
+             torch is pinned) -> benchmarks/results/eval/long-context-code/
+    passkey  `hf-posext passkey` at 8k/16k/32k -> benchmarks/results/eval/long-context-passkey/
     cost     16k time ratio and 32k peak memory vs SDPA (float32) -> results/long_context.json
     report   results/long_context.md from all of the above
 
@@ -39,7 +39,7 @@ from hf_posext.evaluation.perplexity import sliding_windows
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "long_context.json"
-EVAL_DIR = ROOT / "docs" / "results" / "eval"
+EVAL_DIR = HERE / "results" / "eval"
 WINDOW, STRIDE = 8192, 2048
 # The knob settings tried (names used on the command line). Defaults = the authors' (for L = 8192).
 CONFIGS = {
@@ -63,7 +63,7 @@ for w, g in ((4096, 8), (6144, 6), (6144, 16)):
     CONFIGS[f"self_extend_w{w}_g{g}"] = ("self_extend", {"window": w, "group_size": g})
 
 
-# The demo grid (README): rope-only methods at s = N / L, attention methods with the knobs
+# The demo grid (docs/results.md): rope-only methods at s = N / L, attention methods with the knobs
 # chosen on the tune text (long_context.md); "auto" fits leak / group size to each length.
 LENGTHS = (16384, 32768)       # 2x and 4x: where the sliding baseline applies
 ROPE_ONLY = ("ntk", "yarn")     # the best rope-only methods at 2x (yarn) and 4x (ntk) on the plays
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=["tune", "demo", "code", "passkey", "cost", "report"])
     p.add_argument("--out", type=Path, help="demo / code / passkey: results folder (default "
-                   "docs/results/eval/long-context[-code|-passkey])")
+                   "benchmarks/results/eval/long-context[-code|-passkey])")
     p.add_argument("--methods", default=None, help="code / passkey: comma-separated methods "
                    "(default: all the demo's methods / none plus the attention methods)")
     p.add_argument("--config", default="leaky_rerope_w4096_k3", choices=list(CONFIGS))
@@ -246,9 +246,8 @@ def main(argv=None) -> int:
     elif args.step == "cost":
         cost_cells(args.config, args.layers, args.reps)
     else:
-        from long_context_report import update_readme, write_report
+        from long_context_report import write_report
         write_report(RESULTS, HERE / "results" / "long_context.md")
-        update_readme(ROOT / "README.md")
     return 0
 
 

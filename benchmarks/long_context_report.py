@@ -1,7 +1,7 @@
 """benchmarks/results/long_context.md from the benchmark's own rows (results/long_context.json:
 tune and cost) and the `hf-posext eval` / `passkey` results folders it wrote (demo, code,
 passkey). Every figure is computed here from the rows, never typed in; `demo_table` is also the
-README's demo table (tests/test_readme.py keeps the two equal)."""
+demo table quoted in docs/results.md (tests/test_readme.py keeps the two equal)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hf_posext.evaluation.perplexity import annotate
 from hf_posext.evaluation.results import format_length, pivot
 
 HERE = Path(__file__).resolve().parent
-EVAL_DIR = HERE.parent / "docs" / "results" / "eval"
+EVAL_DIR = HERE / "results" / "eval"
 LENGTHS = (16384, 32768)
 TARGETS = {16384: 0.99, 32768: 1.00}  # issue: best method / sliding 8k, at 2x and 4x
 
@@ -193,7 +193,7 @@ def _passkey(rows: list[dict]) -> list[str]:
 
 
 STRING_COMMAND = ("hf-posext eval --dtype float32 --dataset embedded:shakespeare/hamlet --lengths "
-                  "{lengths} --methods string --out docs/results/eval/{folder} --resume")
+                  "{lengths} --methods string --out benchmarks/results/eval/{folder} --resume")
 STRING_RUNS = {"long-context-string": "8192,16384,32768"}
 
 
@@ -215,16 +215,6 @@ def _inside_l(rows: list[dict]) -> list[str]:
     at = {r["method"]: r["perplexity"] for r in rows if int(r["length"]) == 8192 and r["protocol"] == "truncate"}
     return [f"At 8k the reference is the unpatched model on the same tokens: {m} {p:.2f} vs {at['none']:.2f} "
             f"(ratio {p / at['none']:.3f})." for m, p in at.items() if m != "none" and "none" in at]
-
-
-def update_readme(readme: Path) -> None:
-    """Put the demo table between the README's `<!-- demo-table -->` markers."""
-    rows = _rows(EVAL_DIR / "long-context", "perplexity")
-    text = readme.read_text()
-    start, end = "<!-- demo-table: python benchmarks/long_context.py report -->", "<!-- /demo-table -->"
-    if rows and start in text:
-        head, rest = text.split(start, 1)
-        readme.write_text(head + start + "\n" + demo_table(rows) + "\n" + end + rest.split(end, 1)[1])
 
 
 def write_report(src: Path, dst: Path) -> str:

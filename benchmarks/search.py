@@ -5,7 +5,7 @@ and the attention factor on King Lear for 16k; the saved checkpoint is then scor
 transformers (hf_posext never imported, in a subprocess) on a held-out document of another kind,
 torch's `_refs/__init__.py` (benchmarks/long_context.py's code text), against YaRN (s = 2, built
 by transformers from its own `yarn` config) and the unpatched model's sliding-8k baseline over the
-same tokens (docs/results/eval/long-context-code, `python benchmarks/long_context.py code`).
+same tokens (benchmarks/results/eval/long-context-code, `python benchmarks/long_context.py code`).
 Not a timed test: run by hand, each step in the background under nice.
 
     python benchmarks/search.py tune       # hf-posext search ... -> results/search-lear-16k/
@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = HERE / "results" / "search-lear-16k"
 RESULTS = HERE / "results" / "search.json"
-BASELINE_CSV = ROOT / "docs" / "results" / "eval" / "long-context-code" / "perplexity.csv"
+BASELINE_CSV = HERE / "results" / "eval" / "long-context-code" / "perplexity.csv"
 TUNE_ARGV = ["search", "--dataset", "embedded:shakespeare/king-lear", "--length", "16k", "--no-final-check",
              "--proxy-length", "4k", "--budget-minutes", "25", "--lr", "0.1", "--out", str(OUT)]
 TARGET, TRAINED = 16384, 8192

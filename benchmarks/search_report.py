@@ -1,7 +1,7 @@
 """The report of benchmarks/search.py: results/search.md, search_curve.png, search_compare.png.
 
 Reads results/search.json (the held-out scores of `search.py heldout`), the search logs and the
-sliding-8k baseline rows of docs/results/eval/long-context-code; computes nothing expensive.
+sliding-8k baseline rows of benchmarks/results/eval/long-context-code; computes nothing expensive.
 
     python benchmarks/search.py report
 """

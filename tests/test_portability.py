@@ -270,14 +270,14 @@ def test_cli_check_and_export(tmp_path):
     assert out.returncode != 0 and "export refused" in out.stderr
 
 
-def test_readme_table_is_what_check_prints():
-    """The README's method × reader table is the output of `hf-posext check --table`."""
+def test_check_page_table_is_what_check_prints():
+    """The method × reader table of docs/check.md is the output of `hf-posext check --table`."""
     from pathlib import Path
 
     from hf_posext.commands.check import table
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = readme.split("<!-- portability-table")[1].split("<!-- /portability-table -->")[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "check.md").read_text()
+    block = page.split("<!-- portability-table")[1].split("<!-- /portability-table -->")[0]
     assert table() == block.split("-->", 1)[1].strip()
 
 

@@ -1,7 +1,7 @@
-"""`hf-posext check` and `hf-posext export`, and the README's method × reader table.
+"""`hf-posext check` and `hf-posext export`, and the method × reader table of docs/check.md.
 
     hf-posext check PATH [PATH ...]      # how each reader runs a checkpoint's rope
-    hf-posext check --table              # the README table: every method, s = 4, Llama-like dims
+    hf-posext check --table              # the table of docs/check.md: every method, s = 4, Llama-like dims
     hf-posext export PATH OUT --target vllm
     hf-posext export PATH OUT.gguf --target gguf --gguf CONVERTED.gguf
 """
@@ -47,7 +47,7 @@ def add_subcommands(sub) -> None:
                                     "(docs/portability.md). Reads config.json only.")
     ck.add_argument("paths", nargs="*", help="checkpoint folders (or config.json files)")
     ck.add_argument("--table", action="store_true",
-                    help="print the README's method × reader table (builds a tiny checkpoint of "
+                    help="print the method × reader table of docs/check.md (builds a tiny checkpoint of "
                          "every method, s = 4, in a temporary folder)")
     ck.set_defaults(run=run_check)
     ex = sub.add_parser("export", help="write the rope form a reader runs exactly",
@@ -143,7 +143,7 @@ def _cell(shown, reader: str, row: str, path: Path, scratch: Path) -> str:
 
 
 def table() -> str:
-    """The README's method × reader table (markdown): measured engine releases as measured
+    """The method × reader table of docs/check.md (markdown): measured engine releases as measured
     (hf_posext/portability/measured_engines.json), the others re-derived."""
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
