@@ -46,9 +46,10 @@ class AttentionExtensionConfig:
             neighbour window W. Must be <= L (positions past L were never trained).
         leak: leaky_rerope's k > 1: beyond the window, relative positions grow with slope 1/k.
         group_size: self_extend's G >= 1: distant positions are floor(p / G).
-        chunk_size, local_window: dual_chunk's chunk s <= L and its local window l < s.
-        shifted_offset, local_value: string's S <= L (distances from S on are shifted) and
-            W <= S (where they restart: d − S + W; W = S is plain RoPE).
+        chunk_size: dual_chunk's chunk s <= L.
+        local_window: dual_chunk's local window l < s.
+        shifted_offset: string's S <= L (distances from S on are shifted).
+        local_value: string's W <= S (where they restart: d − S + W; W = S is plain RoPE).
         logn: scale each query by max(1, log n / log L) (n = its position + 1).
         target_length: T = s·L; only read by the "auto" knobs (`patch` fills it from the factor).
     """

@@ -26,7 +26,7 @@ DEFAULT_STRIDE = 256  # the papers' sliding-window stride
 class PerplexityGrid:
     """Cells of a perplexity grid.
 
-    methods: names from hf_posext.METHODS; `none` (unpatched) is always added. None: run the
+    `methods`: names from hf_posext.METHODS; `none` (unpatched) is always added. None: run the
         model exactly as given (e.g. just fine-tuned), rows labelled `label`.
     lengths: context lengths in tokens. factors: numbers >= 1 and/or "auto" (s = max(1,
         length / trained length)). protocols: "truncate" and/or "sliding".

@@ -81,8 +81,9 @@ class RopeExtensionConfig:
             taken from the current length; `factor` then only records the intended target.
         original_max_position_embeddings: the trained context L. None means "read it from the
             model" (the patcher fills it in).
-        beta_fast, beta_slow: YaRN's ramp bounds in rotations over L (defaults 32 and 1, the
-            paper's Llama values; the YaRN authors' Mistral runs used 128 and 2).
+        beta_fast: YaRN's upper ramp bound in rotations over L (default 32, the paper's Llama
+            value; the YaRN authors' Mistral runs used 128).
+        beta_slow: YaRN's lower ramp bound in rotations over L (default 1; Mistral runs: 2).
         mscale_coefficient: YaRN temperature mscale = c·ln(s) + 1 (0.1; Mistral runs: 0.07).
         attention_factor: `yarn` only; a fixed cos/sin scale replacing the mscale formula.
         finetuned: `dynamic_yarn` only; the YaRN reference code's fine-tuned dynamic mode for a
