@@ -37,7 +37,6 @@ from hf_posext.evaluation.loss import IGNORE_INDEX, PeakMemory, causal_targets, 
 from hf_posext.evaluation.perplexity import sliding_windows
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 RESULTS = HERE / "results" / "long_context.json"
 EVAL_DIR = HERE / "results" / "eval"
 WINDOW, STRIDE = 8192, 2048

@@ -1,11 +1,11 @@
 """The demo's perplexity figure with the unpatched baseline, drawn by the recipe's own plotting
 (hf_posext.training.recipe_eval.draw_results) from the committed demo results
-(recipes/results/cpu-smollm2-demo/results.json: training-free and fine-tuned YaRN s=2, measured by
+(benchmarks/results/recipes/cpu-smollm2-demo/results.json: training-free and fine-tuned YaRN s=2, measured by
 the recipe run described in recipes/README.md) plus the unpatched base model measured here on the
 same held-out Hamlet with the same protocol (first L tokens, no special tokens, truncate):
 
     flock /tmp/hf_posext_heavy.lock .venv/bin/python recipes/demo_figure.py   # ~3 min on 2 quiet cores
-Writes baseline.{csv,json}, perplexity.png and table.txt into recipes/results/cpu-smollm2-demo/.
+Writes baseline.{csv,json}, perplexity.png and table.txt into benchmarks/results/recipes/cpu-smollm2-demo/.
 `--redraw` draws the figure again from the stored baseline.json without measuring.
 """
 
@@ -19,7 +19,8 @@ from hf_posext import embedded
 from hf_posext.evaluation import ResultsStore, evaluate_perplexity
 from hf_posext.training.recipe_eval import SERIES, draw_results
 
-OUT = Path(__file__).resolve().parent / "results" / "cpu-smollm2-demo"
+OUT = (Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+       / "recipes" / "cpu-smollm2-demo")
 
 
 def main(redraw: bool = False) -> None:

@@ -1,7 +1,7 @@
 """Redraw a run's loss curve from its train_log.csv and config.json with the recipe's current
 plotting code (hf_posext.training.outputs.plot_loss), e.g. the committed demo runs:
 
-    python recipes/plot_loss.py recipes/results/cpu-smollm2-demo recipes/results/cpu-smollm2-demo-nopose
+    python recipes/plot_loss.py benchmarks/results/recipes/cpu-smollm2-demo benchmarks/results/recipes/cpu-smollm2-demo-nopose
 """
 
 import json

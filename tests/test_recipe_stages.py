@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from _recipekit import RECIPES, char_tokenizer, checkpoint_steps, make_assets, recipe_argv
+from _recipekit import ROOT, char_tokenizer, checkpoint_steps, make_assets, recipe_argv
 from hf_posext.data.documents import Document
 from hf_posext.training.outputs import plot_loss, read_log, trailing_mean
 from hf_posext.training.packing import packed_sequences
@@ -101,11 +101,11 @@ def test_trailing_mean_and_loss_plot(tmp_path):
 
 @pytest.mark.parametrize("run_dir", ["cpu-smollm2-demo", "cpu-smollm2-demo-nopose"])
 def test_committed_loss_curves_are_the_current_drawing(run_dir, tmp_path):
-    """recipes/results/*/loss_curve.png are redrawn from their train_log.csv by the current code
+    """benchmarks/results/recipes/*/loss_curve.png are redrawn from their train_log.csv by the current code
     (recipes/plot_loss.py): pixel for pixel the same image."""
     import matplotlib.image as mpimg
     import numpy as np
-    folder = RECIPES / "results" / run_dir
+    folder = ROOT / "benchmarks" / "results" / "recipes" / run_dir
     cfg = config_from_dict(json.loads((folder / "config.json").read_text()))
     from hf_posext.training.recipe import loss_title
     fresh = plot_loss(tmp_path / "loss.png", read_log(folder / "train_log.csv"), loss_title(cfg))
