@@ -266,6 +266,34 @@ def test_each_subpackage_docstring_names_exactly_its_modules(folder):
                            f"{sorted(have - named)}, names what is not there {sorted(named - have)}")
 
 
+TOP_FOLDERS = ("hf_posext", "docs", "benchmarks", "recipes", "tests", "notebooks")
+# a path into the repo: `docs/portability.md`, `hf_posext/search/`; not a glob (`search-*/`,
+# `benchmarks.{md,json}`), a placeholder (`<out>`) or a dotted name (`rope/compat.get_rope_parameters`)
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:%s)/[\w./-]*[\w/])(?![\w*{<-]|\.\{)" % "|".join(TOP_FOLDERS))
+
+
+def missing_paths(text: str) -> list[str]:
+    """The repo paths `text` names that do not exist (hidden folders such as benchmarks/.tuning-mix/
+    are generated, never committed: not counted)."""
+    refs = [m.group(1).rstrip(".") for m in REPO_PATH.finditer(text)]
+    return [r for r in refs if not (REPO / r).exists() and not any(p.startswith(".") for p in Path(r).parts)]
+
+
+def test_the_path_finder_finds_a_missing_path():
+    nowhere = "docs/" + "nowhere.md"   # split: this file's own text names no missing path
+    text = f"see docs/architecture.md and {nowhere}, hf_posext/search/run.py, `search-*/` and rope/x.y"
+    assert missing_paths(text) == [nowhere]
+
+
+def test_every_path_the_repo_names_exists():
+    """Code, docs and configs name only files that exist (a module moved: its mentions move too)."""
+    tracked = [p for p in [*REPO.glob("*"), *(q for top in TOP_FOLDERS for q in (REPO / top).rglob("*"))]
+               if p.is_file() and p.suffix in (".py", ".md", ".toml", ".yaml", ".ipynb")
+               and not any(part.startswith(".") for part in p.relative_to(REPO).parts)]
+    missing = {str(p.relative_to(REPO)): found for p in tracked if (found := missing_paths(p.read_text()))}
+    assert not missing, f"paths that do not exist: {missing}"
+
+
 if __name__ == "__main__":  # print the graph: python tests/test_layout.py
     for src, dsts in sorted(graph().items()):
         print(f"{src:12} -> {', '.join(sorted(dsts))}")
