@@ -40,6 +40,18 @@ def doc():
     return np.concatenate([motif + (k % 3) for k in range(12)]) % VOCAB   # [576] > TARGET + 1
 
 
+def test_the_public_search_is_the_gradient_search():
+    """`hf_posext.search` (README) stays the keyword function, though hf_posext/search/ is a
+    package of the same name: the package is still read by `from hf_posext.search import`."""
+    from hf_posext.search import Gradient, gradient
+
+    import inspect
+
+    assert hf_posext.search is gradient.search and callable(hf_posext.search)
+    knobs = inspect.signature(hf_posext.search).parameters   # its defaults are the strategy's
+    assert (Gradient().lr, Gradient().max_steps) == (knobs["lr"].default, knobs["max_steps"].default)
+
+
 def test_proxy_spans_cover_the_target_at_true_positions():
     spans = proxy_chunks(16384, 4096)
     assert spans[0] == (0, 1024) and spans[-1] == (15360, 16384) and len(spans) == 4

@@ -30,6 +30,10 @@ def _log(rows: list[dict], tmp_path: Path, name: str = "log.jsonl") -> SearchLog
     return SearchLog(path)
 
 
+def _algorithm(path: Path) -> str:
+    return _rows(path)[0]["settings"].get("algorithm", "gradient")   # older logs: gradient
+
+
 def _strategy(rows: list[dict]):
     settings = rows[0]["settings"]
     if settings.get("algorithm", "gradient") == "gradient":
@@ -44,8 +48,8 @@ def _best_of_seeds(log: SearchLog) -> dict:
 
 
 def test_the_committed_logs_are_there():
-    kinds = {_rows(p)[0]["settings"].get("algorithm", "gradient")[:8] for p in LOGS}
-    assert len(LOGS) >= 6 and kinds == {"gradient", "evolutio"}, LOGS
+    kinds = {_algorithm(p).split("(")[0] for p in LOGS}
+    assert len(LOGS) >= 6 and kinds == {"gradient", "evolution"}, LOGS
 
 
 @pytest.mark.parametrize("path", LOGS, ids=lambda p: str(p.relative_to(RESULTS)))
@@ -69,7 +73,7 @@ def test_a_committed_log_is_accepted_by_its_own_search(path, tmp_path):
     assert best["nll"] == last[-1]["best_nll"]
 
 
-@pytest.mark.parametrize("path", [p for p in LOGS if "evolution" in _rows(p)[0]["settings"].get("algorithm", "")],
+@pytest.mark.parametrize("path", [p for p in LOGS if _algorithm(p).startswith("evolution")],
                          ids=lambda p: str(p.relative_to(RESULTS)))
 def test_evolution_resumed_anywhere_draws_the_committed_candidates(path, tmp_path):
     rows = _rows(path)
@@ -89,7 +93,7 @@ def test_evolution_resumed_anywhere_draws_the_committed_candidates(path, tmp_pat
             strategy.pool.append(row)   # the score the original run logged
 
 
-@pytest.mark.parametrize("path", [p for p in LOGS if _rows(p)[0]["settings"].get("algorithm", "gradient") == "gradient"],
+@pytest.mark.parametrize("path", [p for p in LOGS if _algorithm(p) == "gradient"],
                          ids=lambda p: str(p.relative_to(RESULTS)))
 def test_the_gradient_search_resumed_at_any_step_continues_where_it_stopped(path, tmp_path):
     rows = _rows(path)

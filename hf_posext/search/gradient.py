@@ -74,7 +74,8 @@ class Gradient:
         state = [self.opt.state.get(p) for p in self.params.parameters()]
         m = v = None
         if all(s is not None for s in state):
-            m, v = [s["exp_avg"].flatten().tolist() for s in state], [s["exp_avg_sq"].flatten().tolist() for s in state]
+            m = [s["exp_avg"].flatten().tolist() for s in state]
+            v = [s["exp_avg_sq"].flatten().tolist() for s in state]
         return {**point.fields, "factors": point.factors, "attention_factor": point.attention_factor,
                 "proxy_nll": checked, "checked": checked, "rejected": rejected, "lr": self.rate,
                 "next_factors": nf, "next_attention_factor": na, "m": m, "v": v}

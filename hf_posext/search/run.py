@@ -162,8 +162,9 @@ def _checked(run: _Run, best: dict, steps: int) -> SearchResult:
     else:
         run.params.load(best["factors"], best["attention_factor"])
         nll = float(run.score([(0, run.settings.target_length)]))
-        run.log.add({"kind": "check", "factors": best["factors"], "attention_factor": best["attention_factor"],
-                     "source": best["source"], "nll": nll, "ratio": math.exp(nll - run.baseline),
+        run.log.add({"kind": "check", "factors": best["factors"],
+                     "attention_factor": best["attention_factor"], "source": best["source"],
+                     "nll": nll, "ratio": math.exp(nll - run.baseline),
                      "elapsed": run.elapsed()})
     return SearchResult(best["factors"], best["attention_factor"], nll, best["nll"], run.baseline,
                         best["source"], steps)

@@ -76,7 +76,8 @@ class Installed:
             setattr(parent, name, module)
 
 
-def seed_candidates(dim: int, base: float, trained: int, factor: float) -> dict[str, tuple[list[float], float]]:
+def seed_candidates(dim: int, base: float, trained: int,
+                    factor: float) -> dict[str, tuple[list[float], float]]:
     """The rope-only methods in their longrope form: method -> (factors, attention_factor)."""
     out = {}
     for method in SEED_METHODS:
