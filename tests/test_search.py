@@ -21,7 +21,7 @@ import hf_posext
 from hf_posext import cli
 from hf_posext.commands import search as search_cmd
 from hf_posext.portability import config_audit
-from hf_posext.search import SEED_METHODS, SearchResult, run_search, save_best, search
+from hf_posext.search import SEED_METHODS, SearchResult, save_best, search
 from hf_posext.search.objective import proxy_chunks
 from hf_posext.search.space import Factors, Installed
 from hf_posext.rope.longrope import factors_of, rope_powers

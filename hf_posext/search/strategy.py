@@ -34,8 +34,14 @@ class Strategy(Protocol):
     counter: str     # the row field the progress bar shows ("step", "generation")
     desc: str        # the progress bar's name
     gradient: bool   # its objective needs a backward
-    lr: float        # what the log's settings row records (SearchSettings.lr, .algorithm)
-    algorithm: str
+
+    @property
+    def lr(self) -> float:
+        """What the log's settings row records as `lr` (SearchSettings)."""
+
+    @property
+    def algorithm(self) -> str:
+        """What the log's settings row records as `algorithm` (SearchSettings)."""
 
     def logged(self, log: SearchLog) -> list[dict]:
         """Its scored points in the log (`as_best` form), in order: a resumed run's best."""
