@@ -35,28 +35,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-OUT = HERE / "results" / "search-lear-16k"
-RESULTS = HERE / "results" / "search.json"
-BASELINE_CSV = HERE / "results" / "eval" / "long-context-code" / "perplexity.csv"
-TUNE_ARGV = ["search", "--dataset", "embedded:shakespeare/king-lear", "--length", "16k", "--no-final-check",
-             "--proxy-length", "4k", "--budget-minutes", "25", "--lr", "0.1", "--out", str(OUT)]
-TARGET, TRAINED = 16384, 8192
-# 4x: the better algorithm of the 2x comparison (evolution) at 32k, proxy a quarter of the target
-# as at 2x; the same held-out text and plain-transformers scorer.
-OUT4 = HERE / "results" / "search-lear-32k"
-TUNE4_ARGV = ["search", "--dataset", "embedded:shakespeare/king-lear", "--length", "32k", "--no-final-check",
-              "--proxy-length", "8k", "--budget-minutes", "45", "--algorithm", "evolution", "--out", str(OUT4)]
-TARGET4 = 32768
-MIX_DIR = HERE / ".tuning-mix"   # built by mix_texts(); ignored by git (derived from installed files)
-OUT_MIX, OUT_MIX4 = HERE / "results" / "search-mix-16k", HERE / "results" / "search-mix-32k"
-MIX_ARGV = ["search", "--dataset", str(MIX_DIR), "--max-docs", "2", "--length", "16k", "--no-final-check",
-            "--proxy-length", "4k", "--budget-minutes", "30", "--algorithm", "evolution", "--out", str(OUT_MIX)]
-MIX4_ARGV = ["search", "--dataset", str(MIX_DIR), "--max-docs", "2", "--length", "32k", "--no-final-check",
-             "--proxy-length", "8k", "--budget-minutes", "45", "--algorithm", "evolution", "--out", str(OUT_MIX4)]
-LENGTHS = (4096, 8192, 16384)   # short-context regression at <= L, the target at 2x
-MAIN_ROWS = ("yarn (s=2)", "searched", "searched (gradient)", "searched (evolution)", "unpatched")
+# the steps' settings and paths (search_setup.py: the report reads them there too)
+from search_setup import (COMPARE, COMPARE_BUDGET, HERE, LENGTHS, MIX4_ARGV, MIX_ARGV, MIX_DIR, OUT, OUT4,
+                          OUT_MIX, OUT_MIX4, RESULTS, TARGET, TRAINED, TUNE4_ARGV, TUNE_ARGV)
 
 
 def mix_texts() -> Path:
@@ -102,10 +83,6 @@ def score(name: str, checkpoint: str | None, yarn: float | None, lengths, short_
     return row
 
 
-COMPARE = HERE / "results" / "search-compare"
-COMPARE_BUDGET = 15.0   # minutes per algorithm, the shared baseline and seeds included
-
-
 def compare(budget: float) -> None:
     """Gradient vs evolutionary search for the same wall-clock budget on this 2-core CPU, in
     one process (the model loads once): the same King Lear tokens, 16k target, 4k proxy. The
@@ -115,25 +92,23 @@ def compare(budget: float) -> None:
     from hf_posext.data import embedded
     from hf_posext.data.documents import load_documents
     from hf_posext.evaluation.data import TokenCache, select_documents
-    from hf_posext.training.evolution import evolve, evolution_label
-    from hf_posext.training.factor_search import save_best
-    from hf_posext.training.gradient import search
+    from hf_posext.search import Evolution, Gradient, SearchOptions, run_search, save_best
 
     tok, model = embedded.load_tokenizer(), embedded.load_model()
     docs = select_documents(load_documents("embedded:shakespeare/king-lear"), TokenCache(tok), TARGET + 1, 1)
-    common = dict(budget_minutes=budget, proxy_length=4096, data=docs.fingerprint, final_check=False)
+    options = SearchOptions(TARGET, 4096, budget, docs.fingerprint, final_check=False)
     grad_dir, evo_dir = COMPARE / "gradient", COMPARE / "evolution"
-    result = search(model, docs.docs, TARGET, grad_dir / "search_log.jsonl", lr=0.02, **common)
+    result = run_search(model, docs.docs, grad_dir / "search_log.jsonl", options, Gradient(lr=0.02))
     save_best(model, tok, result, grad_dir, TARGET)
     grad_rows = [json.loads(line) for line in open(grad_dir / "search_log.jsonl")]
     evo_log = evo_dir / "search_log.jsonl"
     if not evo_log.is_file():
         evo_dir.mkdir(parents=True, exist_ok=True)
-        settings = {**grad_rows[0]["settings"], "lr": 0.0, "algorithm": evolution_label()}
+        settings = {**grad_rows[0]["settings"], "lr": 0.0, "algorithm": Evolution().algorithm}
         start = [{"kind": "settings", "settings": settings}] + \
             [r for r in grad_rows if r["kind"] in ("baseline", "seed")]
         evo_log.write_text("".join(json.dumps(r) + "\n" for r in start))
-    result = evolve(model, docs.docs, TARGET, evo_log, **common)
+    result = run_search(model, docs.docs, evo_log, options, Evolution())
     save_best(model, tok, result, evo_dir, TARGET)
 
 
@@ -180,7 +155,7 @@ def main() -> None:
         if args.only == "mix4":
             print(score("searched 4x, two kinds (evolution)", str(OUT_MIX4), None, lengths, **short))
     if args.step == "report":
-        from search_report import report   # the report reads this module's constants
+        from search_report import report
         report()
 
 

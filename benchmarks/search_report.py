@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import math
 
-from search import (BASELINE_CSV, COMPARE, COMPARE_BUDGET, LENGTHS, MAIN_ROWS, OUT, OUT4, OUT_MIX,
-                    OUT_MIX4, RESULTS, ROOT, TARGET, TARGET4, TRAINED, TUNE4_ARGV, TUNE_ARGV, HERE)
+from search_setup import (BASELINE_CSV, COMPARE, COMPARE_BUDGET, LENGTHS, MAIN_ROWS, OUT, OUT4, OUT_MIX,
+                          OUT_MIX4, RESULTS, ROOT, TARGET, TARGET4, TRAINED, TUNE4_ARGV, TUNE_ARGV, HERE)
+
 
 def baseline_row(length: int = TARGET) -> dict:
     """The unpatched model's sliding-8k baseline at `length` on the code text (long_context.py code)."""

@@ -23,7 +23,7 @@ from .data import embedded  # `from hf_posext import embedded` (README)
 from .rope import methods
 from .rope.config import ROPE_METHODS, RopeExtensionConfig
 from .portability.exporting import export
-from .training.gradient import search
+from .search import search  # the function; it shadows the subpackage's name (search/__init__.py)
 from .generation import fixed_rope_scale, generate
 from .loading import from_pretrained
 from .patcher import is_patched, patch, trained_length, unpatch

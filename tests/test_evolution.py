@@ -1,4 +1,4 @@
-"""LongRoPE's evolutionary search (training/evolution.py) on a tiny model: it beats its seeds,
+"""LongRoPE's evolutionary search (hf_posext/search/evolution.py) on a tiny model: it beats its seeds,
 stays in LongRoPE's space, saves a plain longrope checkpoint, resumes to the same candidates, and
 refuses bad settings before the model loads."""
 
@@ -7,20 +7,21 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from conftest import TRAINED, tiny_model
 from test_search import TARGET, doc  # noqa: F401  (the module-scoped tuning document)
 
 import hf_posext
 from hf_posext import cli
 from hf_posext.commands import search as search_cmd
-from hf_posext.training.evolution import evolve
-from hf_posext.training.factor_search import SEED_METHODS, save_best
-from hf_posext.training.gradient import search
+from hf_posext.search import SEED_METHODS, Evolution, SearchOptions, run_search, save_best, search
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-SETTINGS = dict(population=6, parents=2, sigma=1.0, p_mutate=0.5, proxy_length=TARGET // 2,
-                progress=False)
+KNOBS = dict(population=6, parents=2, sigma=1.0, p_mutate=0.5)
+
+
+def evolve(model, doc, log, generations: int, final_check: bool = True):  # noqa: F811
+    options = SearchOptions(TARGET, proxy_length=TARGET // 2, final_check=final_check, progress=False)
+    return run_search(model, [doc], log, options, Evolution(max_generations=generations, **KNOBS))
 
 
 def _rows(path):
@@ -29,7 +30,7 @@ def _rows(path):
 
 def test_evolution_improves_over_its_seeds_and_saves_a_plain_longrope(doc, tmp_path):  # noqa: F811
     model = tiny_model()
-    result = evolve(model, [doc], TARGET, tmp_path / "log.jsonl", max_generations=4, **SETTINGS)
+    result = evolve(model, doc, tmp_path / "log.jsonl", 4)
     rows = _rows(tmp_path / "log.jsonl")
     seeds = {r["method"]: r["nll"] for r in rows if r["kind"] == "seed"}
     assert set(seeds) == set(SEED_METHODS)
@@ -51,11 +52,11 @@ def test_evolution_improves_over_its_seeds_and_saves_a_plain_longrope(doc, tmp_p
 
 def test_evolution_resumes_to_the_same_candidates(doc, tmp_path):  # noqa: F811
     once = tmp_path / "once.jsonl"
-    evolve(tiny_model(), [doc], TARGET, once, max_generations=2, final_check=False, **SETTINGS)
+    evolve(tiny_model(), doc, once, 2, final_check=False)
     twice = tmp_path / "twice.jsonl"
-    evolve(tiny_model(), [doc], TARGET, twice, max_generations=1, final_check=False, **SETTINGS)
+    evolve(tiny_model(), doc, twice, 1, final_check=False)
     first = _rows(twice)
-    evolve(tiny_model(), [doc], TARGET, twice, max_generations=2, final_check=False, **SETTINGS)
+    evolve(tiny_model(), doc, twice, 2, final_check=False)
     rows = _rows(twice)
     assert rows[:len(first)] == first                          # nothing rewritten
     pick = lambda rs: [(r["generation"], r["index"], r["factors"]) for r in rs  # noqa: E731
@@ -68,20 +69,20 @@ def test_evolution_resumes_to_the_same_candidates(doc, tmp_path):  # noqa: F811
 
 def test_a_generation_cut_short_is_completed_on_resume(doc, tmp_path):  # noqa: F811
     full = tmp_path / "full.jsonl"
-    evolve(tiny_model(), [doc], TARGET, full, max_generations=2, final_check=False, **SETTINGS)
+    evolve(tiny_model(), doc, full, 2, final_check=False)
     rows = _rows(full)
     cut = tmp_path / "cut.jsonl"   # as if the budget ran out after 2 candidates of generation 2
     keep = [r for r in rows if not (r["kind"] == "candidate" and r["generation"] == 2 and r["index"] >= 2)]
     cut.write_text("".join(json.dumps(r) + "\n" for r in keep))
-    evolve(tiny_model(), [doc], TARGET, cut, max_generations=2, final_check=False, **SETTINGS)
+    evolve(tiny_model(), doc, cut, 2, final_check=False)
     pick = lambda rs: [(r["generation"], r["index"], r["factors"]) for r in rs  # noqa: E731
                        if r["kind"] == "candidate"]
     assert pick(_rows(cut)) == pick(rows)
 
 
-def test_evolution_refuses_bad_settings(doc, tmp_path):  # noqa: F811
+def test_evolution_refuses_bad_settings():
     with pytest.raises(ValueError, match="population"):
-        evolve(tiny_model(), [doc], TARGET, tmp_path / "log.jsonl", population=1)
+        Evolution(population=1)
 
 
 @pytest.mark.parametrize("argv,message", [

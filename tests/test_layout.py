@@ -1,6 +1,8 @@
 """The package's layout (docs/architecture.md): the import graph between its parts has no circle,
-nothing inside imports the package root (`hf_posext/__init__.py`, the public API) back, at most 8
-modules sit at the top level, and no file is over 400 lines.
+nor has the graph between its modules, nor the one between the repository's scripts (benchmarks/,
+recipes/, tests/: a script imports another by its file name); nothing inside imports the package
+root (`hf_posext/__init__.py`, the public API) back, at most 8 modules sit at the top level, no
+file is over 400 lines, and each subpackage's docstring names exactly the modules it has.
 
 A *part* is a subpackage (`hf_posext/rope/`, `attention/`, ...) or a top-level module
 (`patcher.py`, ...). Edges are read with `ast` from every import statement, function-level ones
@@ -10,12 +12,14 @@ included (a lazy import is still a dependency).
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hf_posext"
+REPO = PACKAGE.parent
 ROOT = "__init__"  # the package root: the public API, imported by no part
 
 
@@ -93,6 +97,71 @@ def _cycle(edges) -> list[str] | None:
     return None
 
 
+def _module_of(dotted: list[str]) -> str | None:
+    """The file an import target lands in: `['rope', 'config']` -> 'rope/config.py', `['rope']` ->
+    'rope/__init__.py'; a name imported from a module (`['rope', 'config', 'X']`) -> its module."""
+    for k in range(len(dotted), -1, -1):
+        path = PACKAGE.joinpath(*dotted[:k])
+        if path.with_suffix(".py").is_file():
+            return str(path.with_suffix(".py").relative_to(PACKAGE))
+        if (path / "__init__.py").is_file():
+            return str((path / "__init__.py").relative_to(PACKAGE))
+    return None
+
+
+def module_graph() -> dict[str, dict[str, list[str]]]:
+    """module file -> {imported module file: ['line', ...]} inside the package."""
+    edges: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(PACKAGE.rglob("*.py")):
+        src = str(path.relative_to(PACKAGE))
+        for target, line in _imports(path):
+            dst = _module_of(target)
+            if dst is not None and dst != src:
+                edges[src][dst].append(str(line))
+    return edges
+
+
+def _scripts(root: Path) -> list[Path]:
+    """Every .py file of the repository outside the package (and outside hidden folders: .git,
+    the venvs)."""
+    return sorted(p for p in root.rglob("*.py") if not any(part.startswith(".") for part in
+                  p.relative_to(root).parts) and p.relative_to(root).parts[0] != PACKAGE.name)
+
+
+def script_graph(root: Path = REPO) -> dict[str, dict[str, list[str]]]:
+    """script -> {imported script: ['line', ...]}. A script imports another by its file name
+    (`from search_setup import ...`, with the folder on sys.path): a top-level import names the
+    script of that name in the importer's folder, else every script of that name in the repo."""
+    scripts = _scripts(root)
+    by_name: dict[str, list[Path]] = defaultdict(list)
+    for path in scripts:
+        by_name[path.stem].append(path)
+    edges: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for path in scripts:
+        src = str(path.relative_to(root))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                found = by_name.get(name.split(".")[0], [])
+                near = [p for p in found if p.parent == path.parent]
+                for dst in near or found:
+                    if dst != path:
+                        edges[src][str(dst.relative_to(root))].append(str(node.lineno))
+    return edges
+
+
+def _fail_on_circle(edges, what: str) -> None:
+    circle = _cycle(edges)
+    if circle:
+        where = [f"{a} -> {b}: {', '.join(edges[a][b])}" for a, b in zip(circle, circle[1:])]
+        pytest.fail(f"import circle between {what}: " + " -> ".join(circle) + "\n" + "\n".join(where))
+
+
 def test_the_cycle_finder_finds_a_planted_circle():
     """The checker itself can fail: a planted a -> b -> c -> a circle is reported."""
     planted = {"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}
@@ -100,12 +169,33 @@ def test_the_cycle_finder_finds_a_planted_circle():
     assert _cycle({"a": {"b": []}, "b": {}}) is None
 
 
+def test_the_script_graph_sees_scripts_importing_each_other(tmp_path):
+    """A planted pair of scripts importing each other (one lazily, in a function) is a circle;
+    a script's own folder wins over a namesake elsewhere."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "bench" / "steps.py").write_text("import json\nfrom report import table\n")
+    (tmp_path / "bench" / "report.py").write_text("def table():\n    from steps import X\n")
+    (tmp_path / "tools" / "report.py").write_text("import os\n")
+    edges = script_graph(tmp_path)
+    assert dict(edges["bench/steps.py"]) == {"bench/report.py": ["2"]}
+    assert _cycle(edges) == ["bench/report.py", "bench/steps.py", "bench/report.py"]
+
+
 def test_no_import_circle_between_parts():
-    edges = graph()
-    circle = _cycle(edges)
-    if circle:
-        where = [f"{a} -> {b}: {', '.join(edges[a][b])}" for a, b in zip(circle, circle[1:])]
-        pytest.fail("import circle " + " -> ".join(circle) + "\n" + "\n".join(where))
+    _fail_on_circle(graph(), "parts of hf_posext")
+
+
+def test_no_import_circle_between_modules():
+    _fail_on_circle(module_graph(), "modules of hf_posext")
+
+
+def test_no_import_circle_between_scripts():
+    """benchmarks/, recipes/, tests/: scripts import each other by file name (benchmarks/search.py
+    and search_report.py share search_setup.py instead of importing each other)."""
+    edges = script_graph()
+    assert edges["benchmarks/search_report.py"], "the script graph reads no script import"
+    _fail_on_circle(edges, "scripts")
 
 
 def test_nothing_imports_the_package_root_back():
@@ -119,7 +209,7 @@ def test_the_big_parts_form_layers():
     """The wings' order (docs/architecture.md): rope below attention below portability, the data
     and the evaluation/training wings above the public API modules; none imports a higher one."""
     order = ["errors", "rope", "attention", "catalog", "portability", "patcher", "loading", "generation",
-             "adapters", "data", "evaluation", "training", "commands", "cli"]
+             "adapters", "data", "evaluation", "search", "training", "commands", "cli"]
     rank = {name: i for i, name in enumerate(order)}
     edges = graph()
     up = [f"{src} -> {dst} ({', '.join(sites)})" for src, dsts in edges.items()
@@ -147,6 +237,61 @@ def test_every_subpackage_is_in_the_wheel():
     found = set(find_packages(str(PACKAGE.parent), include=["hf_posext*"]))
     folders = {".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("*.py")}
     assert folders <= found, f"not packaged: {sorted(folders - found)}"
+
+
+def _subpackages() -> list[Path]:
+    return sorted(p.parent for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE)
+
+
+def named_modules(doc: str) -> set[str]:
+    """The modules a docstring names: `name.py` (not a path such as `recipes/finetune.py` or
+    `hf_posext/cli.py`) and subfolders `name/`."""
+    files = re.findall(r"(?<![\w/.])(\w+\.py)\b", doc)
+    folders = re.findall(r"(?<![\w/.])(\w+)/(?![\w.])", doc)
+    return set(files) | {f"{name}/" for name in folders}
+
+
+def test_the_docstring_parser_reads_module_names():
+    doc = "run.py  the run (`recipes/finetune.py` is a path) · measurement/ the module; cli.py"
+    assert named_modules(doc) == {"run.py", "measurement/", "cli.py"}
+
+
+@pytest.mark.parametrize("folder", _subpackages(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_each_subpackage_docstring_names_exactly_its_modules(folder):
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+    have = {p.name for p in folder.glob("*.py") if p.name != "__init__.py"}
+    have |= {f"{p.parent.name}/" for p in folder.glob("*/__init__.py")}
+    named = named_modules(doc)
+    assert named == have, (f"{folder.relative_to(REPO)}/__init__.py's docstring: missing "
+                           f"{sorted(have - named)}, names what is not there {sorted(named - have)}")
+
+
+TOP_FOLDERS = ("hf_posext", "docs", "benchmarks", "recipes", "tests", "notebooks")
+# a path into the repo: `docs/portability.md`, `hf_posext/search/`; not a glob (`search-*/`,
+# `benchmarks.{md,json}`), a placeholder (`<out>`) or a dotted name (`rope/compat.get_rope_parameters`)
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:%s)/[\w./-]*[\w/])(?![\w*{<-]|\.\{)" % "|".join(TOP_FOLDERS))
+
+
+def missing_paths(text: str) -> list[str]:
+    """The repo paths `text` names that do not exist (hidden folders such as benchmarks/.tuning-mix/
+    are generated, never committed: not counted)."""
+    refs = [m.group(1).rstrip(".") for m in REPO_PATH.finditer(text)]
+    return [r for r in refs if not (REPO / r).exists() and not any(p.startswith(".") for p in Path(r).parts)]
+
+
+def test_the_path_finder_finds_a_missing_path():
+    nowhere = "docs/" + "nowhere.md"   # split: this file's own text names no missing path
+    text = f"see docs/architecture.md and {nowhere}, hf_posext/search/run.py, `search-*/` and rope/x.y"
+    assert missing_paths(text) == [nowhere]
+
+
+def test_every_path_the_repo_names_exists():
+    """Code, docs and configs name only files that exist (a module moved: its mentions move too)."""
+    tracked = [p for p in [*REPO.glob("*"), *(q for top in TOP_FOLDERS for q in (REPO / top).rglob("*"))]
+               if p.is_file() and p.suffix in (".py", ".md", ".toml", ".yaml", ".ipynb")
+               and not any(part.startswith(".") for part in p.relative_to(REPO).parts)]
+    missing = {str(p.relative_to(REPO)): found for p in tracked if (found := missing_paths(p.read_text()))}
+    assert not missing, f"paths that do not exist: {missing}"
 
 
 if __name__ == "__main__":  # print the graph: python tests/test_layout.py

@@ -1,4 +1,4 @@
-"""`hf-posext search` / `hf_posext.search` on a tiny random Llama (hf_posext/training/factor_search.py).
+"""`hf-posext search` / `hf_posext.search` on a tiny random Llama (hf_posext/search/).
 
 The objective improves over the best seed (the rope-only methods in their longrope form); the
 saved checkpoint is transformers' own `longrope`, reloaded in a fresh process without hf_posext
@@ -21,9 +21,9 @@ import hf_posext
 from hf_posext import cli
 from hf_posext.commands import search as search_cmd
 from hf_posext.portability import config_audit
-from hf_posext.training.factor_search import (SEED_METHODS, SearchResult, _Factors, _Installed,
-                                              proxy_chunks, save_best)
-from hf_posext.training.gradient import search
+from hf_posext.search import SEED_METHODS, SearchResult, save_best, search
+from hf_posext.search.objective import proxy_chunks
+from hf_posext.search.space import Factors, Installed
 from hf_posext.rope.longrope import factors_of, rope_powers
 from hf_posext.rope.registry import compute
 
@@ -38,6 +38,18 @@ def doc():
     g = np.random.default_rng(0)
     motif = g.integers(0, VOCAB, 48)
     return np.concatenate([motif + (k % 3) for k in range(12)]) % VOCAB   # [576] > TARGET + 1
+
+
+def test_the_public_search_is_the_gradient_search():
+    """`hf_posext.search` (README) stays the keyword function, though hf_posext/search/ is a
+    package of the same name: the package is still read by `from hf_posext.search import`."""
+    from hf_posext.search import Gradient, gradient
+
+    import inspect
+
+    assert hf_posext.search is gradient.search and callable(hf_posext.search)
+    knobs = inspect.signature(hf_posext.search).parameters   # its defaults are the strategy's
+    assert (Gradient().lr, Gradient().max_steps) == (knobs["lr"].default, knobs["max_steps"].default)
 
 
 def test_proxy_spans_cover_the_target_at_true_positions():
@@ -58,9 +70,9 @@ def test_search_improves_over_its_seed_and_saves_a_plain_longrope(doc, tmp_path)
     # the searched config lies in LongRoPE's space: f_i >= 1, non-decreasing to low frequencies
     assert all(f >= 1.0 for f in result.factors) and result.factors == sorted(result.factors)
     # what the search measured over the whole target length, through its own rotary module
-    params = _Factors(result.factors, result.attention_factor)
+    params = Factors(result.factors, result.attention_factor)
     ids = torch.as_tensor(doc[:TARGET], dtype=torch.long)[None]
-    with _Installed(model, params, rope_powers(16, 10_000.0)), torch.no_grad():
+    with Installed(model, params, rope_powers(16, 10_000.0)), torch.no_grad():
         searched = model(ids).logits
     rope = save_best(model, None, result, tmp_path / "ckpt", TARGET)
     assert rope["rope_type"] == "longrope" and rope["short_factor"] == rope["long_factor"]
@@ -99,7 +111,7 @@ def test_identity_short_factors_run_plain_rope_within_L_and_the_searched_set_bey
         folder = tmp_path / name
         shutil.copytree(tmp_path / "ckpt", folder)
         ids = torch.as_tensor(doc[:n], dtype=torch.long)[None]
-        with _Installed(model, _Factors(f, a), rope_powers(16, 10_000.0)), torch.no_grad():
+        with Installed(model, Factors(f, a), rope_powers(16, 10_000.0)), torch.no_grad():
             torch.save({"ids": ids, "logits": model(ids).logits}, folder / "expected.pt")
         paths.append(folder)
     for python in (sys.executable, other_python()):
@@ -172,13 +184,13 @@ def test_cli_search_tunes_on_every_dataset_named(tmp_path, capsys, monkeypatch):
         texts[-1].write_text("".join(chr(32 + (k * i) % 90) for i in range(TARGET + 50)))
     seen = {}
 
-    def fake_search(model, docs, length, log, **kw):
-        seen["docs"], seen["data"] = docs, kw["data"]
+    def fake_search(model, docs, log, options, strategy):
+        seen["docs"], seen["data"] = docs, options.data
         raise SystemExit(0)   # the documents are all this test is about
 
     monkeypatch.setattr(search_cmd, "load_tokenizer_from", lambda args: char_tokenizer())
     monkeypatch.setattr(search_cmd, "load_model_from", lambda args: tiny_model())
-    monkeypatch.setattr(search_cmd, "search", fake_search)
+    monkeypatch.setattr(search_cmd, "run_search", fake_search)
     argv = ["search", "--dataset", str(texts[0]), "--dataset", str(texts[1]), "--length", str(TARGET),
             "--out", str(tmp_path / "o")]
     with pytest.raises(SystemExit):

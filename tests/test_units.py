@@ -37,7 +37,7 @@ import hf_posext
 from hf_posext.errors import ConfigError
 from hf_posext.evaluation.inputs import parse_knobs, parse_methods
 from hf_posext.rope.longrope import longrope_form
-from hf_posext.training.factor_search import SEED_METHODS
+from hf_posext.search import SEED_METHODS
 
 assert hf_posext.__file__.startswith(sys.argv[1]), hf_posext.__file__
 assert "toy" in hf_posext.METHODS and "toy" in hf_posext.ROPE_METHODS

@@ -1,4 +1,4 @@
-"""`hf-posext search`: find a portable `longrope` config for a target length (hf_posext/training/factor_search.py).
+"""`hf-posext search`: find a portable `longrope` config for a target length (hf_posext/search/).
 
     hf-posext search --dataset embedded:shakespeare/king-lear --length 16k --out lear-16k \\
         --budget-minutes 30 --proxy-length 4k
@@ -21,9 +21,7 @@ from ..data.documents import TextSource, load_documents
 from ..data.embedded import DEFAULT_MODEL
 from ..evaluation.data import TokenCache, TokenizedDocs, select_documents
 from ..evaluation.inputs import InputError, check_device, check_model_arg, parse_length
-from ..training.evolution import evolve
-from ..training.factor_search import SHORT_FACTORS, save_best
-from ..training.gradient import search
+from ..search import SHORT_FACTORS, Evolution, Gradient, SearchOptions, run_search, save_best
 from .model_args import load_model_from, load_tokenizer_from
 
 LOG_NAME = "search_log.jsonl"
@@ -131,17 +129,16 @@ def run(args) -> int:
           f"{length + 1} tokens", file=sys.stderr)
     model = load_model_from(args)
     out = Path(args.out)
-    common = dict(budget_minutes=args.budget_minutes, proxy_length=proxy, data=docs.fingerprint,
-                  final_check=not args.no_final_check, progress=not args.no_progress)
+    options = SearchOptions(length, proxy, args.budget_minutes, docs.fingerprint,
+                            final_check=not args.no_final_check, progress=not args.no_progress)
     if args.algorithm == "evolution":
-        result = evolve(model, docs.docs, length, out / LOG_NAME, population=args.population,
-                        parents=args.parents, sigma=args.sigma, seed=args.seed,
-                        max_generations=args.max_steps, **common)
+        strategy = Evolution(args.population, args.parents, args.sigma, seed=args.seed,
+                             max_generations=args.max_steps)
     else:
-        result = search(model, docs.docs, length, out / LOG_NAME, lr=args.lr,
-                        max_steps=args.max_steps, **common)
+        strategy = Gradient(args.lr, args.max_steps)
+    result = run_search(model, docs.docs, out / LOG_NAME, options, strategy)
     rope = save_best(model, tokenizer, result, out, length, short_factors=args.short_factors)
-    print(f"best: {result.source} after {result.steps} {'candidate' if args.algorithm == 'evolution' else 'step'}(s); saved as rope_type "
+    print(f"best: {result.source} after {result.steps} {strategy.kind}(s); saved as rope_type "
           f"{rope['rope_type']!r} in {out}")
     base = f"unpatched sliding-window baseline {math.exp(result.baseline_nll):.4f}"
     if result.checked:

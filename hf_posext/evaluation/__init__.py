@@ -1,7 +1,23 @@
 """Long-context evaluation: perplexity across context lengths (truncate and sliding-window
 protocols, with the sliding-window baseline) and passkey retrieval, with results files, tables
 and plots. The `hf-posext` CLI (`hf_posext.cli`) drives these functions; they also work on any
-loaded model (docs/evaluation.md):
+loaded model (docs/evaluation.md).
+
+    loss.py         chunked causal-LM NLL without the full logits; peak memory
+    perplexity.py   the truncate and sliding-window protocols, and the perplexity grid's cells
+    passkey.py      passkey retrieval (Landmark Attention §4.2)
+    buckets.py      per-position NLL summed into position buckets
+    grid.py         the grid shared by perplexity and passkey: cells, resume, reuse
+    distributed.py  several processes, one grid (each rank a share)
+    settings.py     the typed inputs of a perplexity evaluation
+    identity.py     what a result is: the keys that decide reuse
+    store.py        results files (JSON, the source of truth, and a CSV view)
+    results.py      end-of-run tables and plots
+    data.py         tokenise documents once, cache the token ids
+    texts.py        perplexity of texts given in Python (what the `evaluate` module runs)
+    inputs.py       the `hf-posext` command-line inputs and their checks
+    measurement/    the `evaluate` measurement module
+
 
     from hf_posext.evaluation import PerplexityGrid, evaluate_perplexity
     rows = evaluate_perplexity(model, docs, PerplexityGrid(["linear", "yarn"], [4096, 16384]))

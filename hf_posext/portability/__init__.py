@@ -4,5 +4,9 @@
     engines.py    what transformers, vLLM, SGLang, TGI and llama.cpp run, re-derived from source
     meaning.py    what a checkpoint means, and a reading's error against it
     verdicts.py   `hf_posext.check`: one verdict per reader
-    exporting.py  `hf_posext.export`: the form a named reader runs exactly
+    exporting.py     `hf_posext.export`: the form a named reader runs exactly
+    gguf_export.py   `--target gguf`: a GGUF llama.cpp runs exactly
+    config_audit.py  what `check` reports besides the verdicts (config errors and warnings)
+    measured.py      what the real engines did with each method's checkpoint (measured_engines.json)
+    atomic.py        write an output whole or not at all
 """

@@ -11,7 +11,7 @@ reader family, each also exact in transformers 4.x and 5.x. Every candidate form
 says what the reader does instead (e.g. dynamic methods in a reader that builds its table once).
 Attention-level methods (the `hf_posext_attention` block) are refused for every target: no
 reader but hf_posext runs them. `--target gguf` rewrites a GGUF llama.cpp's converter made of
-the checkpoint with the keys llama.cpp's runtime reads (hf_posext/gguf_export.py).
+the checkpoint with the keys llama.cpp's runtime reads (gguf_export.py).
 
 Nothing from the checkpoint is executed: config.json is read as JSON and the other files are
 copied byte for byte (weights are never unpickled, no remote code imported). The output is

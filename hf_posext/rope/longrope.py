@@ -9,7 +9,8 @@ LongRoPE paper's rescale factors λ_i, arXiv 2402.13753 §3). A static method's 
 fixed per-frequency rescale of plain RoPE, so it is exactly this with f_i = inv_freq_i / inv'_i
 (linear: f_i = s; NTK-aware: f_i = s^(2i/(d−2)); NTK-by-parts and YaRN: the ramp between 1 and
 s) and its cos/sin scale as an explicit `attention_factor`. Two details make the form exact in
-both versions (REFERENCE.md §9):
+both versions (read from transformers' `_compute_longrope_parameters` and, for the choice of
+set, `longrope_frequency_update` in modeling_rope_utils.py; docs/dynamic.md):
 
 - `short_factor` = `long_factor`: which set transformers picks depends on the sequence length and,
   in 4.57, on `config.max_position_embeddings` rather than the dict's L; equal sets make the

@@ -1,13 +1,14 @@
-"""Library pieces of the fine-tuning recipe (`recipes/finetune.py` is only its command line):
+"""Library pieces of the fine-tuning recipe (`recipes/finetune.py` is only its command line;
+the factor search, which trains no weights, is hf_posext/search/):
 
-- `recipe_config`: the YAML/flag configuration (jsonargparse) and its validation;
-- `accel`: the Accelerator and resume checks; `checkpoint`: atomic checkpoints with a JSON state
-  and a hash manifest, verified before resuming (no pickle the recipe did not write is read);
-- `data`, `packing`: documents, hold-out, tokenising and packing with `datasets.map`;
-- `model`: tokenizer, extended model, LoRA, the PoSE collator (`pose`);
-- `optim`: AdamW and `transformers.get_scheduler`;
-- `loop`: the training loop; `outputs`: log, loss plot, final model; `recipe_eval`: evaluation;
-- `recipe.run`: the stages in order.
+- recipe_config.py: the YAML/flag configuration (jsonargparse) and its validation;
+- accel.py: the Accelerator and resume checks; checkpoint.py: atomic checkpoints with a JSON
+  state and a hash manifest, verified before resuming (no pickle the recipe did not write is read);
+- data.py, packing.py: documents, hold-out, tokenising and packing with `datasets.map`;
+- model.py: tokenizer, extended model, LoRA; pose.py: the PoSE collator;
+- optim.py: AdamW and `transformers.get_scheduler`;
+- loop.py: the training loop; outputs.py: log, loss plot, final model; recipe_eval.py: evaluation;
+- recipe.py: `run`, the stages in order.
 """
 
 from .data import Document, load_documents, split_holdout
