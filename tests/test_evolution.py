@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from conftest import TRAINED, tiny_model
 from test_search import TARGET, doc  # noqa: F401  (the module-scoped tuning document)
 
