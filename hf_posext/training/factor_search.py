@@ -92,6 +92,8 @@ class _SearchRotary(torch.nn.Module):
     """A rotary module computing cos/sin from the searched factors with gradients, as
     transformers' longrope does (1 / (f_i · b^(2i/d)), cos/sin × attention_factor)."""
 
+    powers: torch.Tensor   # a buffer (register_buffer below)
+
     def __init__(self, params: _Factors, powers: torch.Tensor):
         super().__init__()
         self.params = params
