@@ -24,6 +24,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: $(VENV)/.installed
 
+# Static checks (pyproject's [tool.ruff] and [tool.mypy] say which and why); under a minute.
+.PHONY: lint
+lint: install
+	$(BIN)/ruff check hf_posext recipes benchmarks tests
+	$(BIN)/mypy
+
 test: install
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 

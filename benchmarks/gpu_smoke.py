@@ -21,7 +21,7 @@ from hf_posext import embedded
 from hf_posext.evaluation.loss import decoder_and_head
 
 # method -> knobs (the demo's, README; `auto` fitted to each length)
-METHODS = {"none": None,
+METHODS: dict[str, dict | None] = {"none": None,
            "string": {},
            "leaky_rerope": {"window": 6144, "leak": "auto", "logn": False},
            "self_extend": {"window": 6144, "group_size": "auto"}}

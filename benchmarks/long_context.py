@@ -41,7 +41,7 @@ RESULTS = HERE / "results" / "long_context.json"
 EVAL_DIR = HERE / "results" / "eval"
 WINDOW, STRIDE = 8192, 2048
 # The knob settings tried (names used on the command line). Defaults = the authors' (for L = 8192).
-CONFIGS = {
+CONFIGS: dict[str, tuple[str, dict]] = {
     "leaky_rerope": ("leaky_rerope", {}),                                  # w = 1024, k = 16, log-n
     "leaky_rerope_w4096_k3": ("leaky_rerope", {"window": 4096, "leak": 3.0, "logn": False}),
     "leaky_rerope_w4096_k3_logn": ("leaky_rerope", {"window": 4096, "leak": 3.0}),

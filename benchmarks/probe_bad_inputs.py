@@ -45,12 +45,12 @@ LOADS = {"n": 0}
 
 def _count_loads():
     """Count weight loads (the 'heavy work' an early error must precede)."""
-    real = transformers.PreTrainedModel.from_pretrained.__func__
+    real = transformers.PreTrainedModel.from_pretrained.__func__  # type: ignore[attr-defined]  # a classmethod's function
 
     def counted(cls, *a, **k):
         LOADS["n"] += 1
         return real(cls, *a, **k)
-    transformers.PreTrainedModel.from_pretrained = classmethod(counted)
+    transformers.PreTrainedModel.from_pretrained = classmethod(counted)  # type: ignore[method-assign,assignment]  # the probe counts loads
 
 
 class Hang(Exception):
@@ -126,7 +126,7 @@ def build_cases(tmp: Path, assets: Path) -> list[tuple[str, str, object]]:
             GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)), m, factor=2))
     for name in (None, "", "yarnn", 3, "YaRN ", "none"):
         add(f"patch(method={name!r})", "api", lambda n=name: hf_posext.patch(tiny_model(), n, factor=2))
-    knob_cases = [
+    knob_cases: list[tuple[str, dict]] = [
         ("rerope", dict(window=10_000)), ("rerope", dict(window=0)), ("rerope", dict(window=math.nan)),
         ("rerope", dict(window=2.5)), ("leaky_rerope", dict(leak=1)), ("leaky_rerope", dict(leak=math.nan)),
         ("leaky_rerope", dict(leak=-3)), ("leaky_rerope", dict(leak="auto", window=64)),

@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     env = {"python": platform.python_version(), "torch": torch.__version__,
            "transformers": __import__("transformers").__version__, "threads": torch.get_num_threads(),
            "dtype": args.dtype, "cpu": platform.processor() or platform.machine()}
-    report = {"env": env}
+    report: dict = {"env": env}
     lines = [f"# hf_posext benchmarks ({args.dtype}, {env['threads']} threads, torch {env['torch']}, "
              f"transformers {env['transformers']})", ""]
     if not args.skip_memory:

@@ -127,7 +127,7 @@ def section_mix(held: dict) -> list[str]:
             ("searched, two kinds (evolution)", TARGET, OUT_MIX),
             ("yarn (s=4)", TARGET4, None), ("searched 4x (evolution)", TARGET4, None),
             ("searched 4x, two kinds (evolution)", TARGET4, OUT_MIX4)]
-    for name, target, out in rows:
+    for name, target, _out in rows:
         row = held.get(name)
         if row is None or str(target) not in row["nll"]:
             continue

@@ -36,5 +36,5 @@ attention.register()
 __all__ = ["ATTENTION_METHODS", "AttentionExtensionConfig", "METHODS", "ROPE_METHODS",
            "RopeExtensionConfig", "SUPPORTED_MODEL_TYPES", "check", "compute", "export",
            "fixed_rope_scale", "from_pretrained", "generate", "is_patched", "methods", "patch",
-           "save_adapter", "search",
+           "save_adapter", "search", "errors", "embedded", "__version__",
            "trained_length", "unpatch"]

@@ -64,10 +64,10 @@ def save_adapter(peft_model, adapter_dir, base_dir=None, **save_kwargs) -> Path:
                          "peft_model.save_pretrained(adapter_dir) already reloads it as trained.")
     adapter_dir = Path(adapter_dir)
     base_dir = Path(base_dir) if base_dir is not None else adapter_dir / EXTENDED_BASE
-    base.save_pretrained(base_dir, state_dict=get_base_model_state_dict(peft_model))
+    base.save_pretrained(base_dir, state_dict=get_base_model_state_dict(peft_model))  # type: ignore[operator]  # peft types it nn.Module
     # From now on this PEFT model's adapters belong to the extended base (the model in memory
     # is extended), so later saves by peft itself point there too.
     for cfg in peft_model.peft_config.values():
         cfg.base_model_name_or_path = str(base_dir.resolve())
-    peft_model.save_pretrained(adapter_dir, **save_kwargs)
+    peft_model.save_pretrained(str(adapter_dir), **save_kwargs)
     return base_dir

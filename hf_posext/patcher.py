@@ -18,7 +18,7 @@ import dataclasses
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -51,7 +51,7 @@ def _base_rope(rope: dict[str, Any], max_pos: int) -> tuple[dict[str, Any], int]
     """The plain RoPE under a config and its trained length L, so a second patch replaces the
     first (and a checkpoint saved extended can be re-extended) instead of compounding."""
     rope_type = rope.get("rope_type", "default")
-    base = {k: rope[k] for k in ("rope_theta", "partial_rotary_factor") if k in rope}
+    base: dict[str, Any] = {k: rope[k] for k in ("rope_theta", "partial_rotary_factor") if k in rope}
     base["rope_type"] = "default"
     if rope_type == "default":
         return base, max_pos
@@ -243,8 +243,11 @@ def _atomic(model: torch.nn.Module, config):
         raise
 
 
-def patch(model: torch.nn.Module, method, factor: float | None = None, *,
-          max_position_embeddings: int | None = None, **params: Any) -> torch.nn.Module:
+_Model = TypeVar("_Model", bound=torch.nn.Module)   # patch returns the very model it was given
+
+
+def patch(model: _Model, method, factor: float | None = None, *,
+          max_position_embeddings: int | None = None, **params: Any) -> _Model:
     """Extend a loaded model in place and return it.
 
     Args:
@@ -288,7 +291,7 @@ def _install_rotary(model, state: _PatchState, config) -> None:
     load, and give dynamic ones the history-free hook."""
     for parent, name, original in state.modules:
         new = type(original)(config=config)
-        new.to(original.inv_freq.device if hasattr(original, "inv_freq") else
+        new.to(original.inv_freq.device if hasattr(original, "inv_freq") else  # type: ignore[arg-type]  # a buffer, not a Module
                next(original.buffers()).device)  # device only: frequencies stay float32
         dynamic.make_history_free(new)
         setattr(parent, name, new)

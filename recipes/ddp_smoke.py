@@ -32,12 +32,12 @@ def main(steps: int = 3) -> None:
                                              max_position_embeddings=64))
         ids = torch.randint(3, 128, (16, t.seq_len), generator=torch.Generator().manual_seed(1))
         sequences = datasets.Dataset.from_dict({"input_ids": ids.tolist()}).with_format("torch")
-        optimizer = build_optimizer(model.parameters(), t.learning_rate, tuple(t.adam_betas), t.weight_decay)
+        optimizer = build_optimizer(model.parameters(), t.learning_rate, (t.adam_betas[0], t.adam_betas[1]), t.weight_decay)
         scheduler = build_scheduler(optimizer, t.lr_schedule, t.warmup_steps, t.max_steps)
         model, optimizer = accelerator.prepare(model.train(), optimizer)
         losses = []
         train_loop(accelerator, model, optimizer, scheduler, sequences, PoseCollator(t.seq_len, 64, 2, t.seed),
-                   t, TrainState(), on_row=lambda row: losses.append(round(row["loss"], 4)))
+                   t, TrainState(), out, on_row=lambda row: losses.append(round(row["loss"], 4)))
         print(f"rank {accelerator.process_index}: world size {accelerator.num_processes} "
               f"({accelerator.distributed_type}, backend {accelerator.state.backend}); "
               f"losses {losses}", flush=True)

@@ -60,7 +60,7 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGTERM)      # only rank 0 gets the signal
 
         try:
-            result = run(cfg, resume=resume, on_step=on_step, on_batch=lambda i, r: batches.append([i, r]))
+            result = run(cfg, resume=resume, on_step=on_step, on_batch=lambda i, r, batches=batches: batches.append([i, r]))
             code, world = 0, result.get("world_size")
         except SystemExit as stop:
             code, world = stop.code, None

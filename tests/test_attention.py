@@ -2,6 +2,7 @@
 an independent dense float64 reference written here from the papers' definitions; identity inside
 the window; KV-cache decoding vs full forwards; padding; patch/unpatch; no leak."""
 
+import dataclasses
 import math
 
 import pytest
@@ -309,7 +310,7 @@ def test_attention_methods_are_listed_and_defaults_follow_the_authors():
     assert (spec.chunk_size, spec.local_window) == (3072, 256)            # ChunkLlama
     spec = hf_posext.AttentionExtensionConfig("string", 131072)
     assert (spec.shifted_offset, spec.local_value, spec.logn) == (43253, 128, False)  # STRING README
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         spec.window = 3                                                   # immutable
 
 

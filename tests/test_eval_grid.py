@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 import hf_posext
 from _evalkit import random_doc, tiny_model

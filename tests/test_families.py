@@ -56,7 +56,7 @@ def logits(model, n=3 * L):
 
 def frequencies(model, local=False):
     """(inv_freq, attention scale) of the global (or Gemma 3's local) rope."""
-    for _, name, module in rotary_modules(model):  # the extended ones
+    for _, _name, module in rotary_modules(model):  # the extended ones
         slots = dynamic.slots(module)
         if slots == [None] and not local:
             return dynamic.get_frequencies(module, None)

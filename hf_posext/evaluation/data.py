@@ -104,7 +104,7 @@ def select_documents(documents, cache: TokenCache, min_tokens: int, max_docs: in
     for _, ids in kept:
         h.update(np.asarray(ids, dtype=np.int32).tobytes())
     names = [read[i].name if isinstance(read[i], Document) else f"doc{i}" for i, _ in kept]
-    return TokenizedDocs([ids for _, ids in kept], len(read), h.hexdigest()[:12], names)
+    return TokenizedDocs([np.asarray(ids) for _, ids in kept], len(read), h.hexdigest()[:12], names)
 
 
 def scored_bytes(tokenizer, docs) -> Callable[[int], int]:

@@ -92,7 +92,7 @@ def parse_knobs(text: str | None, methods: list[str]) -> dict:
 
 
 def parse_factors(text: str) -> list:
-    out = []
+    out: list[float | str] = []
     for item in [t.strip() for t in text.split(",") if t.strip()]:
         if item.lower() == "auto":
             out.append("auto")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,8 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100  # the label value transformers (and F.cross_entropy) skip
 
 
-def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+# Any, not torch.nn.Module: torch types every submodule attribute as `Tensor | Module`.
+def decoder_and_head(model: Any) -> tuple[Any, Any]:
     """(decoder stack returning hidden states, LM head) of a transformers causal LM."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     decoder = getattr(model, getattr(model, "base_model_prefix", "model"), None)

@@ -179,7 +179,8 @@ class SharedForwards:
 
     def plan(self, cells: Sequence[Cell]) -> None:
         """The cells this process will compute (resumed and reused ones are not forwarded)."""
-        self.longest.clear(), self.left.clear(), self.cache.clear()
+        for table in (self.longest, self.left, self.cache):
+            table.clear()
         for c in cells:
             if c.protocol == "truncate":
                 g = self.group(c)

@@ -167,12 +167,6 @@ class ResultsStore:
         return self._index[key]
 
     def add(self, row: dict, flush: bool = True) -> None:
-        raise RuntimeError("RowsView is read-only: only rank 0 writes results (run_grid).")
-
-    def reorder(self, keys: list[str]) -> None:
-        raise RuntimeError("RowsView is read-only: only rank 0 writes results (run_grid).")
-
-    def add(self, row: dict, flush: bool = True) -> None:
         if row["key"] in self._index:
             raise KeyError(f"duplicate result for {row['key']}")
         self.rows.append(row)

@@ -16,7 +16,8 @@ class atomic_output:
     (read-only place, full disk) become one line naming `out`."""
 
     def __init__(self, out: Path):
-        self.out, self.tmp = Path(out), None
+        self.out = Path(out)
+        self.tmp: Path | None = None
 
     def __enter__(self) -> Path:
         try:
@@ -26,7 +27,7 @@ class atomic_output:
             raise _one_line(err, self.out) from None
         return self.tmp / self.out.name
 
-    def __exit__(self, kind, err, tb) -> bool:
+    def __exit__(self, kind, err, tb) -> None:   # exceptions always propagate
         try:
             if kind is None:
                 if self.out.is_dir():  # an empty folder given as the output: replace it
@@ -38,7 +39,6 @@ class atomic_output:
             shutil.rmtree(self.tmp, ignore_errors=True)
         if kind is not None and issubclass(kind, OSError):
             raise _one_line(err, self.out) from None
-        return False
 
 
 def _one_line(err: OSError, out: Path) -> OSError:

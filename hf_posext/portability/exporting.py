@@ -29,7 +29,7 @@ from typing import Any
 from . import portable
 from .atomic import atomic_output
 from .gguf_export import export_gguf
-from .verdicts import Verdict, check, load_config, meaning, verdict
+from .verdicts import check, load_config, meaning, verdict
 from ..rope.compat import v4_scaling
 from .engines import NotApplicable, v5_rope
 from ..rope.methods import yarn_mscale

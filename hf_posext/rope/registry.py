@@ -63,7 +63,7 @@ if not IS_V5:
         "'dynamic', 'factor'} and refuses any other rope config on load, so an extended OLMo 2 "
         "checkpoint could not be reloaded. Use transformers 5.x, where OLMo 2 is supported")
 
-def compute(spec: RopeExtensionConfig, dim: int, base: float, seq_len: int | None = None,
+def compute(spec: RopeExtensionConfig, dim: int, base: float, seq_len: int | torch.Tensor | None = None,
             device=None) -> methods.Freqs:
     """inv_freq [dim/2] (float32) and the cos/sin scale of `spec` for a rotary dim and base."""
     if isinstance(seq_len, torch.Tensor):
@@ -106,7 +106,7 @@ def register() -> None:
 
             setattr(PreTrainedConfig, f"_validate_{rope_type}_rope_parameters", _validate_v5)
         else:
-            modeling_rope_utils.ROPE_VALIDATION_FUNCTIONS[rope_type] = _validate_v4
+            modeling_rope_utils.ROPE_VALIDATION_FUNCTIONS[rope_type] = _validate_v4  # type: ignore[attr-defined]  # 4.x only; checked against 5.x
 
 
 def rotary_modules(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:

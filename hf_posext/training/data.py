@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 # The loader is shared with the evaluation (hf_posext.data.documents); these names stay for callers.
-from ..data.documents import EMBEDDED_TEXT as EMBEDDED_PLAYS
+from ..data.documents import EMBEDDED_TEXT as EMBEDDED_PLAYS  # noqa: F401 (read by recipe_config)
 from ..data.documents import Document, TextSource
 from ..data.documents import load_documents as _load
 

@@ -249,7 +249,7 @@ def _validate(cfg: RecipeConfig) -> None:
             and not os.path.isdir(os.path.expanduser(m.name)):
         raise ValueError(f"model.name {m.name!r}: no such folder; pass a saved model folder, a Hub id "
                          f"or {DEFAULT_MODEL}.")
-    RopeExtensionConfig(canonical_method(m.method), m.factor, **m.knobs)  # factor < 1, bad knobs
+    RopeExtensionConfig(canonical_method(m.method), m.factor, **m.knobs)  # type: ignore[arg-type]  # factor < 1, bad knobs; knobs parse as floats (issue 27)
     for name in ("seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "save_every",
                  "keep_checkpoints"):
         v = getattr(t, name)

@@ -61,7 +61,7 @@ def evaluate_recipe(cfg, final_dir: Path, eval_ids, doc_names, out: Path, steps:
     grid = PerplexityGrid(methods=[method], lengths=sorted(cfg.eval.lengths), factors=[s],
                           knobs={method: dict(cfg.model.knobs)}, chunk_size=cfg.eval.chunk_size,
                           baseline=False)
-    quiet = dict(progress=False, ranks=MainProcessOnly())
+    quiet: dict = dict(progress=False, ranks=MainProcessOnly())
     labelled = []
     with ResultsStore(out, "results", resume=True) as store:
         if cfg.eval.compare_base:   # one model: cells `none` (unpatched) and `method` at s (patched)
