@@ -96,10 +96,10 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
     if checkpoint is not None:   # all before the model loads: a bad folder fails in a second
         check_resume_config(json.loads((out / "config.json").read_text()), cfg)
         saved_state = verify_checkpoint(checkpoint)
-    if cfg.pose.enabled:
-        check_window_fits_target(cfg)
     tokenizer = load_tokenizer(cfg.model.name)
     data = prepare_data(cfg, tokenizer, accelerator, log)
+    if cfg.pose.enabled:   # the model's config only: still before the weights load
+        check_window_fits_target(cfg)
     model = load_model(cfg.model)
     collator = build_collator(cfg, model, log)
     model = prepare_for_training(model, cfg)
