@@ -18,6 +18,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 SCRIPT = ROOT / "benchmarks" / "finetune_retrieval.py"
 
 
+def readme_args() -> list[str]:
+    """The experiment's command as recipes/README.md shows it: its arguments after the script."""
+    import re
+    import shlex
+    text = (ROOT / "recipes" / "README.md").read_text()
+    line, = re.findall(r"^nice -n 10 python benchmarks/finetune_retrieval\.py.*$", text, re.M)
+    return shlex.split(line)[5:]
+
+
 def load_script():
     spec = importlib.util.spec_from_file_location("finetune_retrieval", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -42,8 +51,8 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
     rng = random.Random(1)   # a held-out document long enough for 512-token evaluations
     (assets / "docs" / "held.txt").write_text("".join(rng.choice(CHARS) for _ in range(900)))
     script, out = load_script(), tmp_path / "out"
-    argv = ["--smoke", "--model", str(assets / "llama"), "--dataset", str(assets / "docs"),
-            "--eval-document", "held", "--out", str(out)]
+    argv = readme_args() + ["--smoke", "--model", str(assets / "llama"), "--dataset", str(assets / "docs"),
+                            "--eval-document", "held", "--out", str(out)]   # the README's command, tiny
     assert script.main(argv) == 0
     for arm in script.ARMS:
         folder = out / arm

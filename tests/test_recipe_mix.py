@@ -249,3 +249,18 @@ def test_recipe_trains_on_the_mix(assets, tmp_path, monkeypatch):
         assert int(batch["position_ids"].max()) >= math.ceil(0.5 * 256) - 1   # factor 4 x 64
     cfg = yaml.safe_load((tmp_path / "run" / "config.json").read_text())
     assert cfg["data"]["synthetic"]["share"] == 1.0
+
+
+def test_readme_mix_command_parses_and_validates():
+    """recipes/README.md's data-mix command: its accelerate config exists and its recipe flags
+    parse and validate (the tiny recipe run above trains with the same keys)."""
+    import shlex
+    from _recipekit import RECIPES, ROOT
+    text = (RECIPES / "README.md").read_text()
+    section = text[text.index("## Data mix"):text.index("### The experiment")]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1).replace("\\\n", " ")
+    words = shlex.split(block)
+    assert words[:2] == ["accelerate", "launch"] and (ROOT / words[3]).is_file()
+    flags = words[words.index("recipes/finetune.py") + 1:]
+    cfg, _ = parse_args([str(ROOT / w) if w.endswith(".yaml") else w for w in flags])
+    assert cfg.data.synthetic.share == 0.5 and cfg.pose.enabled and cfg.data.eval_documents == ["hamlet"]
