@@ -3,15 +3,16 @@
 Three arms on the embedded SmolLM2-135M (trained at 8,192 tokens), YaRN s = 2 (16,384), the same
 optimizer steps for the two fine-tuned ones:
 
-    free   the training-free extended model
+    free   the training-free extended model (saved once with its rope config)
     docs   fine-tuned with PoSE windows of the plays (documents only)
     mix    the same steps and windows, a share of them synthetic long-range examples
            (`data.synthetic`: a fact in the first PoSE chunk, asked for in the last, the
            question's position id in [min_span x 16k, 16k); recipes/README.md, "Data mix")
 
 Each arm is evaluated on Hamlet, held out of every training run (the recipe checks it):
-    perplexity  `hf-posext eval` at 4k/8k/16k: truncate protocol, the model's own sliding 8k
-                baseline, per-position buckets (the table's "past 8k" column)
+    perplexity  `hf-posext eval --methods none` on each arm's checkpoint at 4k/8k/16k: truncate
+                protocol, the model's own sliding 8k baseline, per-position buckets (the
+                table's "past 8k" column)
     retrieval   the passkey evaluation (hf_posext.evaluation.passkey) at --passkey-lengths x
                 --depths, --seeds seeds per cell, greedy; Wilson 95% intervals from the
                 retrieval suite (hf_posext.evaluation.retrieval.stats) when it is installed.
@@ -50,12 +51,15 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-document", default="hamlet", help="held out of training, evaluated on")
     p.add_argument("--factor", type=float, default=2.0, help="YaRN scale s (target = s x trained length)")
     p.add_argument("--window", type=int, default=1024, help="PoSE window (tokens)")
+    # 200 steps of 1,024 tokens: ~7-9 s a step on the 2 quiet cores (the demo's 155 tokens/s),
+    # about an hour for the two fine-tuned arms; see recipes/README.md for the measured probe.
     p.add_argument("--steps", type=int, default=200, help="optimizer steps of each fine-tuned arm")
     p.add_argument("--lr", type=float, default=2e-5, help="learning rate (the recipe's, YaRN §4.1)")
     p.add_argument("--share", type=float, default=0.5, help="mix arm: share of synthetic windows")
     p.add_argument("--min-span", type=float, default=0.5, help="mix arm: data.synthetic.min_span")
     p.add_argument("--lengths", default="4096,8192,16384", help="perplexity lengths")
-    p.add_argument("--passkey-lengths", default="8192,16384", help="retrieval lengths")
+    p.add_argument("--passkey-lengths", default="16384",
+                   help="retrieval lengths (2 x L; add 8192 for a within-L control, ~8 min per arm)")
     p.add_argument("--depths", default="0.2", help="retrieval depths (0 = start of the filler)")
     p.add_argument("--seeds", type=int, default=20, help="retrieval seeds per cell (keys)")
     p.add_argument("--smoke", action="store_true",
@@ -111,6 +115,19 @@ def train(args, arm: str, folder: Path) -> Path:
     return final
 
 
+def extended_copy(args, folder: Path) -> Path:
+    """The training-free arm as a checkpoint: the model extended with YaRN s and saved (rope
+    config inside), so every arm is evaluated the same way, as saved (`--methods none`)."""
+    import torch
+
+    from hf_posext.data import embedded
+    out = folder / "model"
+    if not (out / "config.json").exists():
+        embedded.load_model("yarn", args.factor, name=args.model, dtype=torch.float32).save_pretrained(out)
+        embedded.load_tokenizer(args.model).save_pretrained(out)
+    return out
+
+
 def eval_source(args) -> str:
     """The held-out document as `hf-posext eval --dataset` names it."""
     if args.dataset.startswith("embedded:"):
@@ -125,8 +142,7 @@ def eval_source(args) -> str:
 def perplexity(args, arm: str, model: str, folder: Path) -> None:
     """`hf-posext eval` (truncate + the model's own sliding baseline + per-position buckets)."""
     from hf_posext import cli
-    methods = ["--methods", "yarn", "--factor", str(args.factor)] if arm == "free" else ["--methods", "none"]
-    argv = ["eval", "--model", model, *methods, "--dtype", "float32", "--lengths", args.lengths,
+    argv = ["eval", "--model", model, "--methods", "none", "--dtype", "float32", "--lengths", args.lengths,
             "--dataset", eval_source(args), "--out", str(folder / "perplexity"), "--resume", "--no-progress"]
     print("hf-posext " + " ".join(argv), flush=True)
     if cli.main(argv):
@@ -134,20 +150,18 @@ def perplexity(args, arm: str, model: str, folder: Path) -> None:
 
 
 def retrieval(args, arm: str, model_path: str, folder: Path) -> list[dict]:
-    """Passkey accuracy (hf_posext.evaluation.passkey): the extended model as each arm has it.
+    """Passkey accuracy (hf_posext.evaluation.passkey) of the arm's checkpoint as saved (YaRN in
+    its config; `none` = not patched again).
     TODO(issue 31): replace with `hf-posext retrieval --tasks single_needle` once merged."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from hf_posext.data import embedded
     from hf_posext.evaluation import ResultsStore, evaluate_passkey
-    if arm == "free":   # unpatched; the evaluation patches it with YaRN s per cell
-        model, methods, factors = embedded.load_model(name=args.model, dtype=torch.float32), ["yarn"], [args.factor]
-    else:               # the fine-tuned checkpoint as saved (YaRN in its config)
-        model, methods, factors = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), ["none"], ["auto"]
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tokenizer = embedded.load_tokenizer(args.model)
     with ResultsStore(folder / "passkey", "passkey", resume=True) as store:
-        return evaluate_passkey(model.eval(), tokenizer, methods=methods, factors=factors,
+        return evaluate_passkey(model.eval(), tokenizer, methods=["none"], factors=["auto"],
                                 lengths=[int(x) for x in args.passkey_lengths.split(",")],
                                 depths=[float(x) for x in args.depths.split(",")],
                                 seeds=list(range(args.seeds)), store=store, model_name=f"{arm}",
@@ -173,7 +187,7 @@ def run_arm(args, arm: str) -> None:
         print(f"{arm}: done, skipped", flush=True)
         return
     folder.mkdir(parents=True, exist_ok=True)
-    model = args.model if arm == "free" else str(train(args, arm, folder))
+    model = str(extended_copy(args, folder) if arm == "free" else train(args, arm, folder))
     perplexity(args, arm, model, folder)
     retrieval(args, arm, model, folder)
     done.write_text(json.dumps(wanted, indent=2))
@@ -183,7 +197,11 @@ def report(args) -> Path:
     """report.md: each arm's perplexity table (as `hf-posext eval` prints it) and its retrieval
     cells with Wilson intervals, from the stored results only."""
     from hf_posext.evaluation.results import format_table
-    lines = ["# Fine-tuning for the extended context: documents vs documents + synthetic mix (issue #31)", ""]
+    lines = ["# Fine-tuning for the extended context: documents vs documents + synthetic mix (issue #31)", "",
+             f"Each arm's checkpoint as saved (YaRN s={args.factor:g} in its config): `none` below means "
+             "not patched again; its sliding baseline reads the same model in windows of the trained "
+             "length." + (" Wilson 95%: n/a until the retrieval suite is merged." if wilson_text(1, 2) == "n/a"
+                          else ""), ""]
     for arm in ARMS:
         folder = args.out / arm
         if not (folder / "done.json").exists():
