@@ -131,6 +131,16 @@ def test_positions_put_the_fact_in_the_first_chunk_and_the_question_near_the_tar
     assert max(lasts) >= TARGET - TARGET // 50 and min(lasts) <= 0.6 * TARGET
 
 
+def test_spanning_positions_refuse_a_layout_without_room_for_the_cuts():
+    from hf_posext.training.pose import sample_spanning_position_ids
+    with pytest.raises(ValueError, match="cannot cut 3 chunks"):      # one place for two cuts
+        sample_spanning_position_ids(16, 64, 3, first_end=10, last_start=10, min_last=40)
+    with pytest.raises(ValueError, match="shorter than the training window"):
+        sample_spanning_position_ids(16, 8, 2, first_end=4, last_start=10, min_last=4)
+    pos = sample_spanning_position_ids(16, 64, 3, first_end=10, last_start=11, min_last=63)
+    assert pos[:10].tolist() == list(range(10)) and int(pos[-1]) == 63   # cuts at 10 and 11
+
+
 def test_labels_are_the_answer_only_or_the_whole_window(packed, tok, tmp_path):
     mixed = _mix(packed, tok, tmp_path)
     (i, r), plain = _synthetic_rows(mixed)[0], next(j for j in range(len(mixed)) if not mixed[j]["format"])

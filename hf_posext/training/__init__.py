@@ -4,6 +4,7 @@
 - `accel`: the Accelerator and resume checks; `checkpoint`: atomic checkpoints with a JSON state
   and a hash manifest, verified before resuming (no pickle the recipe did not write is read);
 - `data`, `packing`: documents, hold-out, tokenising and packing with `datasets.map`;
+- `synthetic`: synthetic long-range examples mixed into the packed windows (`data.synthetic`);
 - `model`: tokenizer, extended model, LoRA, the PoSE collator (`pose`);
 - `optim`: AdamW and `transformers.get_scheduler`;
 - `loop`: the training loop; `outputs`: log, loss plot, final model; `recipe_eval`: evaluation;
