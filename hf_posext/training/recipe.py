@@ -25,8 +25,8 @@ from .model import build_collator, check_window_fits_target, load_model, prepare
 from .optim import build_optimizer, build_scheduler
 from .outputs import append_log, plot_loss, save_final, write_log
 from .packing import packed_sequences
-from .synthetic import check_formats_fit, mix_synthetic
 from .recipe_eval import evaluate_recipe
+from .synthetic import check_formats_fit, mix_synthetic
 
 # Sections whose change would make a resumed run a different run.
 _RESUME_SECTIONS = ("model", "data", "pose", "lora")
@@ -49,14 +49,13 @@ def prepare_data(cfg, tokenizer, accelerator=None, log: Callable[[str], None] = 
     train_docs, eval_docs = datalib.split_holdout(docs, d.eval_documents)
     bos, eos = special_id(tokenizer, d.bos_token, "bos"), special_id(tokenizer, d.eos_token, "eos")
     first = accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()
-    sc = d.synthetic
+    sc, chunks = d.synthetic, cfg.pose.num_chunks if cfg.pose.enabled else 1
     if sc.share > 0:   # before tokenizing: a format that cannot fit fails at once
-        check_formats_fit(tokenizer, sc.formats, t.seq_len, cfg.pose.num_chunks if cfg.pose.enabled else 1)
+        check_formats_fit(tokenizer, sc.formats, t.seq_len, chunks)
     with first:   # rank 0 tokenizes and writes the cache; the others read it
         sequences, train_names = packed_sequences(train_docs, tokenizer, t.seq_len, bos, eos)
         if sc.share > 0:
-            sequences = mix_synthetic(sequences, tokenizer, sc, seed=t.seed,
-                                      num_chunks=cfg.pose.num_chunks if cfg.pose.enabled else 1)
+            sequences = mix_synthetic(sequences, tokenizer, sc, seed=t.seed, num_chunks=chunks)
             log(f"data: {round(sc.share * len(sequences))} of {len(sequences)} windows made synthetic "
                 f"long-range examples ({', '.join(sc.formats)}; loss on the {sc.loss})")
     eval_names, eval_ids = [], []
