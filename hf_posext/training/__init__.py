@@ -5,6 +5,7 @@ the factor search, which trains no weights, is hf_posext/search/):
 - accel.py: the Accelerator and resume checks; checkpoint.py: atomic checkpoints with a JSON
   state and a hash manifest, verified before resuming (no pickle the recipe did not write is read);
 - data.py, packing.py: documents, hold-out, tokenising and packing with `datasets.map`;
+- synthetic.py: synthetic long-range examples mixed into the packed windows (`data.synthetic`);
 - model.py: tokenizer, extended model, LoRA; pose.py: the PoSE collator;
 - optim.py: AdamW and `transformers.get_scheduler`;
 - loop.py: the training loop; outputs.py: log, loss plot, final model; recipe_eval.py: evaluation;

@@ -26,6 +26,7 @@ from .accel import context_parallel, data_parallel_rank, full_gradients
 from .checkpoint import save_checkpoint
 from .data import epoch_order
 from .optim import grad_norm
+from .pose import span_of
 
 LOG_COLUMNS = ["step", "loss", "lr", "grad_norm", "grad_norm_clipped", "tokens", "tokens_per_s",
                "memory_mb", "elapsed_s"]
@@ -170,7 +171,8 @@ def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t,
                 rows = [order(i) for i in indices]
                 if on_batch is not None:
                     on_batch(indices, rows)
-                batch = collator([sequences[r]["input_ids"] for r in rows], indices)
+                examples = [sequences[r] for r in rows]   # synthetic examples carry their spans
+                batch = collator([e["input_ids"] for e in examples], indices, [span_of(e) for e in examples])
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
                 with accelerator.accumulate(model), sequence_parallel(accelerator, batch, split_sequence):
                     loss = model(**batch).loss                    # mean over this micro-batch

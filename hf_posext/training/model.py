@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..data import embedded
+from ..errors import ConfigError
 from ..portability.portable import method_spec
 from ..rope.compat import text_config
 from .pose import PoseCollator
@@ -44,18 +45,41 @@ def extended_length(model) -> int:
     return int(round(spec.factor * spec.original_max_position_embeddings))
 
 
+def check_window_fits_target(cfg) -> int:
+    """The PoSE target (pose.target, or factor x the trained length read from the checkpoint's
+    config alone: the embedded model's is known), checked against the window before any weight
+    loads; `build_collator` reads the loaded model's own figure later."""
+    mc, window = cfg.model, cfg.training.seq_len
+    target = cfg.pose.target
+    if target is None:
+        if mc.name.startswith("embedded:"):
+            trained = embedded.TRAINED_CONTEXT
+        else:
+            from transformers import AutoConfig
+            conf = text_config(AutoConfig.from_pretrained(mc.name))
+            spec = method_spec(conf)
+            trained = spec.original_max_position_embeddings if spec else conf.max_position_embeddings
+        target = int(round(mc.factor * trained))
+    if window > target:
+        raise ConfigError(f"training.seq_len ({window}) is longer than the PoSE target ({target} = "
+                          "pose.target, or model.factor x the trained length); lower training.seq_len "
+                          "or raise model.factor / pose.target.")
+    return target
+
+
 def build_collator(cfg, model, log=print) -> PoseCollator:
     """PoSE windows spanning the extended length (pose.enabled), else plain positions 0..seq_len-1."""
-    t = cfg.training
+    t, sc = cfg.training, cfg.data.synthetic
     target = extended_length(model)
+    synthetic = dict(min_span=sc.min_span, answer_only=sc.loss == "answer")
     if cfg.pose.enabled:
         pose_target = cfg.pose.target or target
         log(f"PoSE: windows of {t.seq_len} tokens, position ids spanning {pose_target}")
-        return PoseCollator(t.seq_len, pose_target, cfg.pose.num_chunks, t.seed)
+        return PoseCollator(t.seq_len, pose_target, cfg.pose.num_chunks, t.seed, **synthetic)
     if t.seq_len < target:
         log(f"note: training at {t.seq_len} tokens, below the extended length {target} "
             "(pose.enabled would spread positions over it)")
-    return PoseCollator(t.seq_len, None, 1, t.seed)
+    return PoseCollator(t.seq_len, None, 1, t.seed, **synthetic)
 
 
 def apply_lora(model, lc):

@@ -21,6 +21,7 @@ distances. The collator therefore always passes an explicit all-ones attention m
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,47 @@ def sample_pose_position_ids(window: int, target: int, num_chunks: int = 2,
     return torch.arange(window) + torch.repeat_interleave(skips, lengths)            # [window]
 
 
+def sample_spanning_position_ids(window: int, target: int, num_chunks: int, first_end: int,
+                                 last_start: int, min_last: int,
+                                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """PoSE position ids for a synthetic long-range example (training/synthetic.py): the same
+    chunks-and-skips as `sample_pose_position_ids`, but the N-1 cuts fall in [first_end,
+    last_start] (tokens before `first_end`, the fact, stay in the first chunk, which starts at 0;
+    tokens from `last_start`, the question and answer, are the last chunk) and the last id is
+    drawn uniformly in [max(min_last, window - 1), target - 1], so the fact and the question sit
+    up to `target` positions apart. Middle skips: sorted uniform in [0, last skip]."""
+    sample_pose_position_ids(window, target, num_chunks, torch.Generator())   # same argument checks
+    if not 1 <= first_end <= last_start <= window - 1 or last_start - first_end + 1 < num_chunks - 1:
+        raise ValueError(f"cannot cut {num_chunks} chunks with the fact before {first_end} and the "
+                         f"question from {last_start} in a window of {window} tokens")
+    if num_chunks == 1:
+        return torch.arange(window)
+    span = last_start - first_end + 1
+    cuts = (torch.randperm(span, generator=generator)[: num_chunks - 1] + first_end).sort().values
+    bounds = torch.cat([torch.tensor([0]), cuts, torch.tensor([window])])           # [N+1]
+    lo = min(max(min_last, window - 1), target - 1)
+    last_skip = int(torch.randint(lo, target, (1,), generator=generator)) - (window - 1)
+    middle = torch.randint(0, last_skip + 1, (num_chunks - 2,), generator=generator).sort().values
+    skips = torch.cat([torch.tensor([0]), middle, torch.tensor([last_skip])])        # [N]
+    return torch.arange(window) + torch.repeat_interleave(skips, bounds[1:] - bounds[:-1])
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a synthetic example's pieces sit in its window (token indices)."""
+    fact_end: int
+    question_start: int
+    answer_start: int
+
+
+def span_of(row) -> Span | None:
+    """The Span of a dataset row (a synthetic example), None for a plain document window (or a
+    dataset without the span columns)."""
+    if "answer_start" not in row or int(row["answer_start"]) < 0:
+        return None
+    return Span(int(row["fact_end"]), int(row["question_start"]), int(row["answer_start"]))
+
+
 def example_generator(seed: int, index: int) -> torch.Generator:
     """A generator that depends only on (seed, example index), so a resumed run draws the same
     position ids as an uninterrupted one without saving any RNG state."""
@@ -64,19 +106,28 @@ class PoseCollator:
     `__call__(examples, indices)` returns input_ids, labels, attention_mask and position_ids, all
     [batch, window]; `indices` are the examples' global indices, which seed their position ids.
     With `target=None` the position ids are simply 0..window-1 (plain fine-tuning).
+
+    `spans` (one Span or None per example) marks synthetic long-range examples: their position
+    ids keep the fact in the first chunk and the question in the last, the last id drawn in
+    [min_span x target, target) (`sample_spanning_position_ids`); with `answer_only` their labels
+    are -100 everywhere but the answer tokens.
     """
     window: int
     target: int | None = None
     num_chunks: int = 2
     seed: int = 0
+    min_span: float = 0.5
+    answer_only: bool = True
 
     def __post_init__(self) -> None:
         if self.target is not None:   # validate once, early, with the same messages
             sample_pose_position_ids(self.window, self.target, self.num_chunks, torch.Generator())
 
-    def __call__(self, examples: list[torch.Tensor], indices: list[int]) -> dict[str, torch.Tensor]:
-        if len(examples) != len(indices):
-            raise ValueError(f"{len(examples)} examples but {len(indices)} indices")
+    def __call__(self, examples: list[torch.Tensor], indices: list[int],
+                 spans: list[Span | None] | None = None) -> dict[str, torch.Tensor]:
+        spans = list(spans) if spans is not None else [None] * len(examples)
+        if not len(examples) == len(indices) == len(spans):
+            raise ValueError(f"{len(examples)} examples but {len(indices)} indices and {len(spans)} spans")
         for ex in examples:
             if ex.shape != (self.window,):
                 raise ValueError(f"every example must hold exactly window={self.window} tokens, "
@@ -85,10 +136,20 @@ class PoseCollator:
         if self.target is None:
             position_ids = torch.arange(self.window).expand(len(examples), -1).clone()  # [B, W]
         else:
-            position_ids = torch.stack([
-                sample_pose_position_ids(self.window, self.target, self.num_chunks,
-                                         example_generator(self.seed, i)) for i in indices])
+            position_ids = torch.stack([self._positions(i, span) for i, span in zip(indices, spans)])
+        labels = input_ids.clone()             # the model shifts labels by one internally
+        for row, span in enumerate(spans):
+            if span is not None and self.answer_only:
+                labels[row, :span.answer_start] = -100   # loss on the answer tokens only
         return {"input_ids": input_ids,
-                "labels": input_ids.clone(),   # the model shifts labels by one internally
+                "labels": labels,
                 "attention_mask": torch.ones_like(input_ids),  # see the module docstring
                 "position_ids": position_ids}
+
+    def _positions(self, index: int, span: Span | None) -> torch.Tensor:
+        g = example_generator(self.seed, index)
+        if span is None:
+            return sample_pose_position_ids(self.window, self.target, self.num_chunks, g)
+        min_last = math.ceil(self.min_span * self.target) - 1
+        return sample_spanning_position_ids(self.window, self.target, self.num_chunks, span.fact_end,
+                                            span.question_start, min_last, g)

@@ -21,11 +21,12 @@ from . import data as datalib
 from .accel import make_accelerator, resume_path
 from .checkpoint import load_checkpoint, verify_checkpoint
 from .loop import TrainState, train_loop
-from .model import build_collator, load_model, prepare_for_training, special_id
+from .model import build_collator, check_window_fits_target, load_model, prepare_for_training, special_id
 from .optim import build_optimizer, build_scheduler
 from .outputs import append_log, plot_loss, save_final, write_log
 from .packing import packed_sequences
 from .recipe_eval import evaluate_recipe
+from .synthetic import check_formats_fit, mix_synthetic
 
 # Sections whose change would make a resumed run a different run.
 _RESUME_SECTIONS = ("model", "data", "pose", "lora")
@@ -48,8 +49,15 @@ def prepare_data(cfg, tokenizer, accelerator=None, log: Callable[[str], None] = 
     train_docs, eval_docs = datalib.split_holdout(docs, d.eval_documents)
     bos, eos = special_id(tokenizer, d.bos_token, "bos"), special_id(tokenizer, d.eos_token, "eos")
     first = accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()
+    sc, chunks = d.synthetic, cfg.pose.num_chunks if cfg.pose.enabled else 1
+    if sc.share > 0:   # before tokenizing: a format that cannot fit fails at once
+        check_formats_fit(tokenizer, sc.formats, t.seq_len, chunks)
     with first:   # rank 0 tokenizes and writes the cache; the others read it
         sequences, train_names = packed_sequences(train_docs, tokenizer, t.seq_len, bos, eos)
+        if sc.share > 0:
+            sequences = mix_synthetic(sequences, tokenizer, sc, seed=t.seed, num_chunks=chunks)
+            log(f"data: {round(sc.share * len(sequences))} of {len(sequences)} windows made synthetic "
+                f"long-range examples ({', '.join(sc.formats)}; loss on the {sc.loss})")
     eval_names, eval_ids = [], []
     if cfg.eval.enabled:
         # The evaluation's own selection (the CLI's): the first eval.max_documents held-out
@@ -89,6 +97,8 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
         saved_state = verify_checkpoint(checkpoint)
     tokenizer = load_tokenizer(cfg.model.name)
     data = prepare_data(cfg, tokenizer, accelerator, log)
+    if cfg.pose.enabled:   # the model's config only: still before the weights load
+        check_window_fits_target(cfg)
     model = load_model(cfg.model)
     collator = build_collator(cfg, model, log)
     model = prepare_for_training(model, cfg)

@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ..rope.config import RopeExtensionConfig
 from . import data as datalib
 from .optim import SCHEDULES
+from .synthetic import FORMATS as SYNTHETIC_FORMATS, LOSSES as SYNTHETIC_LOSSES
 
 @dataclass
 class ModelConfig:
@@ -35,6 +36,15 @@ class ModelConfig:
     knobs: dict[str, float] = field(default_factory=dict)  # beta_fast, beta_slow, mscale_coefficient, ...
     dtype: str = "float32"               # weights' dtype at load (mixed precision is separate)
     attn_implementation: str | None = "sdpa"
+
+
+@dataclass
+class SyntheticConfig:
+    """data.synthetic: synthetic long-range examples mixed into the windows (training/synthetic.py)."""
+    share: float = 0.0                    # fraction of the packed windows turned into examples
+    formats: list[str] = field(default_factory=lambda: list(SYNTHETIC_FORMATS))
+    min_span: float = 0.5                 # the question's position id is drawn in [min_span x target, target)
+    loss: str = "answer"                  # answer: loss on the answer tokens only; window: every token
 
 
 @dataclass
@@ -48,6 +58,7 @@ class DataConfig:
     eval_documents: int | list[str] = 1              # names of held-out documents, or a count from the end
     bos_token: str | None = "auto"        # "auto" = the tokenizer's; null = none; or a token string
     eos_token: str | None = "auto"
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
 @dataclass
@@ -137,6 +148,7 @@ def build_parser():
 
 def _instantiate(namespace) -> RecipeConfig:
     d = namespace.as_dict()
+    d["data"] = {**d["data"], "synthetic": SyntheticConfig(**d["data"]["synthetic"])}
     return RecipeConfig(**{name: cls(**d[name]) for name, cls in _SECTION_TYPES.items()},
                         output_dir=str(d["output_dir"]))
 
@@ -286,6 +298,26 @@ def _validate(cfg: RecipeConfig) -> None:
             raise ValueError("lora.target_modules is empty; name the layers to adapt (q_proj, ...).")
     if e.enabled and (not e.lengths or not all(_is_int(x) and x > 1 for x in e.lengths)):
         raise ValueError(f"eval.lengths must be a non-empty list of integers > 1, got {e.lengths!r}")
+    _validate_synthetic(cfg.data.synthetic, p)
     h = cfg.data.eval_documents
     if not (_is_int(h) or (isinstance(h, list) and h and all(isinstance(x, str) for x in h))):
         raise ValueError(f"data.eval_documents must be a count or a list of document names, got {h!r}")
+
+
+def _validate_synthetic(sc: SyntheticConfig, p: PoseConfig) -> None:
+    if not (_finite(sc.share) and 0 <= sc.share <= 1):
+        raise ValueError(f"data.synthetic.share must be a fraction in [0, 1], got {sc.share!r}")
+    unknown = [f for f in sc.formats if f not in SYNTHETIC_FORMATS]
+    if unknown:
+        raise ValueError(f"data.synthetic.formats: unknown format(s) {unknown}; use some of "
+                         f"{list(SYNTHETIC_FORMATS)}")
+    if sc.share > 0 and not sc.formats:
+        raise ValueError("data.synthetic.formats is empty but data.synthetic.share > 0; name at least "
+                         f"one of {list(SYNTHETIC_FORMATS)}")
+    if not (_finite(sc.min_span) and 0 < sc.min_span <= 1):
+        raise ValueError(f"data.synthetic.min_span must be in (0, 1], got {sc.min_span!r}")
+    if sc.loss not in SYNTHETIC_LOSSES:
+        raise ValueError(f"data.synthetic.loss must be one of {SYNTHETIC_LOSSES}, got {sc.loss!r}")
+    if sc.share > 0 and p.enabled and p.num_chunks < 2:
+        raise ValueError("data.synthetic with PoSE needs pose.num_chunks >= 2 (the fact in the first "
+                         "chunk, the question in the last); set pose.num_chunks: 2")

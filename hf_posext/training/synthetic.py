@@ -1,0 +1,150 @@
+"""Synthetic long-range examples mixed into the fine-tuning data (`data.synthetic`).
+
+Long-context data recipes mix long documents with synthetic retrieval examples whose evidence sits
+far from the question. Here each synthetic example is built from one packed training window (the
+training documents' own text, never the evaluation's): a key-value fact is written early in the
+window, the question about it and its answer end the window, and the document text fills the
+rest. The collator then gives the example PoSE position ids (Zhu et al. 2023, arXiv 2309.10400)
+whose chunk cuts keep the fact in the first chunk and the question in the last, with the last
+position drawn in [min_span x target, target): the model reads a fact and is asked for it
+thousands of positions later, at the memory cost of one short window (`pose.sample_spanning_position_ids`).
+
+Which windows become synthetic: exactly round(share x n) of the n packed windows, chosen by
+`random.Random(seed)`; each example's format, key, value and fact offset come from
+`random.Random(seed * 1_000_003 + row)`, so the mix is a pure function of (windows, seed, config).
+Formats are this module's own wording: never the evaluation's needles (passkey's "The pass key
+is ...", RULER's "One of the special magic numbers for ... is: ...", "VAR X = Y"), which a test
+checks.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import ConfigError
+from ..evaluation.data import tokenizer_fingerprint
+
+NO_SPAN = -1                     # span columns of a plain document window
+
+
+@dataclass(frozen=True)
+class Format:
+    """A fact, the question asked about it at the end of the window, and the answer (the only
+    tokens with a loss when `loss: answer`). `value`: "digits" (a 4-7 digit number) or "word"
+    (another word of the window)."""
+    fact: str
+    question: str
+    answer: str
+    value: str
+
+
+FORMATS = {
+    "code_sentence": Format("The code for {key} is {value}.",
+                            "What is the code for {key}? The code for {key} is", " {value}.", "digits"),
+    "remember_kv": Format("Remember this: {key}={value}",
+                          "Recall what you were asked to remember. {key}=", "{value}", "digits"),
+    "word_pair": Format("{key} goes together with the word {value}.",
+                        "Which word goes together with {key}? It is the word", " {value}.", "word"),
+}
+LOSSES = ("answer", "window")
+# Keys and word values: whole words of the window itself (4-16 letters).
+KEY_WORD = re.compile(r"(?<![A-Za-z])[A-Za-z]{4,16}(?![A-Za-z])")
+LONGEST_KEY, LONGEST_VALUE = "W" * 16, "9" * 7
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _pieces(tokenizer, fmt: Format, key: str, value: str) -> tuple[list[int], list[int], list[int]]:
+    """(fact, question, answer) token ids; the fact and the question on lines of their own."""
+    return (_encode(tokenizer, "\n" + fmt.fact.format(key=key, value=value) + "\n"),
+            _encode(tokenizer, "\n" + fmt.question.format(key=key)),
+            _encode(tokenizer, fmt.answer.format(value=value)))
+
+
+def check_formats_fit(tokenizer, formats: Sequence[str], window: int, num_chunks: int) -> None:
+    """Every format, with the longest key and value it can draw, must leave room in the window
+    for one token of document text per PoSE cut between the fact and the question."""
+    for name in formats:
+        n = sum(map(len, _pieces(tokenizer, FORMATS[name], LONGEST_KEY, LONGEST_VALUE)))
+        if n + max(num_chunks - 1, 0) > window:
+            raise ConfigError(f"data.synthetic.formats: {name!r} needs up to {n} tokens (fact + question "
+                              f"+ answer) plus {max(num_chunks - 1, 0)} of text, more than the "
+                              f"{window}-token window; raise training.seq_len or drop the format.")
+
+
+def _draw(rng: random.Random, fmt: Format, text: str) -> tuple[str, str]:
+    # A word touching either end of the window may be cut by the packing: not used.
+    words = sorted({m.group() for m in KEY_WORD.finditer(text) if 0 < m.start() and m.end() < len(text)})
+    key = rng.choice(words) if words else "".join(rng.choices(string.ascii_uppercase, k=6))
+    if fmt.value == "digits":
+        digits = rng.randint(4, 7)
+        return key, str(rng.randint(10 ** (digits - 1), 10 ** digits - 1))
+    others = [w for w in words if w.lower() != key.lower()]
+    return key, rng.choice(others) if others else "".join(rng.choices(string.ascii_lowercase, k=6))
+
+
+def build_example(window_ids: Sequence[int], tokenizer, format_name: str, rng: random.Random,
+                  num_chunks: int) -> dict:
+    """One synthetic example of len(window_ids) tokens: document text, the fact within the first
+    W/16 tokens, document text, the question, the answer. Returns input_ids and the span columns
+    (fact_start, fact_end, question_start, answer_start: token indices)."""
+    window, fmt = len(window_ids), FORMATS[format_name]
+    key, value = _draw(rng, fmt, tokenizer.decode(list(window_ids), skip_special_tokens=True))
+    fact, question, answer = _pieces(tokenizer, fmt, key, value)
+    room = window - len(fact) - len(question) - len(answer)      # document tokens kept
+    if room < max(num_chunks - 1, 0):
+        raise ConfigError(f"data.synthetic: a {format_name!r} example ({window - room} tokens) does not fit "
+                          f"the {window}-token window; raise training.seq_len.")
+    before = rng.randint(0, min(room - max(num_chunks - 1, 0), window // 16))   # "early": first W/16
+    ids = list(window_ids[:before]) + fact + list(window_ids[before:room]) + question + answer
+    return {"input_ids": ids, "fact_start": before, "fact_end": before + len(fact),
+            "question_start": window - len(question) - len(answer), "answer_start": window - len(answer),
+            "format": format_name}
+
+
+def _plain(ids) -> dict:
+    return {"input_ids": list(ids), "fact_start": NO_SPAN, "fact_end": NO_SPAN,
+            "question_start": NO_SPAN, "answer_start": NO_SPAN, "format": ""}
+
+
+def chosen_rows(n: int, share: float, seed: int) -> set[int]:
+    """Exactly round(share x n) of the n windows, chosen by the seed."""
+    return set(random.Random(seed).sample(range(n), round(share * n)))
+
+
+def mix_synthetic(packed, tokenizer, sc, *, seed: int, num_chunks: int, cache_dir=None):
+    """The packed windows (a `datasets.Dataset` with `input_ids`) with round(sc.share x n) of them
+    replaced by synthetic examples built from their own text; span columns added (NO_SPAN for
+    document windows). Cached next to the packed file under a fingerprint of the inputs."""
+    from datasets.fingerprint import Hasher
+
+    from .packing import cache_root
+    plain = packed.with_format(None)
+    window = len(plain[0]["input_ids"])
+    check_formats_fit(tokenizer, sc.formats, window, num_chunks)
+    chosen, formats = chosen_rows(len(plain), sc.share, seed), list(sc.formats)
+    key = Hasher.hash([plain._fingerprint, tokenizer_fingerprint(tokenizer), asdict(sc), seed, num_chunks,
+                       {name: asdict(FORMATS[name]) for name in formats}])
+
+    def make(batch, indices):
+        rows = []
+        for ids, i in zip(batch["input_ids"], indices):
+            if i in chosen:
+                rng = random.Random(seed * 1_000_003 + i)
+                rows.append(build_example(ids, tokenizer, formats[rng.randrange(len(formats))], rng, num_chunks))
+            else:
+                rows.append(_plain(ids))
+        return {k: [r[k] for r in rows] for k in rows[0]}
+
+    root = cache_root() if cache_dir is None else Path(cache_dir)
+    mixed = plain.map(make, batched=True, with_indices=True, desc="synthetic mix",
+                      cache_file_name=str(root / f"{key}-mix.arrow"), new_fingerprint=f"{key}-m")
+    return mixed.with_format("torch", columns=[c for c in mixed.column_names if c != "format"],
+                             output_all_columns=True)

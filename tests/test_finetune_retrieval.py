@@ -1,0 +1,93 @@
+"""benchmarks/finetune_retrieval.py (issue #31): `--help` does nothing else, and `--smoke` runs the
+three arms end to end on a tiny random model (train, `hf-posext eval`, passkey, report), then
+skips every finished arm on a rerun."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from _recipekit import CHARS, ROOT, SUBPROCESS_ENV, make_assets
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SCRIPT = ROOT / "benchmarks" / "finetune_retrieval.py"
+SCRIPT_NAME = "benchmarks/" + "finetune_retrieval.py"   # as the README names it
+
+
+def readme_args() -> list[str]:
+    """The experiment's command as recipes/README.md shows it: its arguments after the script."""
+    import re
+    import shlex
+    text = (ROOT / "recipes" / "README.md").read_text()
+    line, = re.findall("^" + re.escape("nice -n 10 python " + SCRIPT_NAME) + ".*$", text, re.M)
+    return shlex.split(line)[5:]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("finetune_retrieval", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_help_does_nothing_else(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True,
+                          cwd=tmp_path, env=SUBPROCESS_ENV, timeout=60)
+    assert proc.returncode == 0 and "--smoke" in proc.stdout and "--steps" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_arm_is_refused():
+    with pytest.raises(SystemExit):
+        load_script().parse(["--arms", "docs,nope"])
+
+
+def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
+    assets = make_assets(tmp_path / "assets", archs=("llama",))
+    rng = random.Random(1)   # a held-out document long enough for 512-token evaluations
+    (assets / "docs" / "held.txt").write_text("".join(rng.choice(CHARS) for _ in range(900)))
+    script, out = load_script(), tmp_path / "out"
+    argv = readme_args() + ["--smoke", "--model", str(assets / "llama"), "--dataset", str(assets / "docs"),
+                            "--eval-document", "held", "--out", str(out)]   # the README's command, tiny
+    assert script.main(argv) == 0
+    for arm in script.ARMS:
+        folder = out / arm
+        rows = json.loads((folder / "perplexity" / "perplexity.json").read_text())["rows"]
+        assert {int(r["length"]) for r in rows} == {128, 512}
+        keys = json.loads((folder / "passkey" / "passkey.json").read_text())["rows"]
+        # every arm is evaluated as saved (YaRN s=8 in its config, not patched again)
+        assert [(r["method"], int(r["length"]), int(r["seeds"])) for r in keys] == [("none", 512, 3)]
+        assert {r["method"] for r in rows} >= {"none"} and all(r["trained_length"] == 64 for r in keys)
+        assert json.loads((folder / "done.json").read_text())["seeds"] == 3
+    assert not (out / "free" / "train").exists()
+    from transformers import AutoConfig
+    from hf_posext.rope.compat import get_rope_parameters
+    rope = get_rope_parameters(AutoConfig.from_pretrained(out / "free" / "model"))
+    assert (rope["rope_type"], rope["factor"], rope["original_max_position_embeddings"]) == ("yarn", 8.0, 64)
+    for arm in ("docs", "mix"):
+        assert (out / arm / "train" / "final" / "model.safetensors").exists()
+    mix_cfg = json.loads((out / "mix" / "train" / "config.json").read_text())
+    docs_cfg = json.loads((out / "docs" / "train" / "config.json").read_text())
+    assert mix_cfg["data"]["synthetic"]["share"] == 0.5 and docs_cfg["data"]["synthetic"]["share"] == 0.0
+    assert mix_cfg["training"]["max_steps"] == docs_cfg["training"]["max_steps"] == 2
+    assert docs_cfg["data"]["eval_documents"] == ["held"]
+    report = (out / "report.md").read_text()
+    assert all(f"## {arm}" in report for arm in script.ARMS)
+    stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if p.name != "report.md"}
+    capsys.readouterr()
+    assert script.main(argv) == 0                                     # resumable: nothing redone
+    assert capsys.readouterr().out.count("done, skipped") == 3
+    assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
+    with pytest.raises(SystemExit, match="other settings"):
+        script.main(argv + ["--depths", "0.5"])
+
+
+def test_smoke_sizes_are_defaults_a_flag_still_wins():
+    script = load_script()
+    assert script.parse(["--smoke"]).seeds == 3 and script.parse(["--smoke", "--seeds", "4"]).seeds == 4
+    assert script.parse([]).seeds >= 20                      # the experiment: >= 20 seeds per cell
