@@ -72,6 +72,22 @@ def install(config, spec: AttentionExtensionConfig | None, raw_config: dict[str,
     config._attn_implementation = "sdpa" if original in (None, IMPLEMENTATION) else original
 
 
+def check_block(name, config) -> None:
+    """A checkpoint saved with an attention method (config.json `attn_implementation:
+    hf_posext`) must carry the method's block: without it the model loads, then fails at the
+    first forward. Refused before weights load (`loading.check_config_early`)."""
+    config = text_config(config)
+    wanted = IMPLEMENTATION in (getattr(config, "_attn_implementation_internal", None),
+                                config.__dict__.get("attn_implementation"))
+    if wanted and not isinstance(getattr(config, CONFIG_KEY, None), dict):
+        raise ValueError(f"{name}: config.json sets attn_implementation {IMPLEMENTATION!r} but has no "
+                         f"{CONFIG_KEY!r} block (the attention method and its knobs; deleted?). "
+                         "Restore the block from the saved checkpoint, or load with "
+                         "attn_implementation='sdpa' to run plain attention.")
+    if isinstance(getattr(config, CONFIG_KEY, None), dict):
+        AttentionExtensionConfig.from_dict(getattr(config, CONFIG_KEY))
+
+
 def after_load(model, explicit: bool = False) -> None:
     """After `hf_posext.from_pretrained`: a checkpoint saved with a method runs it again, unless
     the caller chose an attn_implementation. transformers 5.x already did (from config.json's

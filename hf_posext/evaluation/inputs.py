@@ -151,23 +151,25 @@ def positive_int(flag: str, value) -> int | None:
     return value
 
 
-def check_device(device: str) -> None:
-    """A device string torch accepts and this machine has (checked before loading)."""
+def check_device(device, flag: str = "--device ") -> None:
+    """A device string torch accepts and this machine has (checked before loading). `flag`
+    prefixes the messages: `--device ` for the CLI, `device=` for the Python API."""
+    device = str(device)
     m = re.fullmatch(r"(cpu|mps|cuda|xpu)(?::(\d+))?", device)
     if not m:
-        raise InputError(f"--device {device!r}: use cpu, cuda, cuda:N or mps.")
+        raise InputError(f"{flag}{device!r}: use cpu, cuda, cuda:N or mps.")
     kind, index = m.group(1), int(m.group(2) or 0)
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise InputError(f"--device {device}: CUDA is not available on this machine (torch "
-                             f"{torch.__version__}); use --device cpu.")
+            raise InputError(f"{flag}{device}: CUDA is not available on this machine (torch "
+                             f"{torch.__version__}); use {flag}cpu.")
         if index >= torch.cuda.device_count():
-            raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} "
+            raise InputError(f"{flag}{device}: this machine has {torch.cuda.device_count()} "
                              "CUDA device(s).")
     if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise InputError(f"--device {device}: MPS is not available here; use --device cpu.")
+        raise InputError(f"{flag}{device}: MPS is not available here; use {flag}cpu.")
     if kind == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
-        raise InputError(f"--device {device}: XPU is not available here; use --device cpu.")
+        raise InputError(f"{flag}{device}: XPU is not available here; use {flag}cpu.")
 
 
 def check_model_arg(model: str, gguf_file: str | None, default_model: str,

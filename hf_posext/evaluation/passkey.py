@@ -21,6 +21,7 @@ from ..generation import generate as fixed_scale_generate
 from ..patcher import trained_length
 from .grid import Cell, knobs_for, method_factors, run_grid
 from .identity import model_dtype, run_identity
+from .inputs import check_device
 from .loss import PeakMemory
 
 PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
@@ -123,6 +124,7 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
         raise ValueError(f"seeds {seeds} repeat a seed; each seed must count once.")
     if dtype not in (None, "", "auto") and model_dtype(model) != dtype:
         raise ValueError(f"dtype={dtype!r} but the model runs in {model_dtype(model)}.")
+    check_device(device, "device=")
     answer_fn = answer_fn or greedy_answer
     trained = trained_length(model)
     cells = passkey_cells(methods, lengths, depths, seeds, factors, trained, knobs)
