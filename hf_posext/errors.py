@@ -37,6 +37,11 @@ class ConfigError(PosextError, ValueError):
     """A bad method, knob, length, recipe setting or config.json; raised before weights load."""
 
 
+class BeyondReach(ConfigError):
+    """A target length the method's knobs cannot keep inside the trained length (STRING past
+    L + S − W): refused by `patch`; `hf-posext eval --methods all` skips such cells instead."""
+
+
 class CheckpointError(PosextError, RuntimeError):
     """A recipe checkpoint or cache that is damaged, incomplete or not written by hf_posext."""
 

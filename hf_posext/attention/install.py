@@ -16,6 +16,7 @@ from typing import Any
 from ..rope.compat import text_config
 from .config import ALL_KNOBS, ATTENTION_METHODS, AttentionExtensionConfig
 from .interface import CONFIG_KEY, IMPLEMENTATION
+from .units import UNITS
 
 # config attributes the patcher snapshots and `unpatch` restores
 RAW_KEYS = (CONFIG_KEY, "attn_implementation", "_attn_implementation_internal")
@@ -39,7 +40,11 @@ def split(method, params: dict[str, Any], trained: int, target_length: int | Non
                             f"{sorted(AttentionExtensionConfig(method, trained).knobs)} and factor.")
         if "auto" in knobs.values():
             knobs["target_length"] = target_length
-        return AttentionExtensionConfig(method.lower(), trained, **knobs), None, {}
+        spec = AttentionExtensionConfig(method.lower(), trained, **knobs)
+        reach = UNITS[spec.method].reach
+        if reach is not None and target_length is not None:
+            reach(spec, target_length)   # a target the knobs cannot keep inside L (STRING)
+        return spec, None, {}
     stray = sorted(set(params) & (set(ALL_KNOBS) - {"logn"}))
     if stray:
         raise TypeError(f"{stray} are knobs of the attention methods ({', '.join(ATTENTION_METHODS)}), "
