@@ -208,9 +208,10 @@ def check_cells(config, methods, lengths, factors, knobs, skip_unfit: bool = Fal
     load (`patcher.plan_for_config`: knobs against the trained length L, e.g. a window above L,
     read from config.json). A cell whose target the method cannot keep inside L (`BeyondReach`,
     STRING past L + S − W) is refused, or with `skip_unfit` (`--methods all`: every method, so
-    none was asked for by name) left out with a note. Returns the (method, length) pairs left out."""
+    none was asked for by name) left out with a note. Returns the (method, length, s) cells left
+    out."""
     L = trained_length(SimpleNamespace(config=config))
-    skipped: dict[str, list[int]] = {}
+    skipped: dict[str, list[tuple[int, float]]] = {}
     why: dict[str, str] = {}
     for length in sorted(set(lengths)):
         for method, _, s in method_factors(methods, factors, length, L):
@@ -221,12 +222,13 @@ def check_cells(config, methods, lengths, factors, knobs, skip_unfit: bool = Fal
             except BeyondReach as err:
                 if not skip_unfit:
                     raise InputError(f"--methods {method} at --lengths {length} (s = {s:g}): {err}") from None
-                skipped.setdefault(method, []).append(length)
+                skipped.setdefault(method, []).append((length, s))
                 why.setdefault(method, str(err))
             except (ValueError, TypeError) as err:
                 raise InputError(f"--knobs / --methods {method} at --lengths {length} (trained "
                                  f"length {L}): {err}") from None
     for method, at in skipped.items():
-        print(f"note: --methods all: {method} skipped at {', '.join(map(str, at))} tokens "
+        print(f"note: --methods all: {method} skipped at "
+              f"{', '.join(f'{n} tokens (s = {s:g})' for n, s in at)} "
               f"(docs/attention_methods.md): {why[method]}", file=sys.stderr)
-    return tuple((m, n) for m, at in skipped.items() for n in at)
+    return tuple((m, n, s) for m, at in skipped.items() for n, s in at)

@@ -97,14 +97,14 @@ def greedy_answer(model, tokenizer, input_ids: list[int]) -> str:
 def passkey_cells(methods, lengths, depths, seeds, factors, trained: int, knobs=None,
                   skip=()) -> list[Cell]:
     """Cells in run order: by length, then method (`none` first), then depth; `skip`: (method,
-    length) pairs left out (`inputs.check_cells`)."""
+    length, s) cells left out (`inputs.check_cells`)."""
     seeds_text = ",".join(map(str, seeds))
     return [Cell(method, spec, s, length, "passkey", knobs_for(method, knobs or {}),
                  {"depth": float(d), "seeds_list": seeds_text, "seeds": len(seeds),
                   "max_new_tokens": MAX_NEW_TOKENS})
             for length in sorted(set(lengths))
             for method, spec, s in method_factors(methods, factors, length, trained)
-            if (method, length) not in set(skip)
+            if (method, length, s) not in set(skip)
             for d in depths]
 
 
