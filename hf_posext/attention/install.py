@@ -11,6 +11,8 @@ What a patched config carries, and what `save_pretrained` writes to config.json:
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from ..rope.compat import text_config
@@ -84,6 +86,14 @@ def check_block(name, config) -> None:
     config = text_config(config)
     wanted = IMPLEMENTATION in (getattr(config, "_attn_implementation_internal", None),
                                 config.__dict__.get("attn_implementation"))
+    raw_path = Path(str(name)) / "config.json"   # 4.57's config drops the key: read the file
+    if not wanted and raw_path.is_file():
+        try:
+            raw = json.loads(raw_path.read_text(encoding="utf-8"))
+        except ValueError:
+            raw = {}   # refused, naming the file, by loading._check_saved_rope
+        raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
+        wanted = raw.get("attn_implementation") == IMPLEMENTATION
     if wanted and not isinstance(getattr(config, CONFIG_KEY, None), dict):
         raise ValueError(f"{name}: config.json sets attn_implementation {IMPLEMENTATION!r} but has no "
                          f"{CONFIG_KEY!r} block (the attention method and its knobs; deleted?). "

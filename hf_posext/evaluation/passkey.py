@@ -121,7 +121,8 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
     Rows are written to `store` as each cell finishes; cells whose key it holds are skipped
     (resume). reuse_identical: a cell whose rotary cos/sin over prompt + answer positions and
     attention equal an earlier cell's (same length, depth, seeds) would decode the same tokens:
-    its answers are copied and the row says so in `same_as` (see `grid.run_grid`)."""
+    its answers are copied and the row says so in `same_as` (see `grid.run_grid`). skip:
+    (method, length, s) cells left out (`inputs.check_cells` under `--methods all`)."""
     seeds = list(seeds)
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds {seeds} repeat a seed; each seed must count once.")
