@@ -192,8 +192,12 @@ def _eval(assets, tmp_path, *extra):
 
 def test_eval_knob_above_trained_length_fails_before_loading(assets, tmp_path, capsys, no_load):
     line = _cli_error(capsys, _eval(assets, tmp_path, "--methods", "rerope", "--knobs", "rerope:window=100"))
-    assert "window=100 exceeds the trained length 64" in line
+    assert "rerope at --lengths" in line and "window=100 exceeds the trained length 64" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_eval_factor_past_any_length_is_a_usage_error(assets, tmp_path, capsys, no_load):
+    assert "--factor: 1e308 is past" in _cli_error(capsys, _eval(assets, tmp_path, "--factor", "1e308"))
 
 
 def test_eval_string_beyond_its_reach_fails_before_loading(assets, tmp_path, capsys, no_load):

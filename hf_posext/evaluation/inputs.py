@@ -18,6 +18,7 @@ from ..data.embedded import resolve_model
 from ..errors import BeyondReach, ConfigError
 from ..loading import check_config_early
 from ..patcher import plan_for_config, trained_length
+from ..rope.config import MAX_FACTOR
 from .grid import canonical, check_knobs, integral_knobs, knob_names, knobs_for, method_factors
 
 
@@ -107,6 +108,9 @@ def parse_factors(text: str) -> list:
             raise InputError(f"--factor: {item!r} is neither a number nor auto.") from None
         if not value >= 1.0 or value == float("inf"):
             raise InputError(f"--factor: {item} must be a finite scale >= 1 (or auto).")
+        if value > MAX_FACTOR:
+            raise InputError(f"--factor: {item} is past {MAX_FACTOR:,} (the target length must stay "
+                             "a countable int32 position); ask for a smaller factor.")
         out.append(value)
     if not out:
         raise InputError("--factor is empty; give auto or numbers such as 2,4.")
@@ -225,8 +229,8 @@ def check_cells(config, methods, lengths, factors, knobs, skip_unfit: bool = Fal
                 skipped.setdefault(method, []).append((length, s))
                 why.setdefault(method, str(err))
             except (ValueError, TypeError) as err:
-                raise InputError(f"--knobs / --methods {method} at --lengths {length} (trained "
-                                 f"length {L}): {err}") from None
+                raise InputError(f"{method} at --lengths {length} (s = {s:g}, trained length "
+                                 f"{L}): {err}") from None
     for method, at in skipped.items():
         print(f"note: --methods all: {method} skipped at "
               f"{', '.join(f'{n} tokens (s = {s:g})' for n, s in at)} "
