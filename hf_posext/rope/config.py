@@ -86,8 +86,8 @@ def check_target(factor: float, trained: int) -> None:
     """The target s·L within MAX_TARGET_LENGTH (a countable, int32 position), s <= MAX_FACTOR."""
     if factor > MAX_FACTOR or factor * trained > MAX_TARGET_LENGTH:
         raise ValueError(f"factor={factor:g} x trained length {trained} = {factor * trained:.4g} "
-                         f"tokens, past {MAX_TARGET_LENGTH:,} positions (int32); ask for a factor "
-                         f"<= {min(MAX_FACTOR, MAX_TARGET_LENGTH // trained):,}.")
+                         f"tokens, past {MAX_TARGET_LENGTH:,} positions (int32); ask for a smaller "
+                         f"factor (<= {min(MAX_FACTOR, MAX_TARGET_LENGTH // trained):,}).")
 
 
 @dataclass(frozen=True)
