@@ -206,7 +206,11 @@ def _string_section() -> list[str]:
     return ["## STRING beside the others: Hamlet at 8k, 16k, 32k (float32)", "",
             " and ".join(commands) + ", run in a folder holding a copy of the demo's rows "
             "(long-context/, reused by --resume).", "",
-            demo_table(rows, (8192, 16384, 32768)) if rows else "Not run.", "", *_inside_l(rows)]
+            demo_table(rows, (8192, 16384, 32768)) if rows else "Not run.", "", *_inside_l(rows), "",
+            "The 16k and 32k rows were measured before `patch` refused a target past STRING's reach "
+            "L + S − W (10,767 tokens here: the shifted distances N − 1 − S + W pass L beyond it); "
+            "the same command now stops with that error, and `--methods all` skips those cells "
+            "with a note (docs/attention_methods.md)."]
 
 
 def _inside_l(rows: list[dict]) -> list[str]:

@@ -37,6 +37,7 @@ from _recipekit import load_finetune, make_assets, recipe_argv  # noqa: E402
 import hf_posext  # noqa: E402
 from hf_posext import cli  # noqa: E402
 from hf_posext.errors import PosextError  # noqa: E402
+from probe_issue27 import add_issue27_cases  # noqa: E402
 from probe_portability import add_check_export_search_cases  # noqa: E402
 
 TIMEOUT = 60
@@ -120,7 +121,7 @@ def build_cases(tmp: Path, assets: Path) -> list[tuple[str, str, object]]:
     # --- API: patch ------------------------------------------------------------------------
     methods = list(hf_posext.METHODS)
     for m in methods:
-        for f in (0.5, 0, -2, math.nan, math.inf, "2", True, [2]):
+        for f in (0.5, 0, -2, math.nan, math.inf, 1e308, "2", True, [2]):
             add(f"patch({m}, factor={f!r})", "api", lambda m=m, f=f: hf_posext.patch(tiny_model(), m, factor=f))
         add(f"patch({m}) on GPT-2", "api", lambda m=m: hf_posext.patch(
             GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)), m, factor=2))
@@ -317,6 +318,7 @@ def build_cases(tmp: Path, assets: Path) -> list[tuple[str, str, object]]:
         assets, tmp / "diverge", training__learning_rate="1e30", training__warmup_steps="0", eval__enabled="false")))
 
     add_check_export_search_cases(add, tmp, assets, saved, edited, both)
+    add_issue27_cases(add, tmp, assets, saved, edited, finetune, recipe_argv)
 
     # --- results folders and caches ----------------------------------------------------------------
     from hf_posext.evaluation.data import TokenCache

@@ -16,6 +16,7 @@ ranks and rank 0 writes the results (docs/evaluation.md, "Several processes").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -26,13 +27,14 @@ from .commands.check import add_subcommands  # `check` and `export`
 from .commands.search import add_subcommand as add_search
 from .commands.model_args import load_model_from, load_tokenizer_from
 from .data.documents import is_embedded, looks_like_path
+from .attention import is_attention_method
 from .data.embedded import DEFAULT_MODEL
 from .errors import PosextError, exit_status, one_line
 from .evaluation.data import TextSource, TokenCache, load_documents, scored_bytes, select_documents
 from .evaluation.distributed import Ranks
 from .evaluation.identity import (attention_implementation, loaded_fingerprint, model_dtype,
                                   source_fingerprint)
-from .evaluation.inputs import (InputError, check_device, check_model_arg, parse_factors,  # noqa: F401
+from .evaluation.inputs import (InputError, check_cells, check_device, check_model_arg, parse_factors,  # noqa: F401
                                 parse_floats01, parse_knobs, parse_length, parse_lengths,
                                 parse_methods, parse_seeds, positive_int)
 from .evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
@@ -152,11 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --- model, tokenizer, results folder -------------------------------------------------------------
 
-def _check_inputs(args, ranks) -> None:
+def _check_inputs(args, ranks, methods, lengths, factors, knobs) -> tuple:
+    """Device, model and every cell on the model's config (L matters to the attention methods'
+    knobs); returns the cells `--methods all` leaves out (`check_cells`)."""
     if ranks.size > 1 and args.device.startswith("cuda"):
         args.device = str(ranks.device)   # one GPU per rank under a multi-GPU launch
     check_device(args.device)
-    check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL, args.revision)
+    config = check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL, args.revision,
+                             read_default=any(map(is_attention_method, methods)))
+    every = "all" in [t.strip().lower() for t in args.methods.split(",")]
+    return check_cells(config, methods, lengths, factors, knobs, every) if config is not None else ()
 
 
 def _open_store(args, name: str, ranks):
@@ -201,7 +208,8 @@ def run_eval(args, ranks) -> int:
     """`hf-posext eval`: flags -> grid, documents, store + model, evaluation, report; every
     flag is checked before any document or model loads."""
     grid = eval_grid(args)
-    _check_inputs(args, ranks)
+    grid = dataclasses.replace(grid, skip=_check_inputs(args, ranks, grid.methods, grid.lengths,
+                                                        grid.factors, grid.knobs or {}))
     source, docs, tokenizer = _eval_documents(args, grid, ranks)
     view, store = _open_store(args, "perplexity", ranks)
     try:
@@ -321,7 +329,7 @@ def run_passkey(args, ranks) -> int:
     methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
     factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
     depths, seeds = parse_floats01(args.depths, "--depths"), parse_seeds(args.seeds)
-    _check_inputs(args, ranks)
+    skip = _check_inputs(args, ranks, methods, lengths, factors, knobs)
     tokenizer = load_tokenizer_from(args)
     try:
         build_prompt(tokenizer, min(lengths), 0.5, passkey_for_seed(0))
@@ -333,7 +341,7 @@ def run_passkey(args, ranks) -> int:
         rows = evaluate_passkey(model, tokenizer, methods=methods, lengths=lengths, depths=depths,
                                 seeds=seeds, factors=factors, store=view, model_name=args.model,
                                 device=args.device, progress=not args.no_progress and ranks.is_main,
-                                knobs=knobs, fingerprint=args.fingerprint, ranks=ranks)
+                                knobs=knobs, fingerprint=args.fingerprint, ranks=ranks, skip=skip)
     finally:
         if store is not None:
             store.close()

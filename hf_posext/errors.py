@@ -1,9 +1,32 @@
 """The exceptions hf_posext raises for bad inputs, one small hierarchy so callers can catch them
 all (`except hf_posext.errors.PosextError`) and the CLI can print each as one line.
+`plain_number` is the one door numbers come in by: every real number type (numpy, torch
+scalars) becomes a plain Python int / float before any check, so messages and saved configs
+(config.json must stay JSON) only ever see those.
 
 Each subclasses the builtin a caller would already catch (ValueError for a bad value, RuntimeError
 for a run that cannot continue), so code written against the builtins keeps working.
 """
+
+import numbers
+import operator
+
+
+def plain_number(value):
+    """A real number of any type as a plain `int` (integral types: `operator.index`) or
+    `float` (`numbers.Real`); anything else (bool, str, None, a list) comes back unchanged, so
+    the caller's own check refuses it with its own message."""
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    if isinstance(value, numbers.Integral) or (isinstance(value, numbers.Real) and
+                                               hasattr(type(value), "__index__")):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]  # has __index__ (checked above)
+        except TypeError:
+            pass
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
 
 
 class PosextError(Exception):
@@ -12,6 +35,11 @@ class PosextError(Exception):
 
 class ConfigError(PosextError, ValueError):
     """A bad method, knob, length, recipe setting or config.json; raised before weights load."""
+
+
+class BeyondReach(ConfigError):
+    """A target length the method's knobs cannot keep inside the trained length (STRING past
+    L + S − W): refused by `patch`; `hf-posext eval --methods all` skips such cells instead."""
 
 
 class CheckpointError(PosextError, RuntimeError):

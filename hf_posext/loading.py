@@ -49,6 +49,9 @@ def check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
         first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
         raise ConfigError(f"{name_or_path}: cannot read its config ({first.strip()}); pass a folder "
                           "with a valid config.json or a Hub id.") from None
+    except ArithmeticError as err:   # e.g. num_attention_heads 0: the config class divides by it
+        raise ConfigError(f"{name_or_path}: its config.json cannot be read ({err}: a size or count "
+                          "such as num_attention_heads is 0); restore the saved values.") from None
     config = text_config(full)
     model_type = getattr(full, "model_type", None)  # what the loaded model will report
     if model_type not in SUPPORTED_MODEL_TYPES or model_type in UNSUPPORTED_MODEL_TYPES:
@@ -62,6 +65,8 @@ def check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
     if rope_type not in ("default", *PASSTHROUGH_TYPES) and method_of_rope_type(rope_type) is None:
         raise ValueError(f"{name_or_path}: unknown rope_type {rope_type!r} in its config.")
     _check_saved_rope(name_or_path, config)
+    if "attn_implementation" not in hf_kwargs:
+        attention.check_block(name_or_path, config)
     return config
 
 

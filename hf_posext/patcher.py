@@ -24,12 +24,12 @@ import torch
 
 from . import attention
 from .catalog import canonical_method
-from .errors import ConfigError
+from .errors import ConfigError, plain_number
 from .portability import portable
 from .rope import dynamic
 from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
-from .rope.config import (KNOBS, PASSTHROUGH, PASSTHROUGH_TYPES, RopeExtensionConfig, _check_number,
-                          method_of_rope_type)
+from .rope.config import (KNOBS, MAX_FACTOR, PASSTHROUGH, PASSTHROUGH_TYPES, RopeExtensionConfig,
+                          _check_number, check_target, method_of_rope_type)
 from .rope.registry import LONGROPE_ONLY, LONGROPE_REFUSED_V4, check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
@@ -108,6 +108,7 @@ def _attention_factor(factor, target, trained: int) -> float:
     s = 1.0 if factor is None and target is None else _resolve_factor(factor, target, trained)
     if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s < 1:
         raise ValueError(f"factor must be a number >= 1 (target length / trained length), got {s!r}")
+    check_target(s, trained)
     return float(s)
 
 
@@ -131,8 +132,26 @@ def _passthrough_rope(method: str, factor, target, trained: int, base: dict, par
                          f"context length), got {L!r}")
     rope = {**base, "rope_type": method, **params, "original_max_position_embeddings": L}
     if factor is not None or target is not None:
-        rope["factor"] = _check_number("factor", _resolve_factor(factor, target, L), minimum=1.0)
+        rope["factor"] = _check_number("factor", _resolve_factor(factor, target, L), minimum=1.0,
+                                       maximum=MAX_FACTOR)
+        check_target(rope["factor"], L)
     return rope
+
+
+def _check_longrope_lengths(rope: dict, dim: int) -> None:
+    """transformers' longrope divides the inverse frequencies (dim/2 of them, dim = head_dim ×
+    partial_rotary_factor: compat.rotary_dim, as modeling_rope_utils `_compute_longrope_parameters`)
+    by short_factor / long_factor elementwise: another length ends in a raw broadcast error."""
+    for key in ("short_factor", "long_factor"):
+        values = rope.get(key)
+        if not isinstance(values, (list, tuple)) or len(values) != dim // 2:
+            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else repr(values)
+            raise ValueError(f"longrope {key} must be a list of {dim // 2} numbers (one per rotary "
+                             f"frequency: rotary dim {dim} / 2), got {got}.")
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))
+               or not math.isfinite(v) or v <= 0]
+        if bad:
+            raise ValueError(f"longrope {key} must hold finite numbers > 0, got {bad[0]!r}.")
 
 
 @dataclass(frozen=True)
@@ -155,6 +174,11 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
     config before loading weights. `model_type` picks the saved form (`LONGROPE_ONLY`)."""
     base, trained = _base_rope(rope, max_pos)
     trained = saved_trained or trained
+    # numpy / torch scalars as plain numbers (messages, and config.json must stay JSON)
+    factor, target = plain_number(factor), plain_number(target)
+    params = {k: [plain_number(x) for x in (v.tolist() if hasattr(v, "tolist") else v)]
+              if isinstance(v, (list, tuple)) or getattr(v, "ndim", 0) >= 1 else plain_number(v)
+              for k, v in (params or {}).items()}
     # attention-level methods run on plain RoPE, or add log-n on top of a rope method
     attn_target = (round(trained * _attention_factor(factor, target, trained))
                    if attention.is_attention_method(method) else None)
@@ -168,6 +192,8 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
         return Plan(dict(base), round(trained * s), None, attn_spec, theta)
     if isinstance(method, str) and method.lower() in PASSTHROUGH_TYPES:
         new_rope = _passthrough_rope(method.lower(), factor, target, trained, base, params)
+        if new_rope["rope_type"] == "longrope":
+            _check_longrope_lengths(new_rope, dim)
         L = new_rope["original_max_position_embeddings"]
         return Plan(new_rope, target or round(L * new_rope.get("factor", 1.0)), None, attn_spec, theta)
     spec = _build_spec(method, factor, target, trained, params)
@@ -313,9 +339,13 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def trained_length(model: torch.nn.Module) -> int:
+def trained_length(model: Any) -> int:  # a model, or anything with its .config (checked below)
     """The context L the model was trained at, seen through any extension: ours in memory, one
     saved in the checkpoint (a `linear` config keeps only s·L), or transformers' llama3/longrope."""
+    if getattr(model, "config", None) is None:
+        raise TypeError(f"trained_length expects a loaded transformers model (with a .config), got "
+                        f"{type(model).__name__} {model!r:.40}; load it first (e.g. "
+                        "hf_posext.from_pretrained(name)).")
     state: _PatchState | None = getattr(model, _STATE_ATTR, None)
     config = text_config(model.config)
     rope = state.rope if state else _logical_rope(config)

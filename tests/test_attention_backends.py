@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TRAINED, tiny_model
-from test_attention import CASES, logits
+from test_attention import CASES, factor, logits
 
 import hf_posext
 from hf_posext.attention import AttentionExtensionConfig
@@ -57,7 +57,7 @@ def test_identity_plan_equals_sdpa(backend):
 
 @pytest.mark.parametrize("method,knobs", [CASES[2], CASES[3], CASES[5], CASES[7]])
 def test_environment_variable_selects_the_backend(monkeypatch, tokens, method, knobs):
-    model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), method, 3.0, **knobs)
+    model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), method, factor(method), **knobs)
     want = logits(model, tokens)
     monkeypatch.setenv(ENV, "math")
     torch.testing.assert_close(logits(model, tokens), want, rtol=1e-5, atol=1e-5)
@@ -76,7 +76,7 @@ def test_backend_errors_name_the_fix(backend, message):
 
 def test_forward_sets_no_thread_count(monkeypatch, tokens):
     """torch.set_num_threads is process-wide: a forward must not call it (issue 18 item 3)."""
-    model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "string", 3.0,
+    model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "string",
                             shifted_offset=21, local_value=5)
 
     def refuse(n):

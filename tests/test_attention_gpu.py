@@ -6,7 +6,7 @@ against the CPU result of the same model; and, where a method is the identity, a
 import pytest
 import torch
 from conftest import TRAINED, tiny_model
-from test_attention import CASES
+from test_attention import CASES, factor
 
 import hf_posext
 from hf_posext.attention import AttentionExtensionConfig
@@ -39,9 +39,9 @@ def test_efficient_backend_equals_math_backend(method, knobs, dtype, tol):
 
 @pytest.mark.parametrize("method,knobs", CASES)
 def test_cuda_model_equals_cpu_model(tokens, method, knobs):
-    cpu = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), method, 3.0, **knobs)
+    cpu = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), method, factor(method), **knobs)
     want = logits(cpu, tokens)
-    gpu = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), method, 3.0, **knobs).cuda()
+    gpu = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), method, factor(method), **knobs).cuda()
     torch.testing.assert_close(logits(gpu, tokens.cuda()).cpu(), want, rtol=1e-3, atol=1e-3)
 
 

@@ -19,16 +19,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import plain_number
+from ..rope.config import MAX_FACTOR, MAX_TARGET_LENGTH   # the same bounds as rope methods
 from .units import ATTENTION_METHODS, UNITS
 
-# The methods, their knobs, defaults and own checks: one unit each (units.py).
+# The methods, their knobs, defaults and own checks: one unit each (units.py). MAX_FACTOR also
+# keeps the auto group search below at most 2^20 / L steps.
 KNOBS: dict[str, tuple[str, ...]] = {n: u.knobs() for n, u in UNITS.items()}
-# Longest target "auto" knobs may be fitted to (int32 positions; no model has a longer cache).
-MAX_TARGET_LENGTH = 2 ** 31   # positions 0 .. 2^31 - 1
-MAX_FACTOR = 2 ** 20          # so the auto group search below runs at most 2^20 / L steps
 
 
 def _positive_int(name: str, value: Any) -> int:
+    value = plain_number(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or int(value) != value or value < 1:
         raise ValueError(f"{name} must be a positive integer (a number of tokens), got {value!r}")
@@ -119,6 +120,7 @@ class AttentionExtensionConfig:
                              f"{self.window}: the window alone fills the trained length {L}. Use a "
                              f"window below {L - 1}.")
         if self.leak is not None and self.leak != "auto":
+            set_("leak", plain_number(self.leak))
             if isinstance(self.leak, bool) or not isinstance(self.leak, (int, float)) \
                     or not math.isfinite(self.leak) or self.leak <= 1:
                 raise ValueError(f"leak (leaky ReRoPE's k) must be a number > 1 (k = 1 is plain "

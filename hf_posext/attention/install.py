@@ -11,11 +11,14 @@ What a patched config carries, and what `save_pretrained` writes to config.json:
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from ..rope.compat import text_config
 from .config import ALL_KNOBS, ATTENTION_METHODS, AttentionExtensionConfig
 from .interface import CONFIG_KEY, IMPLEMENTATION
+from .units import UNITS
 
 # config attributes the patcher snapshots and `unpatch` restores
 RAW_KEYS = (CONFIG_KEY, "attn_implementation", "_attn_implementation_internal")
@@ -39,7 +42,11 @@ def split(method, params: dict[str, Any], trained: int, target_length: int | Non
                             f"{sorted(AttentionExtensionConfig(method, trained).knobs)} and factor.")
         if "auto" in knobs.values():
             knobs["target_length"] = target_length
-        return AttentionExtensionConfig(method.lower(), trained, **knobs), None, {}
+        spec = AttentionExtensionConfig(method.lower(), trained, **knobs)
+        reach = UNITS[spec.method].reach
+        if reach is not None and target_length is not None:
+            reach(spec, target_length)   # a target the knobs cannot keep inside L (STRING)
+        return spec, None, {}
     stray = sorted(set(params) & (set(ALL_KNOBS) - {"logn"}))
     if stray:
         raise TypeError(f"{stray} are knobs of the attention methods ({', '.join(ATTENTION_METHODS)}), "
@@ -70,6 +77,30 @@ def install(config, spec: AttentionExtensionConfig | None, raw_config: dict[str,
     original = raw_config.get("_attn_implementation_internal")
     # a checkpoint saved with a method: its "original" attention is the method; go back to SDPA
     config._attn_implementation = "sdpa" if original in (None, IMPLEMENTATION) else original
+
+
+def check_block(name, config) -> None:
+    """A checkpoint saved with an attention method (config.json `attn_implementation:
+    hf_posext`) must carry the method's block: without it the model loads, then fails at the
+    first forward. Refused before weights load (`loading.check_config_early`)."""
+    config = text_config(config)
+    wanted = IMPLEMENTATION in (getattr(config, "_attn_implementation_internal", None),
+                                config.__dict__.get("attn_implementation"))
+    raw_path = Path(str(name)) / "config.json"   # 4.57's config drops the key: read the file
+    if not wanted and raw_path.is_file():
+        try:
+            raw = json.loads(raw_path.read_text(encoding="utf-8"))
+        except ValueError:
+            raw = {}   # refused, naming the file, by loading._check_saved_rope
+        raw = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
+        wanted = raw.get("attn_implementation") == IMPLEMENTATION
+    if wanted and not isinstance(getattr(config, CONFIG_KEY, None), dict):
+        raise ValueError(f"{name}: config.json sets attn_implementation {IMPLEMENTATION!r} but has no "
+                         f"{CONFIG_KEY!r} block (the attention method and its knobs; deleted?). "
+                         "Restore the block from the saved checkpoint, or load with "
+                         "attn_implementation='sdpa' to run plain attention.")
+    if isinstance(getattr(config, CONFIG_KEY, None), dict):
+        AttentionExtensionConfig.from_dict(getattr(config, CONFIG_KEY))
 
 
 def after_load(model, explicit: bool = False) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
 
+from ..errors import BeyondReach
 from . import positions as P
 from .plans import DualChunkPlan, WindowPlan
 
@@ -24,6 +25,7 @@ class AttentionMethod:
     plan: Callable[[Any], Any] | None = None    # spec -> plan; None: queries scaled only (logn)
     absolute: bool = False                      # positions of index i, not only of i − j
     check: Callable[[Any, dict[str, Any]], None] | None = None  # (spec, knobs given) -> raise
+    reach: Callable[[Any, int], None] | None = None  # (spec, target length T) -> raise if T unfit
 
     def knobs(self) -> tuple[str, ...]:
         return tuple(self.defaults(4096))
@@ -46,6 +48,30 @@ def _string_check(spec, given: dict[str, Any]) -> None:
             f"nothing (d − S + W = d). The authors' W = 128 assumes L well above 388; pass "
             f"both knobs, e.g. shifted_offset={int(0.33 * L)}, "
             f"local_value={max(0, int(0.33 * L) // 8)}.")
+
+
+def string_reach(spec) -> int:
+    """The longest input STRING keeps inside the trained length: distances d >= S become
+    d − S + W, so the farthest, T − 1 − S + W, must stay <= L − 1: T <= L + S − W."""
+    return spec.trained_length + spec.shifted_offset - spec.local_value
+
+
+def _string_reach(spec, T: int) -> None:
+    """STRING reuses trained distances inside L (An et al. 2024 apply it within the trained
+    length); a target past L + S − W meets distances the model never saw, silently (README:
+    perplexity ratio 1.28 at 2L, 12.5 at 4L on SmolLM2). Refused, naming the S that would fit."""
+    L, S, W = spec.trained_length, spec.shifted_offset, spec.local_value
+    if T <= string_reach(spec):
+        return
+    need = T - L + W   # the smallest S with T − 1 − S + W <= L − 1
+    fix = (f"pass shifted_offset >= {need}" if need <= L else
+           f"no shifted_offset <= L can (it would need S >= T − L + W = {need}); STRING is for "
+           f"inputs within the trained length: use a factor <= {string_reach(spec) / L:.4g} "
+           f"(T <= L + S − W = {string_reach(spec)}), or a method made for extension (yarn, "
+           "self_extend, leaky_rerope)")
+    raise BeyondReach(f"string cannot keep a {T}-token target inside the trained length {L}: its "
+                     f"shifted distances reach T − 1 − S + W = {T - 1 - S + W} > {L - 1} (S = "
+                     f"shifted_offset {S}, W = local_value {W}); {fix}.")
 
 
 # bojone/rerope: window L/8 (512 at L = 4096), leak k = 16, log-n on (both patches scale queries
@@ -71,7 +97,7 @@ DUAL_CHUNK = AttentionMethod(
 # `small_local_value` 128 (at most S).
 STRING = AttentionMethod(
     "string", lambda L: {"shifted_offset": int(0.33 * L), "local_value": min(128, int(0.33 * L))},
-    logn=False, check=_string_check,
+    logn=False, check=_string_check, reach=_string_reach,
     plan=lambda spec: WindowPlan(spec.shifted_offset, partial(
         P.string_far_query, shifted_offset=spec.shifted_offset, local_value=spec.local_value), None))
 # plain RoPE, only the log-n query scaling (also combines with any rope method: logn=True)

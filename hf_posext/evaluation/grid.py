@@ -17,6 +17,7 @@ from functools import partial
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .. import catalog as _catalog   # read at call time: methods registered later count too
+from ..errors import BeyondReach
 from ..attention import ALL_KNOBS, AttentionExtensionConfig, is_attention_method, split
 from ..rope.config import RopeExtensionConfig
 from ..patcher import is_patched, patch, unpatch
@@ -86,6 +87,8 @@ def check_knobs(methods: Sequence[str], knobs: Mapping[str, Mapping[str, float]]
                 split(method, knobs_for(method, knobs), 2 ** 30)   # refuses attention knobs but logn
                 RopeExtensionConfig(method, 2.0, **{k: v for k, v in knobs_for(method, knobs).items()
                                                     if k != "logn"})
+        except BeyondReach:
+            pass   # the target's reach depends on the model's L: `inputs.check_cells`, per length
         except (TypeError, ValueError) as err:
             raise ValueError(f"{method}: {err}") from None
 

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from .. import catalog as _catalog   # read at call time: methods registered later count too
 from ..data.documents import looks_like_path
-from ..errors import ConfigError
+from ..data.embedded import resolve_model
+from ..errors import BeyondReach, ConfigError
 from ..loading import check_config_early
-from .grid import canonical, check_knobs, integral_knobs, knob_names
+from ..patcher import plan_for_config, trained_length
+from ..rope.config import MAX_FACTOR
+from .grid import canonical, check_knobs, integral_knobs, knob_names, knobs_for, method_factors
 
 
 
@@ -103,6 +108,9 @@ def parse_factors(text: str) -> list:
             raise InputError(f"--factor: {item!r} is neither a number nor auto.") from None
         if not value >= 1.0 or value == float("inf"):
             raise InputError(f"--factor: {item} must be a finite scale >= 1 (or auto).")
+        if value > MAX_FACTOR:
+            raise InputError(f"--factor: {item} is past {MAX_FACTOR:,} (the target length must stay "
+                             "a countable int32 position); ask for a smaller factor.")
         out.append(value)
     if not out:
         raise InputError("--factor is empty; give auto or numbers such as 2,4.")
@@ -151,34 +159,41 @@ def positive_int(flag: str, value) -> int | None:
     return value
 
 
-def check_device(device: str) -> None:
-    """A device string torch accepts and this machine has (checked before loading)."""
+def check_device(device, flag: str = "--device ") -> None:
+    """A device string torch accepts and this machine has (checked before loading). `flag`
+    prefixes the messages: `--device ` for the CLI, `device=` for the Python API."""
+    device = str(device)
     m = re.fullmatch(r"(cpu|mps|cuda|xpu)(?::(\d+))?", device)
     if not m:
-        raise InputError(f"--device {device!r}: use cpu, cuda, cuda:N or mps.")
+        raise InputError(f"{flag}{device!r}: use cpu, cuda, cuda:N or mps.")
     kind, index = m.group(1), int(m.group(2) or 0)
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise InputError(f"--device {device}: CUDA is not available on this machine (torch "
-                             f"{torch.__version__}); use --device cpu.")
+            raise InputError(f"{flag}{device}: CUDA is not available on this machine (torch "
+                             f"{torch.__version__}); use {flag}cpu.")
         if index >= torch.cuda.device_count():
-            raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} "
+            raise InputError(f"{flag}{device}: this machine has {torch.cuda.device_count()} "
                              "CUDA device(s).")
     if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise InputError(f"--device {device}: MPS is not available here; use --device cpu.")
+        raise InputError(f"{flag}{device}: MPS is not available here; use {flag}cpu.")
     if kind == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
-        raise InputError(f"--device {device}: XPU is not available here; use --device cpu.")
+        raise InputError(f"{flag}{device}: XPU is not available here; use {flag}cpu.")
 
 
 def check_model_arg(model: str, gguf_file: str | None, default_model: str,
-                    revision: str | None = None) -> None:
+                    revision: str | None = None, read_default: bool = False):
     """--model and --gguf-file, then the model's config.json (or GGUF metadata) read without
-    weights: no RoPE, an unsupported architecture or a hand-edited config fail here."""
+    weights: no RoPE, an unsupported architecture or a hand-edited config fail here. Returns
+    that config; for the embedded default only with `read_default` (its GGUF header takes
+    seconds to parse), else None."""
     if model == default_model:
         if gguf_file:
             raise InputError(f"--gguf-file is for your own GGUF checkpoint; {default_model} "
                              "already names its file.")
-        return
+        if not read_default:
+            return None
+        path, gguf = resolve_model(default_model)
+        return check_config_early(path, {"gguf_file": gguf} if gguf else {})
     if looks_like_path(model) or os.path.exists(model):
         path = Path(model).expanduser()
         if not path.exists():
@@ -187,6 +202,37 @@ def check_model_arg(model: str, gguf_file: str | None, default_model: str,
             raise InputError(f"--gguf-file {gguf_file!r} is not in {path}.")
     kwargs = {k: v for k, v in (("gguf_file", gguf_file), ("revision", revision)) if v}
     try:
-        check_config_early(model, kwargs)
+        return check_config_early(model, kwargs)
     except ValueError as err:
         raise InputError(f"--model: {err}") from None
+
+
+def check_cells(config, methods, lengths, factors, knobs, skip_unfit: bool = False) -> tuple:
+    """Every (method, factor, length) cell planned on the model's config before its weights
+    load (`patcher.plan_for_config`: knobs against the trained length L, e.g. a window above L,
+    read from config.json). A cell whose target the method cannot keep inside L (`BeyondReach`,
+    STRING past L + S − W) is refused, or with `skip_unfit` (`--methods all`: every method, so
+    none was asked for by name) left out with a note. Returns the (method, length, s) cells left
+    out."""
+    L = trained_length(SimpleNamespace(config=config))
+    skipped: dict[str, list[tuple[int, float]]] = {}
+    why: dict[str, str] = {}
+    for length in sorted(set(lengths)):
+        for method, _, s in method_factors(methods, factors, length, L):
+            if method == "none":
+                continue
+            try:
+                plan_for_config(config, method, s, None, knobs_for(method, knobs))
+            except BeyondReach as err:
+                if not skip_unfit:
+                    raise InputError(f"--methods {method} at --lengths {length} (s = {s:g}): {err}") from None
+                skipped.setdefault(method, []).append((length, s))
+                why.setdefault(method, str(err))
+            except (ValueError, TypeError) as err:
+                raise InputError(f"{method} at --lengths {length} (s = {s:g}, trained length "
+                                 f"{L}): {err}") from None
+    for method, at in skipped.items():
+        print(f"note: --methods all: {method} skipped at "
+              f"{', '.join(f'{n} tokens (s = {s:g})' for n, s in at)} "
+              f"(docs/attention_methods.md): {why[method]}", file=sys.stderr)
+    return tuple((m, n, s) for m, at in skipped.items() for n, s in at)

@@ -21,6 +21,7 @@ from ..generation import generate as fixed_scale_generate
 from ..patcher import trained_length
 from .grid import Cell, knobs_for, method_factors, run_grid
 from .identity import model_dtype, run_identity
+from .inputs import check_device
 from .loss import PeakMemory
 
 PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
@@ -93,14 +94,17 @@ def greedy_answer(model, tokenizer, input_ids: list[int]) -> str:
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
-def passkey_cells(methods, lengths, depths, seeds, factors, trained: int, knobs=None) -> list[Cell]:
-    """Cells in run order: by length, then method (`none` first), then depth."""
+def passkey_cells(methods, lengths, depths, seeds, factors, trained: int, knobs=None,
+                  skip=()) -> list[Cell]:
+    """Cells in run order: by length, then method (`none` first), then depth; `skip`: (method,
+    length, s) cells left out (`inputs.check_cells`)."""
     seeds_text = ",".join(map(str, seeds))
     return [Cell(method, spec, s, length, "passkey", knobs_for(method, knobs or {}),
                  {"depth": float(d), "seeds_list": seeds_text, "seeds": len(seeds),
                   "max_new_tokens": MAX_NEW_TOKENS})
             for length in sorted(set(lengths))
             for method, spec, s in method_factors(methods, factors, length, trained)
+            if (method, length, s) not in set(skip)
             for d in depths]
 
 
@@ -110,22 +114,24 @@ def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Seque
                      device: str = "cpu", answer_fn: Callable | None = None,
                      reuse_identical: bool = True, progress: bool = True,
                      knobs: dict | None = None, fingerprint: str | None = None,
-                     ranks=None) -> list[dict]:
+                     ranks=None, skip=()) -> list[dict]:
     """Passkey accuracy for every (method, factor, length, depth), over `seeds`.
 
     answer_fn(model, tokenizer, input_ids) -> decoded answer text; defaults to greedy decoding.
     Rows are written to `store` as each cell finishes; cells whose key it holds are skipped
     (resume). reuse_identical: a cell whose rotary cos/sin over prompt + answer positions and
     attention equal an earlier cell's (same length, depth, seeds) would decode the same tokens:
-    its answers are copied and the row says so in `same_as` (see `grid.run_grid`)."""
+    its answers are copied and the row says so in `same_as` (see `grid.run_grid`). skip:
+    (method, length, s) cells left out (`inputs.check_cells` under `--methods all`)."""
     seeds = list(seeds)
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds {seeds} repeat a seed; each seed must count once.")
     if dtype not in (None, "", "auto") and model_dtype(model) != dtype:
         raise ValueError(f"dtype={dtype!r} but the model runs in {model_dtype(model)}.")
+    check_device(device, "device=")
     answer_fn = answer_fn or greedy_answer
     trained = trained_length(model)
-    cells = passkey_cells(methods, lengths, depths, seeds, factors, trained, knobs)
+    cells = passkey_cells(methods, lengths, depths, seeds, factors, trained, knobs, skip)
     prompts = {(n, d): [build_prompt(tokenizer, n, d, passkey_for_seed(seed)) for seed in seeds]
                for n in set(lengths) for d in {c.extra["depth"] for c in cells}}
     identity = run_identity(model, fingerprint=fingerprint, device=device,

@@ -26,6 +26,7 @@ import torch
 from ..patcher import trained_length
 from .grid import Cell, run_grid
 from .identity import model_dtype, rope_prefix_stable, run_identity
+from .inputs import check_device
 from .buckets import PositionNLL, nll_from, prefix, summarize
 from .loss import IGNORE_INDEX, PeakMemory, causal_targets, token_nll
 from .settings import PerplexityGrid, RunInfo, split_keywords
@@ -288,6 +289,7 @@ def evaluate_perplexity(model, docs: Sequence[np.ndarray], grid: PerplexityGrid 
     Returns the rows of this run (computed, reused and resumed), in cell order.
     """
     grid, run = split_keywords(grid, run, keywords)
+    check_device(run.device, "device=")
     if run.dtype not in (None, "", "auto") and model_dtype(model) != run.dtype:
         raise ValueError(f"dtype={run.dtype!r} but the model runs in {model_dtype(model)}.")
     trained = trained_length(model)

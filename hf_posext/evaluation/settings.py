@@ -33,6 +33,8 @@ class PerplexityGrid:
     stride, eval_tokens: the sliding protocol's stride and the tokens it covers (default
         max(lengths)). chunk_size: positions per LM-head chunk.
     knobs: {"*" or method: {knob: value}} (see `grid.check_knobs`).
+    skip: (method, length, s) cells left out (`inputs.check_cells`: a method that cannot keep that
+        length inside the trained length, under `--methods all`).
     baseline: with `methods`, add the unpatched sliding-window baseline at truncate lengths
         above `baseline_window` (default the trained length), stride `baseline_stride`.
     """
@@ -49,6 +51,7 @@ class PerplexityGrid:
     baseline_window: int | None = None
     baseline_stride: int | None = None
     label: str | None = None
+    skip: Sequence[tuple[str, int, float]] = ()
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -88,7 +91,8 @@ class PerplexityGrid:
             for length in sorted(set(self.lengths)):
                 cells += [Cell(m, spec, s, length, protocol, knobs_for(m, self.knobs or {}),
                                {"window": length, **extra})
-                          for m, spec, s in method_factors(self.methods, self.factors, length, trained)]
+                          for m, spec, s in method_factors(self.methods, self.factors, length, trained)
+                          if (m, length, s) not in set(self.skip)]
                 if protocol == "truncate" and window and length > window:
                     cells.append(Cell("none", "1", 1.0, length, "baseline", {},
                                       {"window": window, "chunk_size": self.chunk_size,

@@ -47,13 +47,48 @@ class ResultsError(ConfigError):
     """A results folder that cannot be used as asked; the message says why and what to do."""
 
 
+# What the grid, the tables and the plots read from every stored row (grid._row writes them),
+# and per results file the result it holds: a row without one (an older row format, a row cut
+# by hand) is refused on load, not met as a KeyError after the new cells were computed.
+_ROW_FIELDS = ("method", "length", "protocol")
+_RESULT_FIELDS = {"perplexity": ("perplexity",), "passkey": ("factor_spec", "depth", "accuracy")}
+
+
+def _check_row(path: Path, i: int, row: dict) -> None:
+    needed = _ROW_FIELDS + _RESULT_FIELDS.get(path.stem, ())
+    missing = [f for f in needed if f not in row]
+    if not missing and (isinstance(row["length"], bool) or not isinstance(row["length"], int)):
+        missing = ["length (a whole number)"]
+    if missing:
+        raise ResultsError(f"{path}: row {i} (key {row['key']}) has no {', '.join(missing)} (an "
+                           "older hf_posext's row format, or edited by hand); delete that row to "
+                           "recompute it, move the file away, or choose another --out.")
+
+
+def _create_new(path: Path):
+    """A new file at `path`, opened for writing, never through a symbolic link: a link planted
+    at a predictable name (the temporary file, the write probe) would otherwise have the file it
+    points to overwritten. O_EXCL refuses any existing entry, links included (POSIX open(2))."""
+    path.unlink(missing_ok=True)   # a stale leftover (or a planted link: removes the link only)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    return open(fd, "w", encoding="utf-8", newline="")
+
+
 def atomic_write(path: Path, text: str) -> None:
+    """Write `path` whole or not at all; `os.replace` swaps the entry itself, so a symbolic link
+    at `path` is replaced, never written through."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
+    with _create_new(tmp) as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _refuse_link(path: Path) -> None:
+    if path.is_symlink():
+        raise ResultsError(f"{path} is a symbolic link; hf_posext never writes through one (it "
+                           "would overwrite the file it points to). Remove it, or choose another --out.")
 
 
 def _read(path: Path) -> str | None:
@@ -72,7 +107,7 @@ def check_out_dir(out: str | Path) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test.{os.getpid()}"
-        probe.write_bytes(b"")
+        _create_new(probe).close()
         probe.unlink()
     except OSError as err:
         raise ResultsError(f"--out {out}: cannot write there ({err.strerror or err}); choose a "
@@ -106,14 +141,16 @@ class ResultsStore:
         self._lock = None
         if lock:
             pid_file = self.out / f".{name}.lock.pid"
+            for path in (self.out / f".{name}.lock", pid_file):
+                _refuse_link(path)   # filelock opens its file with O_TRUNC, following links
             self._lock = FileLock(str(self.out / f".{name}.lock"), timeout=0)
             try:
                 self._lock.acquire()
             except Timeout:
-                holder = pid_file.read_text().strip() if pid_file.exists() else "?"
-                raise ResultsError(f"another run (pid {holder}) is writing to {self.out}; wait "
-                                   "for it to finish or choose another --out.") from None
-            pid_file.write_text(str(os.getpid()))
+                holder = (_read(pid_file) or "?").strip() if pid_file.is_file() else "?"
+                raise ResultsError(f"another run (pid {holder[:12]}) is writing to {self.out}; "
+                                   "wait for it to finish or choose another --out.") from None
+            atomic_write(pid_file, str(os.getpid()))
         try:
             self._load(resume)
         except Exception:
@@ -142,6 +179,7 @@ class ResultsStore:
             if not isinstance(row, dict) or not row.get("key"):
                 raise ResultsError(f"{self.json_path}: row {i} has no 'key' (edited by hand?); "
                                    "fix or remove that row, or choose another --out.")
+            _check_row(self.json_path, i, row)
         self.rows = rows
         if _read(self.csv_path) != csv_text(rows):
             atomic_write(self.csv_path, csv_text(rows))

@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..rope.compat import head_size
+
 Freqs = Callable[[int | None], tuple[torch.Tensor, float]]
 
 
@@ -78,7 +80,7 @@ def static(inv_freq: torch.Tensor, scale: float = 1.0) -> Freqs:
 # ---- reading a config.json --------------------------------------------------------------------
 
 def rotary_dim(cfg: dict[str, Any], rope: dict[str, Any]) -> int:
-    head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    head = head_size(cfg.get("head_dim"), cfg.get("hidden_size"), cfg.get("num_attention_heads"))
     return int(head * (rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0))
 
 

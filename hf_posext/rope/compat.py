@@ -118,9 +118,24 @@ def fill_head_dim(config) -> None:
         config.head_dim = config.hidden_size // config.num_attention_heads
 
 
+def head_size(head_dim, hidden_size, num_attention_heads) -> int:
+    """head_dim, else hidden_size / num_attention_heads (transformers' default); a config whose
+    head count cannot split hidden_size (0, negative, not a whole number) is named, not a
+    ZeroDivisionError."""
+    if head_dim:
+        return head_dim
+    heads = num_attention_heads
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 \
+            or isinstance(hidden_size, bool) or not isinstance(hidden_size, int):
+        raise ValueError(f"config num_attention_heads={heads!r} must be a positive integer (head_dim "
+                         f"= hidden_size {hidden_size!r} / heads); restore the saved value.")
+    return hidden_size // heads
+
+
 def rotary_dim(config, layer_type: str | None = None) -> int:
     """d in the RoPE formulas: head_dim × partial_rotary_factor, as transformers computes it."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = head_size(getattr(config, "head_dim", None), getattr(config, "hidden_size", None),
+                         getattr(config, "num_attention_heads", None))
     factor = get_rope_parameters(config, layer_type).get("partial_rotary_factor",
                                              getattr(config, "partial_rotary_factor", 1.0)) or 1.0
     return int(head_dim * factor)

@@ -12,7 +12,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import plain_number
 from .units import ROPE_METHODS, UNITS
+
+# The longest target s·L any method is planned for (int32 positions; no model has a longer
+# cache) and the largest scale (beyond it L·s overflows or rounds to an absurd length: 1e308
+# would reach `round(inf)`). attention/config.py fits its "auto" knobs under the same bounds.
+MAX_TARGET_LENGTH = 2 ** 31   # positions 0 .. 2^31 - 1
+MAX_FACTOR = 2 ** 20
 
 # ROPE_METHODS (from the units) + the attention-level names: hf_posext.catalog.METHODS.
 ALIASES = {"dynamic": "dynamic_ntk", "pi": "linear", "ntk_aware": "ntk"}
@@ -57,7 +64,9 @@ def method_of_rope_type(rope_type: str) -> str | None:
     return None
 
 
-def _check_number(name: str, value: Any, *, minimum: float | None = None, strict: bool = False) -> float:
+def _check_number(name: str, value: Any, *, minimum: float | None = None, strict: bool = False,
+                  maximum: float | None = None) -> float:
+    value = plain_number(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r}")
     value = float(value)
@@ -66,7 +75,19 @@ def _check_number(name: str, value: Any, *, minimum: float | None = None, strict
     if minimum is not None and (value <= minimum if strict else value < minimum):
         rel = ">" if strict else ">="
         raise ValueError(f"{name} must be {rel} {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={value:g} is past {maximum:,.0f}: the target length (factor x trained "
+                         f"length) must stay within {MAX_TARGET_LENGTH:,} positions (int32); ask "
+                         "for a smaller factor.")
     return value
+
+
+def check_target(factor: float, trained: int) -> None:
+    """The target s·L within MAX_TARGET_LENGTH (a countable, int32 position), s <= MAX_FACTOR."""
+    if factor > MAX_FACTOR or factor * trained > MAX_TARGET_LENGTH:
+        raise ValueError(f"factor={factor:g} x trained length {trained} = {factor * trained:.4g} "
+                         f"tokens, past {MAX_TARGET_LENGTH:,} positions (int32); ask for a smaller "
+                         f"factor (<= {min(MAX_FACTOR, MAX_TARGET_LENGTH // trained):,}).")
 
 
 @dataclass(frozen=True)
@@ -103,14 +124,15 @@ class RopeExtensionConfig:
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the only writes happen here, after each check
         set_(self, "method", canonical_method(self.method))
-        set_(self, "factor", _check_number("factor", self.factor, minimum=1.0))
+        set_(self, "factor", _check_number("factor", self.factor, minimum=1.0, maximum=MAX_FACTOR))
         if self.original_max_position_embeddings is not None:
-            L = self.original_max_position_embeddings
+            L = plain_number(self.original_max_position_embeddings)
             if isinstance(L, bool) or not isinstance(L, (int, float)) or not math.isfinite(L) \
                     or L <= 0 or int(L) != L:
                 raise ValueError(f"original_max_position_embeddings must be a positive integer "
                                  f"(the trained context length), got {L!r}")
             set_(self, "original_max_position_embeddings", int(L))
+            check_target(self.factor, int(L))
         used = tuple(UNITS[self.method].knobs)
         for knob in KNOBS:
             value = getattr(self, knob)
@@ -199,7 +221,7 @@ class RopeExtensionConfig:
             raise ValueError(f"The rope config of rope_type {rope_type!r} is missing the required "
                              "key 'factor' (the scale s >= 1, e.g. \"factor\": 4.0).")
         factor = _check_number(f"rope config key 'factor' (rope_type {rope_type!r})",
-                               rope.pop("factor"), minimum=1.0)
+                               rope.pop("factor"), minimum=1.0, maximum=MAX_FACTOR)
         L = rope.pop("original_max_position_embeddings", None)
         if L is None and max_position_embeddings is not None:
             L = UNITS[method].trained_length_from(max_position_embeddings, factor)

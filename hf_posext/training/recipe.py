@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..data.embedded import load_tokenizer
+from ..errors import ConfigError
 from ..evaluation.data import TokenCache, select_documents
 from . import data as datalib
 from .accel import make_accelerator, resume_path
@@ -80,6 +81,32 @@ def check_resume_config(saved: dict, cfg) -> None:
                          "Resume with the same config, or start a new output_dir.")
 
 
+def check_output_dir(out: Path) -> None:
+    """output_dir must be (or become) a folder: refused before anything loads if it, or the
+    nearest existing folder above it, is a file."""
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"output_dir {out}: {existing} is a file, not a folder; choose a folder "
+                          "(it will hold the checkpoints, the log and the final model).")
+
+
+def saved_run_config(out: Path) -> dict:
+    """The config.json a run wrote into output_dir, read for --resume (a damaged one is named)."""
+    path = out / "config.json"
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"--resume: {path} is missing (the run's config); resume in the folder "
+                          "the run wrote, or start a new output_dir.") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--resume: {path} is damaged ({err}); restore it from the run's settings "
+                          "or start a new output_dir.") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"--resume: {path} is not the run's config (a JSON object); restore it or "
+                          "start a new output_dir.")
+    return saved
+
+
 def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = None,
         on_batch: Callable[[list[int], list[int]], None] | None = None) -> dict:
     """The whole recipe; returns {"final_dir", "log", "eval", "model" (main process)}. Raises
@@ -87,13 +114,14 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
     from accelerate.utils import set_seed
 
     t, out = cfg.training, Path(cfg.output_dir)
+    check_output_dir(out)
     accelerator = make_accelerator(t, out, lora=cfg.lora.enabled, pose=cfg.pose.enabled)
     log, main = accelerator.print, accelerator.is_main_process
     set_seed(t.seed)
     checkpoint = resume_path(out, resume)
     saved_state = None
     if checkpoint is not None:   # all before the model loads: a bad folder fails in a second
-        check_resume_config(json.loads((out / "config.json").read_text()), cfg)
+        check_resume_config(saved_run_config(out), cfg)
         saved_state = verify_checkpoint(checkpoint)
     tokenizer = load_tokenizer(cfg.model.name)
     data = prepare_data(cfg, tokenizer, accelerator, log)

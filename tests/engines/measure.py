@@ -65,6 +65,8 @@ CONTROL = "plain RoPE (control)"
 # Knobs where a method's defaults do nothing at this L: STRING's W = min(128, S) equals
 # S = 0.33·L below L = 388, and d − S + W = d (hf_posext refuses those defaults).
 SMALL_L_KNOBS = {"string": {"shifted_offset": int(0.33 * L), "local_value": int(0.33 * L) // 8}}
+# Methods `patch` refuses at FACTOR (errors.BeyondReach: no knobs keep 4·L inside L).
+BEYOND_REACH = ("string",)
 # Export targets that rewrite the GGUF llama.cpp's converter made of the checkpoint
 # (`export(ckpt, out, target, gguf=CONVERTED)`, which returns the run-time flags still needed):
 # measured after llama.cpp's converter ran on the saved form, with those flags.
@@ -148,7 +150,14 @@ def build(work: Path):
             extra = longrope_knobs(RopeExtensionConfig(LONGROPE_SEED, FACTOR, L), MODEL["head_dim"],
                                    MODEL["rope_theta"]) if method == "longrope" else {}
             try:
-                hf_posext.patch(m, method, FACTOR, **knobs, **extra)
+                if method in BEYOND_REACH:
+                    # STRING refuses a 4·L target (its reach is L + S − W): patched without one,
+                    # then given the 4·L max_position_embeddings the others write, as the control
+                    # is (vLLM sizes its cos/sin table from it): the checkpoint of before the refusal
+                    hf_posext.patch(m, method, **knobs)
+                    m.config.max_position_embeddings = int(FACTOR * L)
+                else:
+                    hf_posext.patch(m, method, FACTOR, **knobs, **extra)
             except (ValueError, TypeError) as err:
                 cells.append(dict(case=label, method=method, knobs=knobs, form="saved",
                                   verdict="not saved", detail=f"patch refused: {err}"))
