@@ -3,10 +3,14 @@ optimizer steps through the recipe's own loop (hf_posext.training.loop), every r
 world size it saw.
 
     accelerate launch --config_file recipes/accelerate/cpu-ddp.yaml recipes/ddp_smoke.py   # make ddp-smoke
+
+Its checkpoints go to a temporary folder, removed at the end. tests/test_scripts.py runs
+`make ddp-smoke` itself, so a change of the loop's signature breaks CI, not the README.
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 
 import torch
@@ -37,7 +41,7 @@ def main(steps: int = 3) -> None:
         model, optimizer = accelerator.prepare(model.train(), optimizer)
         losses = []
         train_loop(accelerator, model, optimizer, scheduler, sequences, PoseCollator(t.seq_len, 64, 2, t.seed),
-                   t, TrainState(), on_row=lambda row: losses.append(round(row["loss"], 4)))
+                   t, TrainState(), out, on_row=lambda row: losses.append(round(row["loss"], 4)))
         print(f"rank {accelerator.process_index}: world size {accelerator.num_processes} "
               f"({accelerator.distributed_type}, backend {accelerator.state.backend}); "
               f"losses {losses}", flush=True)
@@ -45,5 +49,15 @@ def main(steps: int = 3) -> None:
         accelerator.end_training()
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Run it under accelerate launch (see above); alone it trains one rank.")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3)")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error(f"--steps must be at least 1, got {args.steps}")
+    return args
+
+
 if __name__ == "__main__":
-    main()
+    main(parse().steps)
