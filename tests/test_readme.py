@@ -1,5 +1,6 @@
 """The README's quick start works as written, and CI runs the README's test command."""
 
+import argparse
 import re
 from pathlib import Path
 
@@ -69,3 +70,94 @@ def test_readme_quick_demo_table_is_the_committed_run():
     assert all(r["bucket_nll"] for r in rows)
     assert {r["forward_length"] for r in rows if r["protocol"] == "truncate"} == {16384}
     assert format_table(rows) in README
+
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "recipes" / "README.md"]
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+
+
+def test_readme_python_blocks_run():
+    """Every Python block of the README but the quick start (run above on the real model) on a
+    tiny random Llama with SmolLM2's trained length 8,192 (the knobs shown, e.g. window 6144,
+    must fit L)."""
+    import hf_posext
+    from conftest import tiny_model
+
+    blocks = [b for b in python_blocks(README) if b != quickstart()]
+    assert len(blocks) >= 2, "the README's Python examples were not found"
+    for i, block in enumerate(blocks):
+        namespace = {"hf_posext": hf_posext, "model": tiny_model(max_position_embeddings=8192)}
+        exec(compile(block, f"README.md:python-block-{i}", "exec"), namespace)
+        assert hf_posext.is_patched(namespace["model"])
+
+
+def cli_commands(text: str) -> list[str]:
+    """`hf-posext ...` commands in fenced blocks (backslash continuations joined, `# comments`
+    cut) and in inline code (which may wrap over lines)."""
+    found = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = re.split(r"\s#\s", line)[0].strip()
+            if line.startswith("hf-posext "):
+                found.append(line)
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    found += [" ".join(code.split()) for code in re.findall(r"`([^`]+)`", prose)
+              if code.startswith("hf-posext ")]
+    return found
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    return [(doc.relative_to(ROOT).as_posix(), cmd) for doc in DOCS for cmd in cli_commands(doc.read_text())]
+
+
+def test_documented_commands_found():
+    found = {cmd for _, cmd in documented_commands()}
+    assert len(found) >= 20 and any(c.startswith("hf-posext search --dataset") for c in found)
+
+
+@pytest.mark.parametrize("doc, command", sorted(set(documented_commands())))
+def test_documented_command_parses(doc, command, capsys):
+    """Each `hf-posext` command the docs show is accepted by the CLI's own parser, so a renamed
+    flag or subcommand fails here. `a|b|c` (alternatives) is tried with each value; a bare
+    `hf-posext SUB` (naming the command in prose) must name a subcommand."""
+    import shlex
+
+    from hf_posext.cli import build_parser
+
+    parser = build_parser()
+    argv = shlex.split(command)[1:]
+    if len(argv) == 1 and not argv[0].startswith("-"):
+        subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        assert argv[0] in subcommands, f"{doc}: `{command}` names no subcommand ({sorted(subcommands)})"
+        return
+    variants = [[]]
+    for arg in argv:
+        options = arg.split("|") if "|" in arg else [arg]
+        variants = [v + [o] for v in variants for o in options]
+    for variant in variants:
+        try:
+            parser.parse_args(variant)
+        except SystemExit as stop:
+            err = capsys.readouterr().err
+            if stop.code and "the following arguments are required" in err:
+                # prose showing one flag (`hf-posext search --short-factors identity`): the flags
+                # shown must still exist and take the value shown
+                for action in _all_actions(parser):
+                    action.required = isinstance(action, argparse._SubParsersAction)
+                try:
+                    parser.parse_args(variant)
+                    continue
+                except SystemExit as again:
+                    stop, err = again, capsys.readouterr().err
+            assert stop.code == 0, f"{doc}: `hf-posext {shlex.join(variant)}`: {err}"
+
+
+def _all_actions(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        yield action
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _all_actions(sub)
