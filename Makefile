@@ -13,6 +13,7 @@ PYTEST_ARGS ?= --durations=25
 # `accelerate launch` itself (the test gives a free --main_process_port).
 DEMO_ARGS ?=
 BENCH_ARGS ?=
+BENCH_LONG_ARGS ?=
 FINETUNE_ARGS ?=
 DDP_ARGS ?=
 BIN = $(VENV)/bin
@@ -56,12 +57,12 @@ bench: install
 # Attention-level methods vs a sliding 8k window at 16k/32k: knobs chosen on King Lear, then the
 # demo grid on Hamlet and on source code, passkey, cost; each step in benchmarks/long_context.py.
 bench-long: install
-	$(BIN)/python benchmarks/long_context.py tune --lengths 16384
-	$(BIN)/python benchmarks/long_context.py demo
-	$(BIN)/python benchmarks/long_context.py code
-	$(BIN)/python benchmarks/long_context.py passkey
-	$(BIN)/python benchmarks/long_context.py cost --config leaky_rerope_w6144_k5 --layers 1
-	$(BIN)/python benchmarks/long_context.py report
+	$(BIN)/python benchmarks/long_context.py tune --lengths 16384 $(BENCH_LONG_ARGS)
+	$(BIN)/python benchmarks/long_context.py demo $(BENCH_LONG_ARGS)
+	$(BIN)/python benchmarks/long_context.py code $(BENCH_LONG_ARGS)
+	$(BIN)/python benchmarks/long_context.py passkey $(BENCH_LONG_ARGS)
+	$(BIN)/python benchmarks/long_context.py cost --config leaky_rerope_w6144_k5 --layers 1 $(BENCH_LONG_ARGS)
+	$(BIN)/python benchmarks/long_context.py report $(BENCH_LONG_ARGS)
 
 # Fine-tune the embedded SmolLM2-135M with YaRN s=2 + PoSE, then evaluate base vs fine-tuned.
 demo-finetune: install

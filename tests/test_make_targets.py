@@ -95,3 +95,34 @@ def test_demo_finetune(assets, tmp_path):
     assert (out / "final" / "model.safetensors").is_file()
     results = json.loads((out / "eval" / "results.json").read_text())["rows"]
     assert {int(r["length"]) for r in results} == {64, 256}
+
+
+def test_bench_long(tmp_path):
+    """All six steps of `make bench-long` (tune, demo, code, passkey, cost, report) on a tiny
+    random Llama that keeps SmolLM2's trained length (8,192, so the benchmark's knobs, e.g.
+    window 6144, stay valid) and its tokenizer, at 256 / 512 tokens against a 256-token sliding
+    window, every output under --root."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_posext import embedded
+
+    tok = embedded.load_tokenizer()
+    model_dir, root = tmp_path / "model", tmp_path / "root"
+    LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tok),
+                                 max_position_embeddings=8192, rope_theta=100000.0)).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    root.mkdir()
+    shutil.copy(ROOT / "README.md", root / "README.md")
+    make("bench-long", tmp_path, BENCH_LONG_ARGS=["--model", str(model_dir), "--root", str(root),
+                                                  "--lengths", "256", "512", "--reps", "1", "--window", "256"])
+    rows = json.loads((root / "long_context.json").read_text())
+    assert {r["step"] for r in rows} == {"sliding", "truncate", "cost"}
+    assert {r["tokens"] for r in rows if r["step"] != "cost"} == {256, 512}
+    for folder, name in (("long-context", "perplexity"), ("long-context-code", "perplexity"),
+                         ("long-context-passkey", "passkey")):
+        assert json.loads((root / "eval" / folder / f"{name}.json").read_text())["rows"], folder
+    assert (root / "long_context.md").read_text().startswith("# Long context")
+    assert (root / "README.md").read_text() != README      # the demo table now holds the tiny run's rows
