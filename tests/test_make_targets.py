@@ -26,7 +26,9 @@ def make(target: str, tmp_path: Path, **variables: list[str]) -> subprocess.Comp
     """`make TARGET` from the repository root, VARIABLE=flags for each keyword."""
     cmd = ["make", "--no-print-directory", "-o", str(VENV / ".installed"), f"VENV={VENV}", target]
     cmd += [f"{k}={shlex.join(v)}" for k, v in variables.items()]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**SUBPROCESS_ENV, "TMPDIR": str(tmp_path)},
+    # not the outer make's variables (`make test-tf4` passes VENV, TRANSFORMERS, ... in MAKEFLAGS)
+    env = {k: v for k, v in SUBPROCESS_ENV.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    proc = subprocess.run(cmd, cwd=ROOT, env={**env, "TMPDIR": str(tmp_path)},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{shlex.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
