@@ -5,6 +5,9 @@ import re
 from pathlib import Path
 
 import pytest
+from _doccommands import documented_commands
+
+CLI = r"hf-posext "   # the commands tested below
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -72,9 +75,6 @@ def test_readme_quick_demo_table_is_the_committed_run():
     assert format_table(rows) in README
 
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "recipes" / "README.md"]
-
-
 def python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
 
@@ -94,31 +94,12 @@ def test_readme_python_blocks_run():
         assert hf_posext.is_patched(namespace["model"])
 
 
-def cli_commands(text: str) -> list[str]:
-    """`hf-posext ...` commands in fenced blocks (backslash continuations joined, `# comments`
-    cut) and in inline code (which may wrap over lines)."""
-    found = []
-    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            line = re.split(r"\s#\s", line)[0].strip()
-            if line.startswith("hf-posext "):
-                found.append(line)
-    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
-    found += [" ".join(code.split()) for code in re.findall(r"`([^`]+)`", prose)
-              if code.startswith("hf-posext ")]
-    return found
-
-
-def documented_commands() -> list[tuple[str, str]]:
-    return [(doc.relative_to(ROOT).as_posix(), cmd) for doc in DOCS for cmd in cli_commands(doc.read_text())]
-
-
 def test_documented_commands_found():
-    found = {cmd for _, cmd in documented_commands()}
+    found = {cmd for _, cmd in documented_commands(CLI)}
     assert len(found) >= 20 and any(c.startswith("hf-posext search --dataset") for c in found)
 
 
-@pytest.mark.parametrize("doc, command", sorted(set(documented_commands())))
+@pytest.mark.parametrize("doc, command", documented_commands(CLI))
 def test_documented_command_parses(doc, command, capsys):
     """Each `hf-posext` command the docs show is accepted by the CLI's own parser, so a renamed
     flag or subcommand fails here. `a|b|c` (alternatives) is tried with each value; a bare

@@ -5,6 +5,7 @@ run) only when it has no `__main__` entry and a sibling script imports it."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import runpy
@@ -16,6 +17,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+from _doccommands import documented_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("benchmarks", "recipes")
@@ -57,11 +59,13 @@ def test_scripts_are_found():
     assert "benchmarks/long_context_report.py" not in names
 
 
-def run_forked(path: Path, argv: list[str], cwd: Path, logs: Path) -> int:
+def run_forked(path: Path, argv: list[str], cwd: Path, logs: Path, parse_only: bool = False) -> int:
     """Start `python path *argv` as a fork of this process: torch, transformers and hf_posext are
     imported already, so 17 scripts cost seconds instead of 17 interpreter starts on 2 cores. The
     child runs the file as __main__ with the script's folder first on sys.path, as `python path`
-    does; its stdout / stderr go to logs/<stem>.out / .err. Returns the child's pid."""
+    does; its stdout / stderr go to logs/<stem>.out / .err. `parse_only`: the first successful
+    argparse parse prints "parsed" and exits 0 (the script's own parser, nothing run). Returns
+    the child's pid."""
     pid = os.fork()
     if pid:
         return pid
@@ -72,6 +76,14 @@ def run_forked(path: Path, argv: list[str], cwd: Path, logs: Path) -> int:
             os.dup2(os.open(logs / f"{path.stem}.{suffix}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
         sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
         sys.argv, sys.path[0] = [str(path), *argv], str(path.parent)
+        if parse_only:
+            parse = argparse.ArgumentParser.parse_args
+
+            def parse_then_stop(self, args=None, namespace=None):
+                parse(self, args, namespace)
+                print("parsed")
+                raise SystemExit(0)
+            argparse.ArgumentParser.parse_args = parse_then_stop
         runpy.run_path(str(path), run_name="__main__")
         code = 0
     except SystemExit as stop:
@@ -128,3 +140,31 @@ def test_a_missing_input_is_one_line(argv, message, tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / argv[0]), *argv[1:]], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+# `python benchmarks/X.py ...` as the docs show it (PYTHONPATH=. / flock / .venv/bin/ prefixes)
+SCRIPT_COMMAND = r"(PYTHONPATH=\S+ )?(flock \S+ )?(\S*/)?python3? ((benchmarks|recipes)/\S+\.py)"
+
+
+def test_documented_script_commands_parse(tmp_path):
+    """Each `python benchmarks/... | recipes/...` command in the docs is accepted by that script's
+    own parser (run up to its parse, in a fork), so a renamed flag or step fails here. A command
+    with a placeholder (an all-capitals word such as STEP, or <...>) says what goes there, and is
+    not run."""
+    import shlex
+
+    commands = [(doc, cmd) for doc, cmd in documented_commands(SCRIPT_COMMAND)
+                if not re.search(r"(^|\s)([A-Z][A-Z_]+|'?<[^>]*>'?)(\s|$)", cmd.split(".py", 1)[1])]
+    assert len(commands) >= 8, commands
+    logs, failures = tmp_path / "logs", []
+    logs.mkdir()
+    for doc, cmd in commands:
+        script = ROOT / re.match(SCRIPT_COMMAND, cmd).group(4)
+        argv = shlex.split(cmd[re.match(SCRIPT_COMMAND, cmd).end():])
+        assert script.is_file(), f"{doc}: `{cmd}` names no file"
+        pid = run_forked(script, argv, tmp_path, logs, parse_only=True)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        out, err = ((logs / f"{script.stem}.{s}").read_text() for s in ("out", "err"))
+        if code != 0 or "parsed" not in out:
+            failures.append(f"{doc}: `{cmd}`: exit {code}: {err.strip().splitlines()[-1:]}")
+    assert not failures, "\n".join(failures)
