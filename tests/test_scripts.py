@@ -168,3 +168,23 @@ def test_documented_script_commands_parse(tmp_path):
         if code != 0 or "parsed" not in out:
             failures.append(f"{doc}: `{cmd}`: exit {code}: {err.strip().splitlines()[-1:]}")
     assert not failures, "\n".join(failures)
+
+
+def test_documented_recipe_commands_parse(monkeypatch):
+    """Each `accelerate launch ... recipes/finetune.py ARGS` the docs show: its accelerate config
+    file exists and ARGS pass the recipe's own parser and validation (`parse_args`, what
+    finetune.py runs first). `...` in a command is a placeholder: such a command is not parsed."""
+    import shlex
+
+    from hf_posext.training.recipe_config import parse_args
+
+    monkeypatch.chdir(ROOT)   # the docs' paths are relative to the repository
+    commands = [(doc, cmd) for doc, cmd in documented_commands(r"(flock \S+ )?(\S*/)?accelerate launch")
+                if "recipes/finetune.py" in cmd]
+    assert len([c for c in commands if "..." not in c[1]]) >= 5, commands
+    for doc, cmd in commands:
+        launch, recipe = (shlex.split(part) for part in cmd.split("recipes/finetune.py"))
+        if "--config_file" in launch:
+            assert (ROOT / launch[launch.index("--config_file") + 1]).is_file(), f"{doc}: `{cmd}`"
+        if "..." not in recipe:
+            parse_args(recipe)   # a bad key or value: a one-line ValueError naming it
