@@ -4,7 +4,7 @@ world size it saw.
 
     accelerate launch --config_file recipes/accelerate/cpu-ddp.yaml recipes/ddp_smoke.py   # make ddp-smoke
 
-Its checkpoints go to a temporary folder, removed at the end. tests/test_scripts.py runs
+Its checkpoints go to a temporary folder, removed at the end. tests/test_make_targets.py runs
 `make ddp-smoke` itself, so a change of the loop's signature breaks CI, not the README.
 """
 
