@@ -7,6 +7,15 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 TRANSFORMERS ?= transformers>=5,<6
 PYTEST_ARGS ?= --durations=25
+# Flags appended to a target's command (empty: the documented run). tests/test_make_targets.py
+# runs each README target through its own recipe with a tiny model and tiny lengths this way;
+# later flags override earlier ones (argparse / jsonargparse: the last value wins). DDP_ARGS goes to
+# `accelerate launch` itself (the test gives a free --main_process_port).
+DEMO_ARGS ?=
+BENCH_ARGS ?=
+BENCH_LONG_ARGS ?=
+FINETUNE_ARGS ?=
+DDP_ARGS ?=
 BIN = $(VENV)/bin
 
 .PHONY: install test docs test-tf4 demo demo-finetune ddp-smoke gpu-smoke bench bench-long portability-table clean \
@@ -51,30 +60,30 @@ test-tf4:
 demo: install
 	$(BIN)/hf-posext eval --dtype float32 --dataset embedded:shakespeare --max-docs 2 \
 	  --lengths 4096,16384 --factor 2 --methods yarn,dual_chunk --baseline-stride 4096 \
-	  --out results/demo --resume --no-progress
+	  --out results/demo --resume --no-progress $(DEMO_ARGS)
 
 # Memory and speed of the chunked perplexity path; patched vs native yarn forward (~6 min).
 bench: install
-	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 # Attention-level methods vs a sliding 8k window at 16k/32k: knobs chosen on King Lear, then the
 # demo grid on Hamlet and on source code, passkey, cost; each step in benchmarks/long_context.py.
 bench-long: install
-	$(BIN)/python benchmarks/long_context.py tune --lengths 16384
-	$(BIN)/python benchmarks/long_context.py demo
-	$(BIN)/python benchmarks/long_context.py code
-	$(BIN)/python benchmarks/long_context.py passkey
-	$(BIN)/python benchmarks/long_context.py cost --config leaky_rerope_w6144_k5 --layers 1
-	$(BIN)/python benchmarks/long_context.py report
+	$(BIN)/python benchmarks/long_context.py tune --lengths 16384 $(BENCH_LONG_ARGS)
+	$(BIN)/python benchmarks/long_context.py demo $(BENCH_LONG_ARGS)
+	$(BIN)/python benchmarks/long_context.py code $(BENCH_LONG_ARGS)
+	$(BIN)/python benchmarks/long_context.py passkey $(BENCH_LONG_ARGS)
+	$(BIN)/python benchmarks/long_context.py cost --config leaky_rerope_w6144_k5 --layers 1 $(BENCH_LONG_ARGS)
+	$(BIN)/python benchmarks/long_context.py report $(BENCH_LONG_ARGS)
 
 # Fine-tune the embedded SmolLM2-135M with YaRN s=2 + PoSE, then evaluate base vs fine-tuned.
 demo-finetune: install
-	$(BIN)/accelerate launch --config_file recipes/accelerate/cpu.yaml recipes/finetune.py --config recipes/cpu-smollm2-demo.yaml
+	$(BIN)/accelerate launch --config_file recipes/accelerate/cpu.yaml recipes/finetune.py --config recipes/cpu-smollm2-demo.yaml $(FINETUNE_ARGS)
 
 # Two CPU ranks over gloo through accelerate's own launcher: a tiny random Llama, 3 steps; each
 # rank prints the world size it saw (~30 s). Why this config is MULTI_GPU: recipes/README.md.
 ddp-smoke: install
-	OMP_NUM_THREADS=1 $(BIN)/accelerate launch --config_file recipes/accelerate/cpu-ddp.yaml recipes/ddp_smoke.py
+	OMP_NUM_THREADS=1 $(BIN)/accelerate launch --config_file recipes/accelerate/cpu-ddp.yaml $(DDP_ARGS) recipes/ddp_smoke.py
 
 # On a machine with one CUDA GPU (a few minutes): the attention methods on PyTorch's fused CUDA
 # kernel against the generic backend, the CPU result and SDPA; then a small timing table.

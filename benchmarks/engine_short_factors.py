@@ -14,6 +14,7 @@ config (long set at every position). Needs the engine venvs (`make engine-venvs`
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -33,7 +34,21 @@ SHORT = 200   # prompt tokens, < L = 256
 VLLM_VENVS = [(name, venv) for name, venv, runner, *_ in measure.ENGINES if runner == "_run_vllm.py"]
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--out", type=Path, default=HERE / "results" / "engine_short_factors.md",
+                   help="the Markdown table written (default: %(default)s)")
+    args = p.parse_args(argv)
+    # without every vLLM venv the table would say "not run" over the committed measurement
+    missing = [venv for _, venv in VLLM_VENVS if venv in measure.missing_venvs()]
+    if missing:
+        p.error(f"engine venvs missing: {', '.join(map(str, missing))}; build them with `make engine-venvs`")
+    return args
+
+
+def main(out: Path) -> None:
     tok = embedded.load_tokenizer()
     base = measure.base_model(tok)
     ids = measure.prompt_ids(tok)[:SHORT]
@@ -52,10 +67,7 @@ def main() -> None:
             tok.save_pretrained(work / name / "saved")
             hf_posext.export(work / name / "saved", work / name / "vllm", target="vllm")
         form = {"two-sets": work / "two sets" / "vllm"}
-        for engine, venv in VLLM_VENVS:
-            if venv in measure.missing_venvs():
-                rows.append(f"| {engine} | not run: {venv} missing (make engine-venvs) | | |")
-                continue
+        for _engine, venv in VLLM_VENVS:
             version, results = measure.run_engine(venv, "_run_vllm.py", form, ids, work)
             got = results["two-sets"]
             if got["logprobs"] is None:
@@ -73,9 +85,9 @@ def main() -> None:
              f"max |Δ logprob| (nats) against transformers reading the checkpoint (short set) and "
              f"against the one-set config (long set); the two references differ by {between:.2e}.", "",
              "| engine | vs transformers (short set) | vs long set | vLLM runs |", "|---|---|---|---|", *rows]
-    (HERE / "results" / "engine_short_factors.md").write_text("\n".join(lines) + "\n")
+    out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    main(parse().out)

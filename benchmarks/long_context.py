@@ -85,10 +85,11 @@ def text_tokens(name: str, tokenizer) -> list[int]:
     return tokenizer(doc.text, verbose=False)["input_ids"]
 
 
-def grid_argv(command: str, dataset: str | None, out: Path, methods, lengths: str) -> list[str]:
+def grid_argv(command: str, dataset: str | None, out: Path, methods, lengths: str, run: Run) -> list[str]:
     """The `hf-posext` command line of a step: the library's own grid, nothing re-implemented."""
     knobs = ",".join(f"{m}:{k}={v}" for m in methods if m in ATTENTION for k, v in ATTENTION[m].items())
-    argv = [command, "--dtype", "float32", *(["--dataset", dataset] if dataset else []),
+    model = ["--model", run.model] if run.model != embedded.DEFAULT_MODEL else []
+    argv = [command, *model, "--dtype", "float32", *(["--dataset", dataset] if dataset else []),
             "--lengths", lengths, "--methods", ",".join(methods), "--out", str(out), "--resume",
             "--no-progress"]
     return argv + (["--knobs", knobs] if knobs else [])
@@ -102,18 +103,33 @@ def run_cli(argv: list[str]) -> None:
         raise SystemExit(code)
 
 
-def load(config: str):
+class Run:
+    """What a step reads and writes: the model (default the embedded SmolLM2) and where results
+    go (default the committed places; `--root DIR` moves all of them into DIR, for a trial run
+    such as tests/test_make_targets.py's tiny `make bench-long`)."""
+
+    def __init__(self, model: str = embedded.DEFAULT_MODEL, root: Path | None = None, window: int = WINDOW):
+        self.model, self.window, self.stride = model, window, window // (WINDOW // STRIDE)
+        self.results = root / "long_context.json" if root else RESULTS
+        self.eval_dir = root / "eval" if root else EVAL_DIR
+        self.report = root / "long_context.md" if root else HERE / "results" / "long_context.md"
+
+    def tokenizer(self):
+        return embedded.load_tokenizer(self.model)
+
+
+def load(config: str, run: Run):
     method, knobs = CONFIGS[config]
-    model = embedded.load_model()
+    model = embedded.load_model(name=run.model)
     if method is not None:
         hf_posext.patch(model, method, **knobs)
     return model.eval()
 
 
-def append(rows: list[dict]) -> None:
-    old = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(old + rows, indent=1) + "\n")
+def append(rows: list[dict], run: Run) -> None:
+    old = json.loads(run.results.read_text()) if run.results.exists() else []
+    run.results.parent.mkdir(parents=True, exist_ok=True)
+    run.results.write_text(json.dumps(old + rows, indent=1) + "\n")
 
 
 def row(**kw) -> dict:
@@ -124,8 +140,8 @@ def row(**kw) -> dict:
     return kw
 
 
-def truncate_cells(config: str, text: str, lengths: list[int]) -> None:
-    model, tok = load(config), embedded.load_tokenizer()
+def truncate_cells(config: str, text: str, lengths: list[int], run: Run) -> None:
+    model, tok = load(config, run), run.tokenizer()
     ids_all = torch.tensor(text_tokens(text, tok))
     for n in lengths:
         ids = ids_all[:n]
@@ -136,18 +152,18 @@ def truncate_cells(config: str, text: str, lengths: list[int]) -> None:
         append([row(step="truncate", text=text, config=config, method=CONFIGS[config][0],
                     knobs=CONFIGS[config][1], tokens=n, nll=nll, scored=count,
                     perplexity=math.exp(nll / count), seconds=round(seconds, 1),
-                    peak_increase_mb=round(peak.increase_mb))])
+                    peak_increase_mb=round(peak.increase_mb))], run)
         print(config, text, n, math.exp(nll / count), f"{seconds:.0f}s", flush=True)
 
 
-def sliding_cells(text: str, lengths: list[int]) -> None:
+def sliding_cells(text: str, lengths: list[int], run: Run) -> None:
     """The unpatched model, 8k windows, stride 2,048, over the first max(lengths) tokens. The
     windows over the first n tokens are the first windows over the first m > n tokens (they
     start at 0), so one pass scores every length: the same windows `sliding_nll` uses."""
-    model, tok = load("none"), embedded.load_tokenizer()
+    model, tok = load("none", run), run.tokenizer()
     doc = torch.tensor(text_tokens(text, tok)[:max(lengths)])
     sums = {n: [0.0, 0] for n in lengths}
-    for start, end, first in sliding_windows(len(doc), WINDOW, STRIDE):
+    for start, end, first in sliding_windows(len(doc), run.window, run.stride):
         ids = doc[start:end]                                         # [W]
         targets = torch.full_like(ids, IGNORE_INDEX)                 # as sliding_nll builds them
         lo, hi = first - start, min(end, len(doc) - 1) - start
@@ -165,19 +181,19 @@ def sliding_cells(text: str, lengths: list[int]) -> None:
                 sums[n][1] += k_n
         print("window", start, end, flush=True)
     append([row(step="sliding", text=text, config="sliding_8k", tokens=n, nll=s, scored=c,
-                perplexity=math.exp(s / c), window=WINDOW, stride=STRIDE) for n, (s, c) in sums.items()])
+                perplexity=math.exp(s / c), window=run.window, stride=run.stride) for n, (s, c) in sums.items()], run)
 
 
-def cost_cells(config: str, layers: int, reps: int) -> None:
-    """Forward time at 16k (patched / unpatched SDPA, interleaved, median) and peak RSS increase
-    of a 32k forward, on the model cut to its first `layers` decoder layers: layers are identical
+def cost_cells(config: str, layers: int, reps: int, lengths: list[int], run: Run) -> None:
+    """Forward time at lengths[0] = 16k (patched / unpatched SDPA, interleaved, median) and peak
+    RSS increase of a lengths[-1] = 32k forward, on the model cut to its first `layers` decoder layers: layers are identical
     and run one after another (inference frees each layer's activations), so the time ratio and
     the transient memory of one layer are those of the full model at a fraction of the cost."""
     import statistics
 
     from hf_posext.evaluation.loss import decoder_and_head
 
-    model, tok = load("none"), embedded.load_tokenizer()
+    model, tok = load("none", run), run.tokenizer()
     decoder, _ = decoder_and_head(model)
     decoder.layers = decoder.layers[:layers]
     ids = torch.tensor(text_tokens("tune", tok))
@@ -199,13 +215,13 @@ def cost_cells(config: str, layers: int, reps: int) -> None:
     times = {False: [], True: []}
     for _ in range(reps):
         for patched in (False, True):
-            times[patched].append(forward(16384, patched)[0])
-    mem = {patched: forward(32768, patched)[1] for patched in (False, True)}
+            times[patched].append(forward(lengths[0], patched)[0])
+    mem = {patched: forward(lengths[-1], patched)[1] for patched in (False, True)}
     ratio = statistics.median(times[True]) / statistics.median(times[False])
     append([row(step="cost", config=config, layers=layers, reps=reps,
                 sdpa_seconds_16k=[round(t, 2) for t in times[False]],
                 method_seconds_16k=[round(t, 2) for t in times[True]], time_ratio_16k=round(ratio, 3),
-                sdpa_peak_increase_mb_32k=round(mem[False]), method_peak_increase_mb_32k=round(mem[True]))])
+                sdpa_peak_increase_mb_32k=round(mem[False]), method_peak_increase_mb_32k=round(mem[True]))], run)
     print("cost", config, ratio, mem, flush=True)
 
 
@@ -226,27 +242,33 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--layers", type=int, default=2, help="cost: decoder layers kept")
     p.add_argument("--reps", type=int, default=3, help="cost: interleaved repetitions")
+    p.add_argument("--model", default=embedded.DEFAULT_MODEL, help="model and tokenizer (default %(default)s)")
+    p.add_argument("--root", type=Path, help="write every result (JSON, eval folders, report)"
+                   " under this folder instead of the committed places")
+    p.add_argument("--window", type=int, default=WINDOW, help="tune: the sliding baseline's window "
+                   f"(default %(default)s = L; stride window / {WINDOW // STRIDE})")
     args = p.parse_args(argv)
+    run = Run(args.model, args.root, args.window)
     torch.set_num_threads(args.threads)
     args.lengths = args.lengths or {"tune": [16384], "passkey": [8192, *LENGTHS]}.get(args.step, list(LENGTHS))
     if args.step == "tune":
-        sliding_cells("tune", args.lengths)
+        sliding_cells("tune", args.lengths, run)
         for config in args.configs:
-            truncate_cells(config, "tune", args.lengths)
+            truncate_cells(config, "tune", args.lengths, run)
     elif args.step in ("demo", "code"):
         methods = args.methods.split(",") if args.methods else [*ROPE_ONLY, *ATTENTION]
         dataset = "embedded:shakespeare/hamlet" if args.step == "demo" else str(code_path())
-        out = args.out or EVAL_DIR / ("long-context" if args.step == "demo" else "long-context-code")
-        run_cli(grid_argv("eval", dataset, out, methods, ",".join(map(str, args.lengths))))
+        out = args.out or run.eval_dir / ("long-context" if args.step == "demo" else "long-context-code")
+        run_cli(grid_argv("eval", dataset, out, methods, ",".join(map(str, args.lengths)), run))
     elif args.step == "passkey":
         methods = args.methods.split(",") if args.methods else list(ATTENTION)
-        run_cli(grid_argv("passkey", None, args.out or EVAL_DIR / "long-context-passkey", methods,
-                          ",".join(map(str, args.lengths))) + ["--depths", args.depths, "--seeds", args.seeds])
+        run_cli(grid_argv("passkey", None, args.out or run.eval_dir / "long-context-passkey", methods,
+                          ",".join(map(str, args.lengths)), run) + ["--depths", args.depths, "--seeds", args.seeds])
     elif args.step == "cost":
-        cost_cells(args.config, args.layers, args.reps)
+        cost_cells(args.config, args.layers, args.reps, args.lengths, run)
     else:
         from long_context_report import write_report
-        write_report(RESULTS, HERE / "results" / "long_context.md")
+        write_report(run.results, run.report, run.eval_dir)
     return 0
 
 

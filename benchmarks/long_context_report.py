@@ -197,10 +197,10 @@ STRING_COMMAND = ("hf-posext eval --dtype float32 --dataset embedded:shakespeare
 STRING_RUNS = {"long-context-string": "8192,16384,32768"}
 
 
-def _string_section() -> list[str]:
+def _string_section(eval_dir: Path) -> list[str]:
     """STRING (its defaults) beside the demo's rows, which each folder started from (copied from
     long-context/, so `--resume` reused them); 8k added: inside L, where STRING aims."""
-    rows = [r for folder in STRING_RUNS for r in _rows(EVAL_DIR / folder, "perplexity")]
+    rows = [r for folder in STRING_RUNS for r in _rows(eval_dir / folder, "perplexity")]
     rows = list({json.dumps([r["method"], r["knobs"], r["length"], r["protocol"]]): r for r in rows}.values())
     commands = [f"`{STRING_COMMAND.format(lengths=n, folder=f)}`" for f, n in STRING_RUNS.items()]
     return ["## STRING beside the others: Hamlet at 8k, 16k, 32k (float32)", "",
@@ -221,22 +221,22 @@ def _inside_l(rows: list[dict]) -> list[str]:
             f"(ratio {p / at['none']:.3f})." for m, p in at.items() if m != "none" and "none" in at]
 
 
-def write_report(src: Path, dst: Path) -> str:
+def write_report(src: Path, dst: Path, eval_dir: Path = EVAL_DIR) -> str:
     bench = json.loads(src.read_text()) if src.exists() else []
-    demo, code = _rows(EVAL_DIR / "long-context", "perplexity"), _rows(EVAL_DIR / "long-context-code", "perplexity")
+    demo, code = _rows(eval_dir / "long-context", "perplexity"), _rows(eval_dir / "long-context-code", "perplexity")
     out = ["# Long context, training-free: attention-level methods vs a sliding 8k window", "",
            "SmolLM2-135M (embedded, trained at 8,192). Perplexity of the first N tokens in one forward "
            "(truncate protocol) against the unpatched model scoring the same tokens with 8,192-token "
            "windows, stride 2,048 (`ratio to sliding` < 1: the longer context helps). Rope-only methods "
            "run at s = N / 8192; `auto` knobs are fitted to N (docs/attention_methods.md).", "",
            "## Targets", "", "| text | tokens | best method | measured (perplexity: ratio to sliding) | target | |", "|---|---|---|---|---|---|"]
-    passkey = [r for d in sorted(EVAL_DIR.glob("long-context-passkey*")) for r in _rows(d, "passkey")]
+    passkey = [r for d in sorted(eval_dir.glob("long-context-passkey*")) for r in _rows(d, "passkey")]
     out += _targets(demo, "Hamlet") + _targets(code, "source code") + _passkey_targets(passkey)
     out += ["", "## Demo: Hamlet (float32; `python benchmarks/long_context.py demo`)", "",
             demo_table(demo) if demo else "Not run.", "",
             "## Source code: torch 2.13.0 `_refs/__init__.py` (float32; `python benchmarks/long_context.py code`)", "",
             demo_table(code) if code else "Not run.", "",
-            *_string_section(), "",
+            *_string_section(eval_dir), "",
             "## Knobs tried on the tune text (King Lear, first 16,384 tokens, float32; never an evaluation text)", "",
             *_tune(bench), "",
             "## Passkey (float32, greedy; `python benchmarks/long_context.py passkey`)", "",

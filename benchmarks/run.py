@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import platform
 import statistics
 import sys
@@ -33,9 +34,9 @@ from hf_posext.evaluation.loss import PeakMemory, causal_targets, chunked_nll
 HERE = Path(__file__).resolve().parent
 
 
-def document_tokens(n: int) -> torch.Tensor:
+def document_tokens(n: int, model: str = embedded.DEFAULT_MODEL) -> torch.Tensor:
     """The first n tokens of the first play long enough (the demo's document)."""
-    tok = embedded.load_tokenizer()
+    tok = embedded.load_tokenizer(model)
     for path in embedded.play_paths():
         ids = tok(path.read_text(), verbose=False)["input_ids"]
         if len(ids) >= n:
@@ -65,16 +66,16 @@ def measure(fn, model, ids) -> dict:
 CELLS = {"chunked": chunked_cell, "plain": plain_cell}
 
 
-def one_cell(name: str, tokens: int, dtype: str) -> dict:
+def one_cell(name: str, tokens: int, dtype: str, model_name: str) -> dict:
     """Run in a fresh process: load, warm up, then measure one cell. A fresh process matters:
     memory the allocator kept from an earlier cell would hide this cell's own peak."""
-    model = embedded.load_model(dtype=getattr(torch, dtype)).eval()
-    ids = document_tokens(tokens)
+    model = embedded.load_model(name=model_name, dtype=getattr(torch, dtype)).eval()
+    ids = document_tokens(tokens, model_name)
     CELLS[name](model, ids[:256])       # warm-up: first-call allocations and kernels
     return measure(CELLS[name], model, ids)
 
 
-def bench_memory(lengths: list[int], dtype: str) -> list[dict]:
+def bench_memory(lengths: list[int], dtype: str, model_name: str) -> list[dict]:
     import subprocess
 
     rows = []
@@ -83,13 +84,14 @@ def bench_memory(lengths: list[int], dtype: str) -> list[dict]:
         # Alternate the order across lengths, so neither path always runs first.
         for name in (("chunked", "plain") if i % 2 == 0 else ("plain", "chunked")):
             proc = subprocess.run([sys.executable, __file__, "--cell", name, "--tokens", str(n),
-                                   "--dtype", dtype], capture_output=True, text=True, check=True)
+                                   "--dtype", dtype, "--model", model_name], capture_output=True, text=True, check=True)
             results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
             print(f"  {n:>6} tokens  {name:8s} {results[name]}", flush=True)
         c, p = results["chunked"], results["plain"]
         rows.append({"tokens": n, "chunked": c, "plain": p,
-                     "memory_ratio": round(c["peak_increase_mb"] / p["peak_increase_mb"], 3),
-                     "time_ratio": round(c["seconds"] / p["seconds"], 3),
+                     # nan when the plain path's cell is below the sampler's resolution (tiny models)
+                     "memory_ratio": round(c["peak_increase_mb"] / p["peak_increase_mb"], 3) if p["peak_increase_mb"] else math.nan,
+                     "time_ratio": round(c["seconds"] / p["seconds"], 3) if p["seconds"] else math.nan,
                      "loss_abs_diff": abs(c["loss"] - p["loss"])})
     return rows
 
@@ -108,8 +110,8 @@ def native_yarn_twin(model, factor: float):
 
 
 @torch.inference_mode()
-def bench_overhead(model, tokens: int, reps: int, factor: float = 2.0) -> dict:
-    ids = document_tokens(tokens)[None]                   # [1, T]
+def bench_overhead(model, tokens: int, reps: int, model_name: str, factor: float = 2.0) -> dict:
+    ids = document_tokens(tokens, model_name)[None]                   # [1, T]
     native = native_yarn_twin(model, factor)
     hf_posext.patch(model, "yarn", factor)
     try:
@@ -142,19 +144,21 @@ def main(argv=None) -> int:
     parser.add_argument("--overhead-tokens", type=int, default=1024)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--model", default=embedded.DEFAULT_MODEL,
+                        help="model and tokenizer (default %(default)s; a folder: tests run a tiny one)")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--cell", choices=sorted(CELLS), help=argparse.SUPPRESS)   # child mode
     parser.add_argument("--tokens", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cell:
-        print(json.dumps(one_cell(args.cell, args.tokens, args.dtype)))
+        print(json.dumps(one_cell(args.cell, args.tokens, args.dtype, args.model)))
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     torch.manual_seed(0)
-    env = {"python": platform.python_version(), "torch": torch.__version__,
+    env = {"model": args.model, "python": platform.python_version(), "torch": torch.__version__,
            "transformers": __import__("transformers").__version__, "threads": torch.get_num_threads(),
            "dtype": args.dtype, "cpu": platform.processor() or platform.machine()}
     report: dict = {"env": env}
@@ -162,7 +166,7 @@ def main(argv=None) -> int:
              f"transformers {env['transformers']})", ""]
     if not args.skip_memory:
         print("memory/speed: chunked vs plain loss", flush=True)
-        rows = bench_memory([int(x) for x in args.lengths.split(",")], args.dtype)
+        rows = bench_memory([int(x) for x in args.lengths.split(",")], args.dtype, args.model)
         report["memory"] = rows
         lines += ["## One perplexity cell: chunked vs plain `model(ids, labels=ids)`", "",
                   "| tokens | chunked peak +MB | plain peak +MB | memory ratio | chunked s | plain s | "
@@ -174,8 +178,8 @@ def main(argv=None) -> int:
                          f"{r['loss_abs_diff']:.1e} |")
         lines.append("")
     print("overhead: patched yarn vs native yarn", flush=True)
-    model = embedded.load_model(dtype=getattr(torch, args.dtype)).eval()
-    ov = bench_overhead(model, args.overhead_tokens, args.reps)
+    model = embedded.load_model(name=args.model, dtype=getattr(torch, args.dtype)).eval()
+    ov = bench_overhead(model, args.overhead_tokens, args.reps, args.model)
     report["overhead"] = ov
     lines += ["## Forward overhead: `hf_posext.patch(model, 'yarn', 2)` vs native `yarn` config", "",
               f"{ov['tokens']} tokens, {ov['reps']} interleaved repetitions each: median "

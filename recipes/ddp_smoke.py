@@ -3,10 +3,14 @@ optimizer steps through the recipe's own loop (hf_posext.training.loop), every r
 world size it saw.
 
     accelerate launch --config_file recipes/accelerate/cpu-ddp.yaml recipes/ddp_smoke.py   # make ddp-smoke
+
+Its checkpoints go to a temporary folder, removed at the end. tests/test_make_targets.py runs
+`make ddp-smoke` itself, so a change of the loop's signature breaks CI, not the README.
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 
 import torch
@@ -45,5 +49,15 @@ def main(steps: int = 3) -> None:
         accelerator.end_training()
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Run it under accelerate launch (see above); alone it trains one rank.")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3)")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error(f"--steps must be at least 1, got {args.steps}")
+    return args
+
+
 if __name__ == "__main__":
-    main()
+    main(parse().steps)

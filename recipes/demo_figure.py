@@ -9,21 +9,29 @@ Writes baseline.{csv,json}, perplexity.png and table.txt into benchmarks/results
 `--redraw` draws the figure again from the stored baseline.json without measuring.
 """
 
+import argparse
 import json
-import sys
 from pathlib import Path
-
-import torch
-
-from hf_posext import embedded
-from hf_posext.evaluation import ResultsStore, evaluate_perplexity
-from hf_posext.training.recipe_eval import SERIES, draw_results
 
 OUT = (Path(__file__).resolve().parents[1] / "benchmarks" / "results"
        / "recipes" / "cpu-smollm2-demo")
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--redraw", action="store_true",
+                   help="draw the figure from the stored baseline.json, measuring nothing")
+    return p.parse_args(argv)
+
+
 def main(redraw: bool = False) -> None:
+    import torch
+
+    from hf_posext import embedded
+    from hf_posext.evaluation import ResultsStore, evaluate_perplexity
+    from hf_posext.training.recipe_eval import SERIES, draw_results
+
     cfg = json.loads((OUT / "config.json").read_text())
     rows = json.loads((OUT / "results.json").read_text())["rows"]
     steps = cfg["training"]["max_steps"]
@@ -48,4 +56,4 @@ def main(redraw: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(redraw="--redraw" in sys.argv[1:])
+    main(redraw=parse().redraw)

@@ -49,3 +49,21 @@ def model(arch):
 def tokens():
     g = torch.Generator().manual_seed(1)
     return torch.randint(0, VOCAB, (2, 3 * TRAINED), generator=g)  # [batch 2, 192 tokens = 3 L]
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """`hf-posext ARGS` in this process (`hf_posext.cli.main`, output captured): what
+    `python -m hf_posext.cli` runs, without a new interpreter's start-up per call. Returns
+    (exit code, stdout, stderr)."""
+    from hf_posext import cli
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = cli.main([str(a) for a in argv])
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run

@@ -143,15 +143,14 @@ def test_a_block_edited_against_the_rope_config_is_an_error(tmp_path):
         hf_posext.from_pretrained(path)
 
 
-def test_a_nan_factor_is_an_error_not_a_verdict(tmp_path):
+def test_a_nan_factor_is_an_error_not_a_verdict(tmp_path, run_cli):
     path = edit(saved(tmp_path, "linear"), hf_posext=None,
                 rope_parameters={"factor": float("nan")}, rope_scaling={"factor": float("nan")})
     with pytest.raises(ValueError, match="non-finite values in config.json: rope_parameters.factor"):
         report(path)
-    out = subprocess.run([sys.executable, "-m", "hf_posext.cli", "check", str(path)],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "non-finite" in out.stderr
+    code, _, err = run_cli(["check", path])
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert "non-finite" in err
 
 
 def vllm_max_model_len(cfg):

@@ -10,8 +10,6 @@ import errno
 import json
 import math
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -91,14 +89,13 @@ def test_bad_outputs_are_refused_before_writing(tmp_path):
     assert (tmp_path / "empty" / "config.json").exists()
 
 
-def test_cli_export_errors_are_one_line(tmp_path):
+def test_cli_export_errors_are_one_line(tmp_path, run_cli):
     path = saved(tmp_path)
     (tmp_path / "file").write_text("x")
     for out in (tmp_path / "file", path / "inside"):
-        run = subprocess.run([sys.executable, "-m", "hf_posext.cli", "export", str(path), str(out),
-                              "--target", "vllm"], capture_output=True, text=True, timeout=300)
-        assert run.returncode != 0 and len(run.stderr.strip().splitlines()) == 1, run.stderr
-        assert run.stderr.startswith("hf-posext export: error:")
+        code, _, err = run_cli(["export", path, out, "--target", "vllm"])
+        assert code != 0 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith("hf-posext export: error:")
 
 
 # ---- --target gguf -------------------------------------------------------------------------
@@ -180,14 +177,13 @@ def test_gguf_refusals(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def test_cli_gguf_prints_the_run_time_flags(tmp_path):
+def test_cli_gguf_prints_the_run_time_flags(tmp_path, run_cli):
     path = saved(tmp_path, "yarn", **MISTRAL)
     cfg = json.loads((path / "config.json").read_text())
     converter_like_gguf(tmp_path / "conv.gguf", cfg, cfg["rope_parameters"])
-    run = subprocess.run([sys.executable, "-m", "hf_posext.cli", "export", str(path),
-                          str(tmp_path / "out.gguf"), "--target", "gguf", "--gguf",
-                          str(tmp_path / "conv.gguf")], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert "--yarn-beta-fast 128 --yarn-beta-slow 2" in run.stdout
-    assert "yarn_beta_fast=128, yarn_beta_slow=2" in run.stdout
+    code, out, err = run_cli(["export", path, tmp_path / "out.gguf", "--target", "gguf",
+                              "--gguf", tmp_path / "conv.gguf"])
+    assert code == 0, err
+    assert "--yarn-beta-fast 128 --yarn-beta-slow 2" in out
+    assert "yarn_beta_fast=128, yarn_beta_slow=2" in out
     shutil.rmtree(path)

@@ -10,8 +10,6 @@
 import json
 import math
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -254,20 +252,17 @@ def test_export_bad_input(tmp_path):
     assert got["vLLM 07b12f1"] == got["vLLM 0cd5784"] == "exact"
 
 
-def test_cli_check_and_export(tmp_path):
+def test_cli_check_and_export(tmp_path, run_cli):
     path, _ = saved(tmp_path, "ntk_by_parts")
-    run = [sys.executable, "-m", "hf_posext.cli"]
-    out = subprocess.run(run + ["check", str(path)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert "ntk_by_parts (factor 4" in out.stdout and "vLLM" in out.stdout
-    assert "different (scale 13.86%)" in out.stdout
-    out = subprocess.run(run + ["export", str(path), str(tmp_path / "v"), "--target", "vllm"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and re.search(r"vLLM 07b12f1\s+exact", out.stdout), out.stdout + out.stderr
+    code, out, err = run_cli(["check", path])
+    assert code == 0, err
+    assert "ntk_by_parts (factor 4" in out and "vLLM" in out
+    assert "different (scale 13.86%)" in out
+    code, out, err = run_cli(["export", path, tmp_path / "v", "--target", "vllm"])
+    assert code == 0 and re.search(r"vLLM 07b12f1\s+exact", out), out + err
     lin, _ = saved(tmp_path, "linear", name="lin")
-    out = subprocess.run(run + ["export", str(lin), str(tmp_path / "t"), "--target", "tgi"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode != 0 and "export refused" in out.stderr
+    code, out, err = run_cli(["export", lin, tmp_path / "t", "--target", "tgi"])
+    assert code != 0 and "export refused" in err
 
 
 def test_check_page_table_is_what_check_prints():

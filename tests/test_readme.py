@@ -1,10 +1,14 @@
 """The README's quick start works as written, CI runs the README's test command, the README stays a
 five-minute read, and the result tables of docs/results.md are the committed rows."""
 
+import argparse
 import re
 from pathlib import Path
 
 import pytest
+from _doccommands import documented_commands
+
+CLI = r"hf-posext "   # the commands tested below
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -78,3 +82,77 @@ def test_results_page_quick_demo_table_is_the_committed_run():
     assert all(r["bucket_nll"] for r in rows)
     assert {r["forward_length"] for r in rows if r["protocol"] == "truncate"} == {16384}
     assert format_table(rows) in RESULTS_PAGE
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+
+
+# the pages whose Python examples patch a `model` (docs/evaluation.md's load SmolLM2 and run 16k)
+PATCH_EXAMPLE_PAGES = ("docs/methods.md", "docs/attention.md")
+
+
+def test_docs_python_blocks_run():
+    """Every Python block of the README but the quick start (run above on the real model), and of
+    the pages with patch examples, on a tiny random Llama with SmolLM2's trained length 8,192 (the
+    knobs shown, e.g. window 6144, must fit L)."""
+    import hf_posext
+    from conftest import tiny_model
+
+    blocks = [(name, b) for name in ("README.md", *PATCH_EXAMPLE_PAGES)
+              for b in python_blocks((ROOT / name).read_text()) if b != quickstart()]
+    assert len(blocks) >= 2, "the docs' Python examples were not found"
+    for i, (name, block) in enumerate(blocks):
+        namespace = {"hf_posext": hf_posext, "model": tiny_model(max_position_embeddings=8192)}
+        exec(compile(block, f"{name}:python-block-{i}", "exec"), namespace)
+        assert hf_posext.is_patched(namespace["model"])
+
+
+def test_documented_commands_found():
+    found = {cmd for _, cmd in documented_commands(CLI)}
+    assert len(found) >= 20 and any(c.startswith("hf-posext search --dataset") for c in found)
+
+
+@pytest.mark.parametrize("doc, command", documented_commands(CLI))
+def test_documented_command_parses(doc, command, capsys):
+    """Each `hf-posext` command the docs show is accepted by the CLI's own parser, so a renamed
+    flag or subcommand fails here. `a|b|c` (alternatives) is tried with each value; a bare
+    `hf-posext SUB` (naming the command in prose) must name a subcommand."""
+    import shlex
+
+    from hf_posext.cli import build_parser
+
+    parser = build_parser()
+    argv = shlex.split(command)[1:]
+    if len(argv) == 1 and not argv[0].startswith("-"):
+        subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        assert argv[0] in subcommands, f"{doc}: `{command}` names no subcommand ({sorted(subcommands)})"
+        return
+    variants = [[]]
+    for arg in argv:
+        options = arg.split("|") if "|" in arg else [arg]
+        variants = [v + [o] for v in variants for o in options]
+    for variant in variants:
+        try:
+            parser.parse_args(variant)
+        except SystemExit as stop:
+            err = capsys.readouterr().err
+            if stop.code and "the following arguments are required" in err:
+                # prose showing one flag (`hf-posext search --short-factors identity`): the flags
+                # shown must still exist and take the value shown
+                for action in _all_actions(parser):
+                    action.required = isinstance(action, argparse._SubParsersAction)
+                try:
+                    parser.parse_args(variant)
+                    continue
+                except SystemExit as again:
+                    stop, err = again, capsys.readouterr().err
+            assert stop.code == 0, f"{doc}: `hf-posext {shlex.join(variant)}`: {err}"
+
+
+def _all_actions(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        yield action
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _all_actions(sub)
