@@ -49,9 +49,10 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The same suite against the newest transformers 4.x (rope_scaling + rope_theta layout), but for
-# executing the notebooks: they are documentation, run once by `make test` (about 4 of CI's minutes).
+# executing the notebooks (documentation, about 4 of CI's minutes) and running the Makefile targets
+# (tests/test_make_targets.py, ~5 min: they check the targets' recipes, which `make test` runs once).
 test-tf4:
-	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6" PYTEST_ARGS="--durations=25 -k 'not test_notebook_runs'"
+	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6" PYTEST_ARGS="--durations=25 -k 'not test_notebook_runs and not test_make_targets'"
 
 # The quick demo (docs/results.md, "Long-context evaluation: the demo"): two plays at a fixed s = 2, the
 # unpatched model, YaRN and DualChunk against the unpatched model with a sliding 8k window; 4k
