@@ -71,7 +71,8 @@ def block(cfg: dict[str, Any], target) -> dict[str, Any]:
     the served length (max_position_embeddings), so the backend's length scaling stays 1."""
     reason = why_not(cfg, target)
     if reason:
-        raise ValueError(f"export refused: {reason}.")
+        raise ValueError(f"export refused: the attention-level method 'dual_chunk' runs only in "
+                         f"SGLang's Dual Chunk Attention, and there {reason}.")
     spec = _spec(target.attention)
     return {"chunk_size": spec.chunk_size, "local_size": spec.local_window,
             "original_max_position_embeddings": int(cfg["max_position_embeddings"])}

@@ -108,7 +108,8 @@ def export(model_or_path, out, target: str, gguf=None):
                          "nothing to export"
                          + (" (a longrope config has one: --target vllm)." if "longrope" in str(err)
                             else ".")) from None
-    if target_meaning.attention is not None and key != "sglang":
+    sglang_dca = key == "sglang" and (target_meaning.attention or {}).get("method") == "dual_chunk"
+    if target_meaning.attention is not None and not sglang_dca:
         raise ValueError(f"export refused: the checkpoint uses the attention-level method "
                          f"{target_meaning.attention.get('method')!r} (config.hf_posext_attention), "
                          f"which {target} does not run: it reads no attention method from "
@@ -116,7 +117,7 @@ def export(model_or_path, out, target: str, gguf=None):
                          "`import hf_posext` runs it; for an engine, save a rope method instead.")
     if key == "gguf":
         return export_gguf(cfg, target_meaning, gguf, out)
-    if key == "sglang" and target_meaning.attention is not None:
+    if sglang_dca:
         chosen = dual_chunk.sglang_config(cfg, target_meaning)  # refuses with the reason
     else:
         chosen = choose_form(cfg, key, target_meaning)

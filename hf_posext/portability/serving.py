@@ -176,9 +176,13 @@ def _config_engine(cfg, wanted, target, engine: str) -> tuple[dict[str, Any], in
                      {"rope_scaling": v4_scaling(rope), "rope_theta": rope["rope_theta"]})
     length = _target_length(wanted, target)
     seen = {**chosen, "max_position_embeddings": cfg["max_position_embeddings"]}
-    if config_audit.derived_lengths(seen)[_LENGTH[engine]] < length:
-        overrides["max_position_embeddings"] = length
-        seen["max_position_embeddings"] = length
+    # the override route sets what patch saves (max_position_embeddings = s·L but for dynamic
+    # methods); any route sets it when the engine would derive less than the length served
+    if wanted["max_position_embeddings"] != cfg["max_position_embeddings"] or \
+            config_audit.derived_lengths(seen)[_LENGTH[engine]] < length:
+        length_key = max(length, wanted["max_position_embeddings"])
+        overrides["max_position_embeddings"] = length_key
+        seen["max_position_embeddings"] = length_key
     # what the engine reads with the overrides applied must still be exact (e.g. vLLM's dynamic
     # table is sized by max_position_embeddings)
     bad = [v for r in _READERS[engine] if (v := verdict(r, seen, target)).status != "exact"]
