@@ -11,7 +11,9 @@ in tests/engines/test_serve_engines.py.
 
 import json
 import math
+import re
 import shlex
+from pathlib import Path
 
 import pytest
 import torch
@@ -222,3 +224,22 @@ def test_dual_chunk_over_a_rope_method_is_refused(tmp_path):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="reads no rope_scaling"):
         hf_posext.export(path, tmp_path / "out", target="sglang")
+
+
+def test_docs_commands(tmp_path, monkeypatch, capsys):
+    """Every `hf-posext serve` line of docs/portability.md ("The command per engine") prints, on
+    the checkpoints it names, the command shown under it."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "portability.md").read_text()
+    block = re.search(r"<!-- serve-commands -->\s*```\n(.*?)```", doc, re.S).group(1).splitlines()
+    monkeypatch.chdir(tmp_path)
+    tiny_model().config.save_pretrained("llama-base")
+    hf_posext.patch(tiny_model(), "yarn", S).config.save_pretrained("llama-yarn")
+    hf_posext.patch(tiny_model(), "ntk_by_parts", S).config.save_pretrained("llama-ntk-by-parts")
+    hf_posext.patch(qwen2(), "dual_chunk", S).config.save_pretrained("qwen2-dual-chunk")
+    pairs = list(zip(block[::2], block[1::2]))
+    assert len(pairs) >= 8 and {shlex.split(c)[shlex.split(c).index("--engine") + 1]
+                                for c, _ in pairs} == {"vllm", "sglang", "llama.cpp", "tgi"}
+    for shown, output in pairs:
+        assert shown.startswith("$ hf-posext serve ")
+        assert cli.main(shlex.split(shown)[2:]) == 0
+        assert capsys.readouterr().out.strip() == output, shown
