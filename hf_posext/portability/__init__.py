@@ -5,4 +5,6 @@
     meaning.py    what a checkpoint means, and a reading's error against it
     verdicts.py   `hf_posext.check`: one verdict per reader
     exporting.py  `hf_posext.export`: the form a named reader runs exactly
+    serving.py    `hf-posext serve`: the engine command line, checked like export
+    dual_chunk.py SGLang's Dual Chunk Attention block, against hf_posext's dual_chunk
 """
