@@ -243,3 +243,16 @@ def test_docs_commands(tmp_path, monkeypatch, capsys):
         assert shown.startswith("$ hf-posext serve ")
         assert cli.main(shlex.split(shown)[2:]) == 0
         assert capsys.readouterr().out.strip() == output, shown
+
+
+def test_sglang_dual_chunk_at_serve_time(tmp_path):
+    """A Qwen2 base checkpoint served with DCA by overrides alone: the block ChunkLlama's defaults
+    give (chunk 3L/4, local L/16) and the extended max_position_embeddings (SGLang's key table
+    has that many rows)."""
+    argv = shlex.split(command(saved(tmp_path, None, arch="qwen2"), "sglang", "dual_chunk", S).line())
+    override = json.loads(flags(argv)["--json-model-override-args"])
+    assert override == {"max_position_embeddings": T, "dual_chunk_attention_config": {
+        "chunk_size": 3 * TRAINED // 4, "local_size": TRAINED // 16,
+        "original_max_position_embeddings": T}}
+    with pytest.raises(ServeRefused, match="plain attention"):
+        command(saved(tmp_path, None, arch="qwen2"), "vllm", "dual_chunk", S)

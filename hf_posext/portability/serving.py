@@ -158,11 +158,11 @@ def command(path, engine: str, method: str | None = None, factor: float | None =
 def _config_engine(cfg, wanted, target, engine: str) -> tuple[dict[str, Any], int]:
     """(overrides, length) for the engines that take config keys on the command line."""
     if target.attention is not None:
-        if engine == "sglang":
-            need = dual_chunk.sglang_config(wanted, target) if dual_chunk.why_not(wanted, target) \
-                is None else None
-            if need is None:
-                raise ServeRefused(dual_chunk.why_not(wanted, target))
+        if engine == "sglang":   # SGLang's Dual Chunk Attention (dual_chunk.py)
+            reason = dual_chunk.why_not(wanted, target)
+            if reason:
+                raise ServeRefused(reason)
+            need = dual_chunk.sglang_config(wanted, target)
             overrides = {k: need[k] for k in (dual_chunk.CONFIG_KEY, "max_position_embeddings")
                          if need.get(k) != cfg.get(k)}
             return overrides, int(need["max_position_embeddings"])
