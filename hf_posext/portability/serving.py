@@ -61,18 +61,16 @@ class ServeRefused(ValueError):
 
 @dataclass(frozen=True)
 class Serving:
-    """A command: environment, argv, the length it serves, and what it overrides."""
+    """A command: argv, the length it serves, and the config keys it overrides (vLLM, SGLang)."""
     engine: str
     argv: tuple[str, ...]
     length: int
-    overrides: dict[str, Any] = field(default_factory=dict)  # config keys (vLLM / SGLang)
-    env: tuple[tuple[str, str], ...] = ()
+    overrides: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
     def line(self) -> str:
-        """One pasteable shell line (shlex-quoted)."""
-        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env)
-        return (prefix + " " if prefix else "") + shlex.join(self.argv)
+        """One pasteable shell line (shlex-quoted); no environment variable is ever needed."""
+        return shlex.join(self.argv)
 
 
 def _number(value: float) -> str:
