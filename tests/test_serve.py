@@ -127,12 +127,19 @@ def test_refusal_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_llama_cpp_flags_fill_what_the_gguf_lacks(tmp_path):
-    # NTK-by-parts: the converter's GGUF runs YaRN's temperature 0.1·ln s + 1; the flag divides it out
-    argv = shlex.split(command(saved(tmp_path, "ntk_by_parts"), "llama.cpp", gguf="m.gguf").line())
-    assert set(flags(argv)) <= LLAMA_SERVER_FLAGS
-    assert flags(argv)["-m"] == "m.gguf" and flags(argv)["-c"] == str(T)
-    assert math.isclose(float(flags(argv)["--yarn-attn-factor"]), 1 / (0.1 * math.log(S) + 1),
-                        rel_tol=1e-9)
+    # NTK-by-parts: the converter's GGUF runs YaRN's temperature 0.1·ln s + 1, and llama.cpp
+    # takes another only from the GGUF key (llama-context.cpp overwrites --yarn-attn-factor)
+    path = saved(tmp_path, "ntk_by_parts")
+    with pytest.raises(ServeRefused, match="--target gguf"):
+        command(path, "llama.cpp")
+    # ... which export --target gguf writes (t/(0.1·ln s + 1) = 1/(0.1·ln s + 1)): no flag then
+    pytest.importorskip("gguf")
+    from test_export_safety import converter_like_gguf
+    cfg = json.loads((path / "config.json").read_text())
+    converter_like_gguf(tmp_path / "conv.gguf", cfg, cfg["rope_parameters"])
+    hf_posext.export(path, tmp_path / "out.gguf", "gguf", gguf=tmp_path / "conv.gguf")
+    argv = shlex.split(command(path, "llama.cpp", gguf=str(tmp_path / "out.gguf")).line())
+    assert argv == ["llama-server", "-m", str(tmp_path / "out.gguf"), "-c", str(T)]
     # the base checkpoint extended at serve time: every YaRN key from flags
     base = shlex.split(command(saved(tmp_path, None), "llama.cpp", "yarn", S).line())
     assert flags(base)["--rope-scaling"] == "yarn" and float(flags(base)["--rope-scale"]) == S

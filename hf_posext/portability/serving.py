@@ -20,8 +20,11 @@ engine takes on its command line:
   "rope_scaling")`), or the `dual_chunk_attention_config` block (dual_chunk.py).
 - llama.cpp (`llama-server`): `-c` (the server's slot context defaults to the trained one), and
   for each rope key the converter's GGUF lacks or holds differently, the run-time flag
-  (`--rope-scaling`, `--rope-scale`, `--rope-freq-base`, `--yarn-orig-ctx`, `--yarn-attn-factor`,
-  `--yarn-beta-fast/-slow`: common/arg.cpp; llama-context.cpp takes a flag over the GGUF key).
+  (`--rope-scaling`, `--rope-scale`, `--rope-freq-base`, `--yarn-orig-ctx`, `--yarn-beta-fast/-slow`:
+  common/arg.cpp; llama-context.cpp takes a flag over the GGUF key). The YaRN temperature has no
+  working flag (llama-context.cpp recomputes `yarn_attn_factor` when YaRN is on and multiplies it
+  by the GGUF's `rope.scaling.attn_factor`): a temperature the GGUF lacks is refused, pointing to
+  `export --target gguf`, whose GGUF `--gguf` then names (its keys are read).
 - TGI (`text-generation-launcher`): `--max-input-tokens` / `--max-total-tokens`, and only
   `--rope-scaling linear|dynamic` + `--rope-factor` (its launcher's ROPE_SCALING / ROPE_FACTOR);
   no other config key can be overridden.
@@ -32,10 +35,12 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from . import config_audit, dual_chunk, engines, portable
 from .exporting import TARGETS, choose_form
+from . import gguf_export
 from .gguf_export import rope_keys
 from .meaning import TOLERANCE, errors
 from .verdicts import load_config, meaning, verdict
@@ -51,7 +56,7 @@ _LENGTH = {"vllm": "vLLM (max_model_len)", "sglang": "SGLang (context_length)"}
 # llama.cpp's run-time flags for the GGUF rope keys (common/arg.cpp), and llama_cpp.Llama's names
 FLAGS = {"rope.scaling.type": "--rope-scaling", "rope.scaling.factor": "--rope-scale",
          "rope.freq_base": "--rope-freq-base", "rope.scaling.original_context_length": "--yarn-orig-ctx",
-         "rope.scaling.attn_factor": "--yarn-attn-factor", "yarn_beta_fast": "--yarn-beta-fast",
+         "yarn_beta_fast": "--yarn-beta-fast",
          "yarn_beta_slow": "--yarn-beta-slow"}
 
 
@@ -234,9 +239,17 @@ def _tgi(path, cfg, wanted, target, gguf) -> Serving:
                    notes=("TGI is re-derived from its source, not run here",))
 
 
-def _gguf_holds(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The rope keys llama.cpp's converter writes for this config.json and the runtime reads
-    (engines.llama_cpp): freq base, scaling type/factor/original context; never attn_factor."""
+def _gguf_holds(cfg: dict[str, Any], gguf: str | None) -> dict[str, Any]:
+    """The rope keys (without the `{arch}.` prefix) the GGUF holds: read from `gguf` when that
+    file exists (e.g. written by `export --target gguf`), else what llama.cpp's converter writes
+    for this config.json (engines.llama_cpp): freq base, scaling type/factor/original context,
+    never `rope.scaling.attn_factor`."""
+    if gguf is not None and Path(gguf).is_file():
+        reader = gguf_export._gguf().GGUFReader(gguf)
+        found = {k: f.contents() for k, f in reader.fields.items()}
+        arch = found.get("general.architecture")
+        keys = {k.removeprefix(f"{arch}."): v for k, v in found.items() if k.startswith(f"{arch}.rope.")}
+        return {"rope.freq_base": 10_000.0, "rope.scaling.type": "none", **keys}
     rope = engines.converter_rope(cfg)
     kind, s = rope["rope_type"], rope.get("factor")
     keys = {"rope.freq_base": float(rope["rope_theta"]), "rope.scaling.type": "none"}
@@ -247,9 +260,9 @@ def _gguf_holds(cfg: dict[str, Any]) -> dict[str, Any]:
     return keys
 
 
-def llama_flags(cfg: dict[str, Any], wanted: dict[str, Any], target) -> dict[str, Any]:
-    """The llama.cpp run-time flags (FLAGS names) that make the converter's GGUF of `cfg` run
-    `target` exactly; ServeRefused when none can."""
+def llama_flags(cfg: dict[str, Any], target, gguf: str | None = None) -> dict[str, Any]:
+    """The llama.cpp run-time flags (FLAGS names) that make the GGUF (`gguf`, else the
+    converter's of `cfg`) run `target` exactly; ServeRefused when none can."""
     if target.attention is not None:
         raise ServeRefused(f"llama.cpp reads no attention method: {target.attention.get('method')!r} "
                            "would run as plain attention")
@@ -257,14 +270,22 @@ def llama_flags(cfg: dict[str, Any], wanted: dict[str, Any], target) -> dict[str
         keys, betas = rope_keys(target)
     except ValueError as err:
         raise ServeRefused(str(err).replace("export refused: ", "")) from None
-    holds = _gguf_holds(cfg)
-    flags = {FLAGS[k]: v for k, v in keys.items() if holds.get(k) != v and
-             not (k == "rope.scaling.attn_factor" and abs(v - 1.0) <= TOLERANCE)}
+    holds = _gguf_holds(cfg, gguf)
+    attn = "rope.scaling.attn_factor"
+    if abs(keys.get(attn, 1.0) - holds.get(attn, 1.0)) > TOLERANCE * keys.get(attn, 1.0):
+        # llama-context.cpp: with YaRN on, cparams.yarn_attn_factor is recomputed from the
+        # factor and multiplied by the GGUF's rope.scaling.attn_factor: no flag sets it
+        raise ServeRefused(f"llama.cpp takes the YaRN temperature of {target.label} only from the "
+                           f"GGUF key {attn} (--yarn-attn-factor is overwritten when YaRN is on): "
+                           "write it with hf-posext export PATH OUT.gguf --target gguf --gguf "
+                           "CONVERTED.gguf, then serve with --gguf OUT.gguf")
+    flags = {FLAGS[k]: v for k, v in keys.items() if k != attn and holds.get(k) != v}
     if keys.get("rope.scaling.type") == "yarn" and "rope.scaling.original_context_length" not in holds:
         flags[FLAGS["rope.scaling.original_context_length"]] = keys["rope.scaling.original_context_length"]
     flags.update({FLAGS[k]: v for k, v in betas.items()})
     # check: what the runtime computes from the GGUF's keys overridden by the flags
     run = {**holds, **{k: flags[f] for k, f in FLAGS.items() if f in flags}}
+    run[attn] = holds.get(attn, 1.0)
     d, base = target.dim, run["rope.freq_base"]
     if run["rope.scaling.type"] == "yarn":
         reading = engines.gguf_reading(d, base, run["rope.scaling.factor"],
@@ -282,7 +303,7 @@ def llama_flags(cfg: dict[str, Any], wanted: dict[str, Any], target) -> dict[str
 
 
 def _llama(path, cfg, wanted, target, gguf) -> Serving:
-    flags = llama_flags(cfg, wanted, target)
+    flags = llama_flags(cfg, target, gguf)   # the GGUF is converted from the folder as it is
     length = _target_length(wanted, target)
     model = gguf or "MODEL.gguf"
     argv = ["llama-server", "-m", model, "-c", str(length)]
