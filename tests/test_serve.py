@@ -263,3 +263,21 @@ def test_sglang_dual_chunk_at_serve_time(tmp_path):
         "original_max_position_embeddings": T}}
     with pytest.raises(ServeRefused, match="plain attention"):
         command(saved(tmp_path, None, arch="qwen2"), "vllm", "dual_chunk", S)
+
+
+def test_vllm_longrope_as_search_saves_it(tmp_path):
+    """`hf-posext search`'s longrope checkpoint: vLLM scales cos/sin by short_mscale /
+    long_mscale (default sqrt(1 + ln(max_position / L) / ln L)), transformers by
+    attention_factor; the override sets both to attention_factor (measured exact, §6)."""
+    from hf_posext.rope.config import RopeExtensionConfig
+    from hf_posext.rope.longrope import LONGROPE_SEED, longrope_knobs
+    knobs = longrope_knobs(RopeExtensionConfig(LONGROPE_SEED, S, TRAINED), 16, 10_000.0)
+    path = saved(tmp_path, "longrope", **knobs)
+    cfg = json.loads((path / "config.json").read_text())
+    argv = shlex.split(command(path, "vllm").line())
+    rope = json.loads(flags(argv)["--hf-overrides"])["rope_parameters"]
+    scale = cfg["rope_parameters"]["attention_factor"]
+    assert rope["short_mscale"] == rope["long_mscale"] == scale
+    assert flags(argv)["--max-model-len"] == str(T)   # patch saves max_position_embeddings = s·L
+    with pytest.raises(ServeRefused, match="transformers' own"):
+        command(path, "llama.cpp")

@@ -58,7 +58,7 @@ def _forms(spec, theta: float, dim: int, extra: dict[str, Any]) -> list[dict[str
     return forms
 
 
-def _longrope_for_vllm(cfg: dict[str, Any]) -> dict[str, Any]:
+def longrope_for_vllm(cfg: dict[str, Any]) -> dict[str, Any]:
     """A `longrope` config (what `hf-posext search` saves) as vLLM runs it exactly: vLLM's
     longrope (`Phi3LongRoPEScaledRotaryEmbedding`, 0.29 and 0.32) ignores `attention_factor`
     and scales cos/sin by `short_mscale` / `long_mscale`, defaulting both to
@@ -100,7 +100,7 @@ def export(model_or_path, out, target: str, gguf=None):
         target_meaning = meaning(cfg)
     except NotApplicable as err:
         if key == "vllm" and v5_rope(cfg).get("rope_type") == "longrope":
-            chosen = _longrope_for_vllm(cfg)
+            chosen = longrope_for_vllm(cfg)
             with atomic_output(out) as tmp:
                 _write(model_or_path, tmp, chosen)
             return check(out)

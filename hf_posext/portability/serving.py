@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from . import config_audit, dual_chunk, engines, portable
-from .exporting import TARGETS, choose_form
+from .exporting import TARGETS, choose_form, longrope_for_vllm
 from . import gguf_export
 from .gguf_export import rope_keys
 from .meaning import TOLERANCE, errors
@@ -152,10 +152,32 @@ def command(path, engine: str, method: str | None = None, factor: float | None =
         wanted = _extended(cfg, method, float(factor), dict(knobs or {})) if method else cfg
         target = meaning(wanted)
     except engines.NotApplicable as err:
+        if key == "vllm" and not method and engines.v5_rope(cfg)["rope_type"] == "longrope":
+            return _vllm_longrope(str(path), cfg)
         raise ServeRefused(f"rope_type {err} is transformers' own, not an hf_posext method: serve it "
                            "with the engine's own command (hf-posext check PATH gives the length "
                            "each engine derives)") from None
     return _BUILDERS[key](str(path), cfg, wanted, target, gguf)
+
+
+def _vllm_longrope(path: str, cfg: dict[str, Any]) -> Serving:
+    """A `longrope` checkpoint (what `hf-posext search` saves) in vLLM: the form `export --target
+    vllm` writes (short_mscale = long_mscale = attention_factor, measured exact in 0.29 and
+    0.32), one factor set only: with two, vLLM runs long_factor at every position once
+    max_model_len > L (measured, docs/portability.md §6)."""
+    if config_audit.two_factor_sets(cfg):
+        raise ServeRefused("two longrope factor sets: vLLM runs long_factor at every position "
+                           "whenever max_model_len > L, so prompts <= L do not get short_factor "
+                           "(hf-posext search --short-factors same writes one set)")
+    try:
+        chosen = longrope_for_vllm(cfg)
+    except ValueError as err:
+        raise ServeRefused(str(err).replace("export refused: ", "")) from None
+    length = int(cfg["max_position_embeddings"])
+    overrides = {"rope_parameters": engines.v5_rope(chosen)}
+    argv = ("vllm", "serve", path, "--max-model-len", str(length), "--hf-overrides",
+            json.dumps(overrides, sort_keys=True))
+    return Serving("vllm", argv, length, overrides)
 
 
 def _config_engine(cfg, wanted, target, engine: str) -> tuple[dict[str, Any], int]:
