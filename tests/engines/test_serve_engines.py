@@ -20,13 +20,15 @@ import pytest
 import hf_posext
 from hf_posext.data import embedded
 from hf_posext.portability.serving import command
+from hf_posext.rope.config import RopeExtensionConfig
+from hf_posext.rope.longrope import LONGROPE_SEED, longrope_knobs
 
 pytestmark = pytest.mark.engines
 # Kept small (each command is one engine start): saved linear (vLLM derives s²·L, the command
 # still serves s·L) and NTK-by-parts (vLLM 0.29 needs an override); the base
 # checkpoint extended at serve time by the three static families (a raised base, YaRN, YaRN
 # without temperature).
-SAVED = ("linear", "ntk_by_parts")
+SAVED = ("linear", "ntk_by_parts", "longrope")   # longrope: as `hf-posext search` saves it
 SERVE_TIME = ("ntk", "yarn", "ntk_by_parts")
 ENGINE = {".venv-vllm": "vllm", ".venv-vllm029": "vllm", ".venv-llamacpp": "llama.cpp"}
 
@@ -46,7 +48,11 @@ def served(tmp_path_factory):
     for method in sorted(set(SAVED) | set(SERVE_TIME)):
         m = measure.base_model(tok)
         m.load_state_dict(state)
-        hf_posext.patch(m, method, measure.FACTOR)
+        # longrope: YaRN's per-frequency factors stand for searched ones (as in measure.py)
+        knobs = longrope_knobs(RopeExtensionConfig(LONGROPE_SEED, measure.FACTOR, measure.L),
+                               measure.MODEL["head_dim"], measure.MODEL["rope_theta"]) \
+            if method == "longrope" else {}
+        hf_posext.patch(m, method, measure.FACTOR, **knobs)
         refs[method] = measure.logprobs(m, ids)
         if method in SAVED:
             m.save_pretrained(work / method)
@@ -68,8 +74,10 @@ def test_serve_commands_run_exactly(served, venv):
     runner = "_run_vllm.py" if engine == "vllm" else "_run_llamacpp.py"
     forms, argvs = {}, {}
     # llama.cpp takes a YaRN temperature only from the GGUF key `export --target gguf` writes
-    # (serve refuses the converter's GGUF for it: test_serve.py); measured in test_engines.py
-    cases = {k: v for k, v in cases.items() if engine == "vllm" or v[1] != "ntk_by_parts"}
+    # (serve refuses the converter's GGUF for it: test_serve.py; that export is measured in
+    # test_engines.py), and its converter writes no longrope for Llama (serve refuses)
+    cases = {k: v for k, v in cases.items()
+             if engine == "vllm" or v[1] not in ("ntk_by_parts", "longrope")}
     for n, (label, (folder, method, at_serve)) in enumerate(cases.items()):
         serving = command(folder, engine, at_serve, measure.FACTOR if at_serve else None)
         assert serving.length == measure.FACTOR * measure.L
