@@ -25,6 +25,7 @@ from pathlib import Path
 from ._version import __version__
 from .commands.check import add_subcommands  # `check` and `export`
 from .commands.search import add_subcommand as add_search
+from .commands.serve import add_subcommand as add_serve
 from .commands.model_args import load_model_from, load_tokenizer_from
 from .data.documents import is_embedded, looks_like_path
 from .attention import is_attention_method
@@ -140,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_subcommands(sub)
     add_search(sub)
+    add_serve(sub)
 
     pk = sub.add_parser("passkey", help="passkey retrieval accuracy",
                         description="A five-digit key hidden at each depth of filler text, greedy "

@@ -74,7 +74,7 @@ def test_demo(assets, tmp_path):
                                       "--baseline-stride", "32", "--out", str(out)])
     rows = json.loads((out / "perplexity.json").read_text())["rows"]
     assert {int(r["length"]) for r in rows} == {64, 128} and {r["docs"] for r in rows} == {2}
-    # the same cells as the committed quick demo (docs/results/eval/quick-demo), at 64 / 128
+    # the same cells as the committed quick demo (benchmarks/results/eval/quick-demo), at 64 / 128
     assert {(r["method"], r["protocol"], int(r["length"])) for r in rows} == {
         (m, "truncate", n) for m in ("none", "yarn", "dual_chunk") for n in (64, 128)} | {("none", "baseline", 128)}
 

@@ -142,7 +142,7 @@ def test_a_missing_input_is_one_line(argv, message, tmp_path):
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-# `python benchmarks/X.py ...` as the docs show it (PYTHONPATH=. / flock / .venv/bin/ prefixes)
+# `python benchmarks/<script> ...` as the docs show it (PYTHONPATH=. / flock / .venv/bin/ prefixes)
 SCRIPT_COMMAND = r"(PYTHONPATH=\S+ )?(flock \S+ )?(\S*/)?python3? ((benchmarks|recipes)/\S+\.py)"
 
 

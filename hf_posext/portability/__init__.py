@@ -9,4 +9,6 @@
     config_audit.py  what `check` reports besides the verdicts (config errors and warnings)
     measured.py      what the real engines did with each method's checkpoint (measured_engines.json)
     atomic.py        write an output whole or not at all
+    serving.py       `hf-posext serve`: the engine command line, checked like export
+    dual_chunk.py    SGLang's Dual Chunk Attention block, against hf_posext's dual_chunk
 """

@@ -28,6 +28,10 @@ from ..rope.units import UNITS
 _LAYOUTS = (("transformers 5.x, vLLM, SGLang (rope_scaling first)", engines.v5_rope),
             ("transformers 4.x, TGI (rope_scaling + rope_theta only)", engines.v4_rope),
             ("llama.cpp's converter (rope_parameters first)", engines.converter_rope))
+# Each engine's flag for its maximum length (vLLM `vllm serve`, SGLang `sglang.launch_server`,
+# llama.cpp `llama-server` (its slot context defaults to the trained one), TGI's launcher)
+MAX_LENGTH_FLAG = {"vLLM": "--max-model-len", "SGLang": "--context-length", "llama.cpp": "-c",
+                   "TGI": "--max-total-tokens"}
 # arXiv 2405.14591, eq. (the fitted lower bound of the base for a context length T)
 BOUND_COEFFICIENT, BOUND_EXPONENT = 0.0424, 1.628
 
@@ -166,11 +170,19 @@ def warnings(cfg: dict[str, Any], target, folder: Path | None = None) -> list[st
     if T and lengths:
         # transformers enforces no length: only the engines' limits can be "not the target"
         off = {k: v for k, v in lengths.items() if v != T and not k.startswith("transformers")}
+        short = [k.split(" (")[0] for k, v in off.items() if v < T]
+        long = [k.split(" (")[0] for k, v in off.items() if v > T]
+        said = ([f"{', '.join(short)} stop{'s' if len(short) == 1 else ''} at the derived "
+                 "length unless told"] if short else []) \
+            + ([f"{', '.join(long)} accept{'s' if len(long) == 1 else ''} prompts past the target"]
+               if long else [])
         out.append(f"context length: the extension targets {T} tokens (s·L); engines derive "
                    + ", ".join(f"{k} {v}" for k, v in lengths.items())
-                   + (f" — not the target in {', '.join(k.split(' (')[0] for k in off)}: set the "
-                      "engine's max length (vLLM --max-model-len, llama.cpp -c) yourself"
-                      if off else ""))
+                   + (f" — not the target in {', '.join(k.split(' (')[0] for k in off)} "
+                      f"({'; '.join(said)})" if off else "")
+                   + f". Serve {T} with " + ", ".join(f"{engine} {flag} {T}" for engine, flag
+                                                       in MAX_LENGTH_FLAG.items())
+                   + " (hf-posext serve PATH --engine E prints the whole command)")
     if T and target is not None:
         base = _effective_base(cfg, target, T)
         if base is not None and base < base_bound(T):

@@ -28,6 +28,7 @@ from typing import Any
 
 from . import portable
 from .atomic import atomic_output
+from . import dual_chunk
 from .gguf_export import export_gguf
 from .verdicts import check, load_config, meaning, verdict
 from ..rope.compat import v4_scaling
@@ -57,7 +58,7 @@ def _forms(spec, theta: float, dim: int, extra: dict[str, Any]) -> list[dict[str
     return forms
 
 
-def _longrope_for_vllm(cfg: dict[str, Any]) -> dict[str, Any]:
+def longrope_for_vllm(cfg: dict[str, Any]) -> dict[str, Any]:
     """A `longrope` config (what `hf-posext search` saves) as vLLM runs it exactly: vLLM's
     longrope (`Phi3LongRoPEScaledRotaryEmbedding`, 0.29 and 0.32) ignores `attention_factor`
     and scales cos/sin by `short_mscale` / `long_mscale`, defaulting both to
@@ -99,7 +100,7 @@ def export(model_or_path, out, target: str, gguf=None):
         target_meaning = meaning(cfg)
     except NotApplicable as err:
         if key == "vllm" and v5_rope(cfg).get("rope_type") == "longrope":
-            chosen = _longrope_for_vllm(cfg)
+            chosen = longrope_for_vllm(cfg)
             with atomic_output(out) as tmp:
                 _write(model_or_path, tmp, chosen)
             return check(out)
@@ -107,7 +108,8 @@ def export(model_or_path, out, target: str, gguf=None):
                          "nothing to export"
                          + (" (a longrope config has one: --target vllm)." if "longrope" in str(err)
                             else ".")) from None
-    if target_meaning.attention is not None:
+    sglang_dca = key == "sglang" and (target_meaning.attention or {}).get("method") == "dual_chunk"
+    if target_meaning.attention is not None and not sglang_dca:
         raise ValueError(f"export refused: the checkpoint uses the attention-level method "
                          f"{target_meaning.attention.get('method')!r} (config.hf_posext_attention), "
                          f"which {target} does not run: it reads no attention method from "
@@ -115,36 +117,44 @@ def export(model_or_path, out, target: str, gguf=None):
                          "`import hf_posext` runs it; for an engine, save a rope method instead.")
     if key == "gguf":
         return export_gguf(cfg, target_meaning, gguf, out)
-    spec, theta, dim = target_meaning.spec, target_meaning.theta, target_meaning.dim
-    if spec is None:
-        chosen = None  # plain RoPE: every reader runs it as written
+    if sglang_dca:
+        chosen = dual_chunk.sglang_config(cfg, target_meaning)  # refuses with the reason
     else:
-        extra = {k: v for k, v in cfg.get("rope_parameters", {}).items() if k == "partial_rotary_factor"}
-        block = portable.block(spec, theta)
-        readers = TARGETS[key] + _HF
-        chosen, first = None, None
-        forms = _forms(spec, theta, dim, extra)
-        for form in forms:
-            candidate = _with_rope(cfg, form, block)
-            results = [verdict(r, candidate, target_meaning) for r in readers]
-            first = first or results
-            if all(v.status == "exact" for v in results):
-                chosen = candidate
-                break
-        if chosen is None:
-            # name the target's own reading first; transformers' only when the target is fine
-            blame = [v for v in first if v.reader in TARGETS[key] and v.status != "exact"] or \
-                [v for v in first if v.status != "exact"]
-            why = "; ".join(f"{v.reader} {v.cell()}" + (f" ({v.detail})" if v.detail else "")
-                            for v in blame)
-            hint = (" llama.cpp reads no YaRN temperature or betas from the converter's keys: "
-                    "use --target gguf on the converter's GGUF instead."
-                    if key == "llama.cpp" and forms[0]["rope_type"] == "yarn" else "")
-            raise ValueError(f"export refused: {target} cannot run {target_meaning.label} exactly "
-                             f"in any form hf_posext knows: {why}.{hint}")
+        chosen = choose_form(cfg, key, target_meaning)
     with atomic_output(out) as tmp:
         _write(model_or_path, tmp, chosen)
     return check(out)
+
+
+def choose_form(cfg: dict[str, Any], key: str, target_meaning) -> dict[str, Any] | None:
+    """The config (with both rope layouts and the hf_posext block) that every reader of target
+    `key` and transformers run exactly as `target_meaning`: None for plain RoPE (every reader
+    runs it as written); ValueError naming each reader's verdict when no form hf_posext knows is
+    exact. Used by `export` and by `serve` (hf_posext/portability/serving.py)."""
+    spec, theta, dim = target_meaning.spec, target_meaning.theta, target_meaning.dim
+    if spec is None:
+        return None
+    extra = {k: v for k, v in cfg.get("rope_parameters", {}).items() if k == "partial_rotary_factor"}
+    block = portable.block(spec, theta)
+    readers = TARGETS[key] + _HF
+    first = None
+    forms = _forms(spec, theta, dim, extra)
+    for form in forms:
+        candidate = _with_rope(cfg, form, block)
+        results = [verdict(r, candidate, target_meaning) for r in readers]
+        first = first or results
+        if all(v.status == "exact" for v in results):
+            return candidate
+    # name the target's own reading first; transformers' only when the target is fine
+    blame = [v for v in first if v.reader in TARGETS[key] and v.status != "exact"] or \
+        [v for v in first if v.status != "exact"]
+    why = "; ".join(f"{v.reader} {v.cell()}" + (f" ({v.detail})" if v.detail else "")
+                    for v in blame)
+    hint = (" llama.cpp reads no YaRN temperature or betas from the converter's keys: "
+            "use --target gguf on the converter's GGUF instead."
+            if key == "llama.cpp" and forms[0]["rope_type"] == "yarn" else "")
+    raise ValueError(f"export refused: {key} cannot run {target_meaning.label} "
+                     f"exactly in any form hf_posext knows: {why}.{hint}")
 
 
 def _check_output(model_or_path, out: Path, file: bool) -> None:
@@ -176,6 +186,6 @@ def _write(model_or_path, out: Path, cfg: dict[str, Any] | None) -> None:
         raise TypeError(f"export takes a model, or a checkpoint folder; got {type(model_or_path).__name__}")
     if cfg is not None:
         saved = json.loads((out / "config.json").read_text())
-        saved.update({k: cfg[k] for k in ("rope_parameters", "rope_scaling", "rope_theta", portable.BLOCK)
-                      if k in cfg})
+        saved.update({k: cfg[k] for k in ("rope_parameters", "rope_scaling", "rope_theta", portable.BLOCK,
+                                          dual_chunk.CONFIG_KEY) if k in cfg})
         (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from . import config_audit, engines, portable
+from . import config_audit, dual_chunk, engines, portable
 from .meaning import TOLERANCE, Meaning, errors, meaning_of
 from ..attention.interface import CONFIG_KEY as ATTENTION_KEY, IMPLEMENTATION
 from ..rope.config import RopeExtensionConfig
@@ -128,6 +128,9 @@ def verdict(reader: str, cfg: dict[str, Any], target: Meaning) -> Verdict:
     if target.attention is None or rope.status in ("refused", "broken", "n/a"):
         return rope
     method = target.attention.get("method")
+    if reader == "SGLang" and method == "dual_chunk":  # SGLang's own DCA (portability/dual_chunk.py)
+        status, detail = dual_chunk.sglang_reading(cfg, target)
+        return Verdict(reader, status, rope.freq_error, rope.scale_error, detail)
     if reader == "transformers 5.x":  # config.json's attn_implementation is read on load
         return Verdict(reader, "refused", rope.freq_error, rope.scale_error,
                        f"without hf_posext: 'Specified attn_implementation=\"hf_posext\" is not "

@@ -49,6 +49,32 @@ def convert(converter, folder: str, out: str) -> None:
         sys.argv = argv
 
 
+# llama-server's rope flags (llama.cpp common/arg.cpp) as llama_cpp.Llama keywords:
+# --rope-scale N is a frequency scale of 1/N; --rope-scaling names a llama_rope_scaling_type.
+SCALING = {"none": llama_cpp.LLAMA_ROPE_SCALING_TYPE_NONE,
+           "linear": llama_cpp.LLAMA_ROPE_SCALING_TYPE_LINEAR,
+           "yarn": llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN}
+FLAGS = {"-c": ("n_ctx", int), "--rope-scaling": ("rope_scaling_type", SCALING.__getitem__),
+         "--rope-scale": ("rope_freq_scale", lambda v: 1.0 / float(v)),
+         "--rope-freq-base": ("rope_freq_base", float), "--yarn-orig-ctx": ("yarn_orig_ctx", int),
+         "--yarn-attn-factor": ("yarn_attn_factor", float),
+         "--yarn-beta-fast": ("yarn_beta_fast", float), "--yarn-beta-slow": ("yarn_beta_slow", float)}
+
+
+def from_command(argv: list[str]) -> dict:
+    """llama.cpp keywords of a `llama-server` command line; -m is the GGUF this runner converts
+    from the job's folder (the converter's output, which the command assumes). An unknown flag
+    fails the job: the mapping must cover every flag the command uses."""
+    assert argv[0] == "llama-server", argv
+    out = {}
+    for flag, value in zip(argv[1::2], argv[2::2]):
+        if flag == "-m":
+            continue
+        name, convert = FLAGS[flag]
+        out[name] = convert(value)
+    return out
+
+
 def run_one(job: dict, ids: list[int], n_ctx: int, converter) -> dict:
     path = job["path"]
     if not path.endswith(".gguf"):
@@ -66,6 +92,10 @@ def run_one(job: dict, ids: list[int], n_ctx: int, converter) -> dict:
         rope = {**dict(rope_freq_base=0.0, rope_freq_scale=0.0, yarn_ext_factor=-1.0,
                        yarn_attn_factor=-1.0, yarn_beta_fast=-1.0, yarn_beta_slow=-1.0,
                        yarn_orig_ctx=0), **job.get("flags", {})}
+        if job.get("argv"):   # `llama-server -m M -c N FLAGS...` as `hf-posext serve` prints it
+            served = from_command(job["argv"])
+            n_ctx = served.pop("n_ctx", n_ctx)
+            rope.update(served)
         # float32 KV cache (llama.cpp's default is f16: ~2e-3 nats of noise on this model)
         llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
                               logits_all=True, n_threads=2, seed=0, verbose=False,

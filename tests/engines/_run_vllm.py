@@ -18,7 +18,9 @@ import traceback
 # Prompts past the config's derived length are the point of the test (vLLM refuses them
 # otherwise); the engine core in this process, so that loading N checkpoints pays no process
 # start each and a hard crash is attributed to the job that caused it.
-os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+# (Not for the `hf-posext serve` commands: they must run without it, as a user would.)
+if os.environ.get("HF_POSEXT_SERVE_COMMANDS") != "1":
+    os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -32,11 +34,27 @@ def last_line(err: BaseException) -> str:
     return text[-1][:400] if text else type(err).__name__
 
 
+def from_command(argv: list[str]) -> dict:
+    """`vllm serve PATH FLAGS...` (as `hf-posext serve` prints it) through vLLM's own argument
+    parser (EngineArgs.add_cli_args / from_cli_args): the model, --max-model-len and
+    --hf-overrides exactly as `vllm serve` would take them."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    assert argv[:2] == ["vllm", "serve"], argv
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = EngineArgs.from_cli_args(parser.parse_args(["--model", argv[2], *argv[3:]]))
+    return dict(model=args.model, max_model_len=args.max_model_len, hf_overrides=args.hf_overrides)
+
+
 def run_one(job: dict, ids: list[int], max_model_len: int, compiled: bool) -> dict:
     try:
-        llm = LLM(model=job["path"], dtype="float32", enforce_eager=not compiled,
-                  max_model_len=max_model_len, max_num_batched_tokens=max_model_len,
-                  max_num_seqs=1, seed=0)
+        # a job with a command line: its model, length and overrides; the harness adds only
+        # what every cell uses (float32, eager, one sequence)
+        served = from_command(job["argv"]) if job.get("argv") else \
+            dict(model=job["path"], max_model_len=max_model_len)
+        llm = LLM(**served, dtype="float32", enforce_eager=not compiled,
+                  max_num_batched_tokens=served["max_model_len"], max_num_seqs=1, seed=0)
     except Exception as err:  # the engine refuses the checkpoint on load
         traceback.print_exc()
         return {"id": job["id"], "logprobs": None, "stage": "load", "error": last_line(err)}

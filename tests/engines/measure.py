@@ -211,12 +211,15 @@ def gguf_exports(cells: list[dict], work: Path) -> tuple[dict, dict, list[dict]]
 
 
 def run_engine(venv: str, runner: str, forms: dict[str, Path], ids: list[int], work: Path,
-               compiled: bool = False, flags: dict | None = None) -> tuple[str, dict[str, dict]]:
+               compiled: bool = False, flags: dict | None = None,
+               argvs: dict | None = None, env: dict | None = None) -> tuple[str, dict[str, dict]]:
     """Run `forms` in the engine (vLLM: the HF folders only); a crash of the engine process
-    (abort) marks the job it died in `broken` and the rest run in a fresh process. Returns
-    (engine version, results by key)."""
+    (abort) marks the job it died in `broken` and the rest run in a fresh process. `argvs`: a
+    command line (`hf-posext serve`'s) per key, which the runner starts the engine with instead
+    of the harness's own settings (test_serve_engines.py). Returns (engine version, results by
+    key)."""
     todo = [{"id": k, "path": str(p), "gguf_out": str(work / f"{k}.gguf"),
-             "flags": (flags or {}).get(k, {})}
+             "flags": (flags or {}).get(k, {}), "argv": (argvs or {}).get(k)}
             for k, p in forms.items() if runner != "_run_vllm.py" or p.is_dir()]
     results, version = {}, None
     if not todo:
@@ -229,7 +232,7 @@ def run_engine(venv: str, runner: str, forms: dict[str, Path], ids: list[int], w
         out.unlink(missing_ok=True)
         proc = subprocess.run([str(venv_python(venv)), str(HERE / runner), str(work / "jobs.json"),
                                str(out)], capture_output=True, text=True, cwd=work,
-                              env={**os.environ, "OMP_NUM_THREADS": "2"})
+                              env={**os.environ, "OMP_NUM_THREADS": "2", **(env or {})})
         lines = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
         version = next((x["version"] for x in lines if "version" in x), version)
         done = [x for x in lines if "id" in x]
