@@ -74,7 +74,9 @@ def plot_accuracy(rows: Sequence[dict], path: str | Path, title: str = "") -> Pa
         xs = [n * (1 + shift * (i / max(1, len(groups) - 1) - 0.5)) for n, _, _ in pts]  # no overlap
         ys = [k / t for _, k, t in pts]
         bounds = [wilson(k, t) for _, k, t in pts]
-        err = [[y - lo for y, (lo, _) in zip(ys, bounds)], [hi - y for y, (_, hi) in zip(ys, bounds)]]
+        # max(0, ·): at 0 or 1 hits rounding may put a bound a hair past the point
+        err = [[max(0.0, y - lo) for y, (lo, _) in zip(ys, bounds)],
+               [max(0.0, hi - y) for y, (_, hi) in zip(ys, bounds)]]
         label = _series_label(part[0]) + (f" ({task})" if len({g[0] for g in groups}) > 1 else "")
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linewidth=1.5, label=label)
     _mark_trained(ax, rows)
