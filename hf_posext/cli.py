@@ -3,6 +3,7 @@
     hf-posext eval      perplexity across context lengths (truncate / sliding-window protocols)
     hf-posext passkey   passkey retrieval accuracy by length and depth
     hf-posext retrieval RULER-style retrieval tasks, many seeded trials, Wilson intervals
+    hf-posext lm-eval   lm-evaluation-harness with the `hf-posext` model type (patched models)
     hf-posext check     how transformers, vLLM, SGLang, TGI and llama.cpp read a checkpoint's rope
     hf-posext export    write the rope form a named reader runs exactly
     hf-posext search    search per-frequency rope factors: a portable longrope config
@@ -26,6 +27,7 @@ from ._version import __version__
 from .commands.check import add_subcommands  # `check` and `export`
 from .commands.search import add_subcommand as add_search
 from .commands.retrieval import add_subcommand as add_retrieval
+from .commands.lm_eval import add_subcommand as add_lm_eval
 from .commands.model_args import load_model_from, load_tokenizer_from
 from .data.documents import is_embedded, looks_like_path
 from .data.embedded import DEFAULT_MODEL
@@ -141,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_subcommands(sub)
     add_search(sub)
     add_retrieval(sub, _common, (_check_inputs, _open_store, _load_checked, _folder_rows))
+    add_lm_eval(sub)
 
     pk = sub.add_parser("passkey", help="passkey retrieval accuracy",
                         description="A five-digit key hidden at each depth of filler text, greedy "
