@@ -41,7 +41,7 @@ def split_model_args(kwargs: dict) -> tuple[str, str, dict, dict]:
         except ValueError:
             ok = False
         if not ok:
-            raise ValueError(f"model_args factor={factor!r}: use a scale >= 1 or auto.")
+            raise ValueError(f"factor={factor} is not a scale >= 1 (or auto).")
     if method == "none" and (knobs or factor != "auto"):
         raise ValueError("model_args give a factor or knobs but no method=; name the method "
                          "(e.g. method=yarn).")
