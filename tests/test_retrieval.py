@@ -97,6 +97,7 @@ def test_fast_dtype_reads_the_cpu_flags(tmp_path):
     cpu.write_text("flags\t\t: fpu avx512f avx512_bf16\n")
     assert fast_dtype("cpu", str(cpu)) == "bfloat16"
     assert fast_dtype("cuda:0", str(cpu)) == "bfloat16"
+    assert fast_dtype("cpu", str(cpu), gguf=True) == "float32"      # transformers 5 packed GGUF
 
 
 # --- the command ----------------------------------------------------------------------------------

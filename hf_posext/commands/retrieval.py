@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..data.embedded import resolve_model
 from ..evaluation.distributed import Ranks
 from ..evaluation.inputs import (InputError, parse_factors, parse_floats01, parse_knobs,
                                  parse_lengths, parse_methods)
@@ -83,7 +84,7 @@ def retrieval_grid(args, tasks: list[str] | None = None, seeds: list[int] | None
 def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     """Checks, tokenizer and haystack, and every task's shortest prompt: all before the model."""
     if args.dtype == "auto":
-        args.dtype = fast_dtype(args.device)
+        args.dtype = fast_dtype(args.device, gguf=resolve_model(args.model, args.gguf_file)[1] is not None)
     args.session["check_inputs"](args, ranks)
     tokenizer = load_tokenizer_from(args)
     try:
