@@ -52,7 +52,8 @@ def generate_trial(model, tokenizer, ids: list[int], max_new_tokens: int, cache=
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                          do_sample=False, pad_token_id=_pad(tokenizer), return_dict_in_generate=True,
                          output_logits=scores, **extra)
-    new = out.sequences[0, x.shape[1]:].tolist()
+    seq = out.sequences if hasattr(out, "sequences") else out   # a generate override may return ids
+    new = seq[0, x.shape[1]:].tolist()
     return (new, [l[0] for l in out.logits]) if scores else new
 
 

@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass
 
 from ...data.documents import TextSource, load_documents
-from .tasks import NOISE
+from . import tasks
 
 NOISE_NAME = "noise"
 
@@ -48,7 +48,7 @@ def _digest(label: str, blocks) -> str:
 
 
 def noise_haystack(tokenizer) -> Haystack:
-    blocks = tuple(_encode(tokenizer, [NOISE]))
+    blocks = tuple(_encode(tokenizer, [tasks.NOISE]))
     if not blocks[0]:
         raise ValueError("the tokenizer turns the noise haystack into no tokens; use the model's "
                          "own tokenizer.")

@@ -37,9 +37,8 @@ def _ids(tokenizer, text: str, special: bool = False) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
-def min_tokens(tokenizer, task: Task, haystack: Haystack, seeds) -> int:
+def min_tokens(tokenizer, trials: list[Trial], haystack: Haystack) -> int:
     """The shortest length that holds one haystack block with every trial's needles."""
-    trials = [task.trial(s) for s in seeds]
     return (len(_ids(tokenizer, trials[0].head, True)) + max(map(len, haystack.blocks))
             + max(_needles_question(tokenizer, t) for t in trials))
 
@@ -53,13 +52,19 @@ def build_cell(tokenizer, task: Task, haystack: Haystack, length: int, depth: fl
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be between 0 and 1 (a fraction of the haystack), got {depth}")
     trials = [task.trial(s) for s in seeds]
+    return place(tokenizer, trials, haystack, length, depth, task.name,
+                 lambda: min_tokens(tokenizer, trials, haystack))
+
+
+def place(tokenizer, trials: list[Trial], haystack: Haystack, length: int, depth: float,
+          what: str, needed) -> CellPrompts:
+    """The prompts of `trials` (one head) at `length` and `depth` (the layout above)."""
     head = _ids(tokenizer, trials[0].head, special=True)
     reserve = max(_needles_question(tokenizer, t) for t in trials)
     blocks = haystack.take(length - len(head) - reserve)
     if not blocks:
-        raise ValueError(f"length {length} is too short for a {task.name} prompt (needs at least "
-                         f"{min_tokens(tokenizer, task, haystack, seeds)} tokens with this tokenizer "
-                         f"and haystack)")
+        raise ValueError(f"length {length} is too short for a {what} prompt (needs at least "
+                         f"{needed()} tokens with this tokenizer and haystack)")
     k = len(blocks)
     before = round(depth * k)
     prefix = head + [t for b in blocks[:before] for t in b]

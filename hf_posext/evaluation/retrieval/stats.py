@@ -1,7 +1,7 @@
 """Scoring and statistics: exact match and RULER's string_match_all, the Wilson interval, and
 the effective length.
 
-- exact (one answer): the first number in the generated text equals the answer (passkey's rule;
+- exact (one answer): the first number in the generated text equals the answer (the passkey rule;
   a longer number or another number first is wrong). Answers that are not numbers: the answer
   is the first word.
 - string_match_all (several answers; RULER `eval/synthetic/constants.py`): the share of answers

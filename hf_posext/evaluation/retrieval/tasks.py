@@ -20,10 +20,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..passkey import FILLER, NEEDLE, PREFIX, QUESTION, passkey_for_seed
-
-# RULER's repeated-noise haystack (niah "noise" type) is passkey's filler, one definition.
-NOISE = FILLER
+# The passkey (Mohtashami & Jaggi 2023, "Landmark Attention", §4.2): a five-digit key in
+# repetitive filler; the filler is RULER's repeated-noise haystack (niah "noise" type).
+PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
+          "memorize it. I will quiz you about the important information there.\n")
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key.\n"
+QUESTION = "What is the pass key? The pass key is"
 # RULER's niah template (synthetic/constants.py), the needle and the query.
 RULER_PREFIX = ("Some special magic numbers are hidden within the following text. Make sure to "
                 "memorize it. I will quiz you about the numbers afterwards.\n")
@@ -64,6 +67,14 @@ class Task:
         return self.make(random.Random(seed), seed)
 
 
+def passkey_for_seed(seed: int) -> int:
+    return random.Random(seed).randint(10000, 99999)
+
+
+def passkey_trial(key: int, seed: int = -1) -> Trial:
+    return Trial(seed, PREFIX, (NEEDLE.format(key=key),), QUESTION, (str(key),))
+
+
 def _number(rng: random.Random) -> str:
     return str(rng.randint(1_000_000, 9_999_999))   # RULER's values: seven-digit numbers
 
@@ -78,8 +89,7 @@ def _ruler_question(keys: list[str]) -> str:
 
 
 def _single(rng: random.Random, seed: int) -> Trial:
-    key = passkey_for_seed(seed)       # the passkey of `hf-posext passkey`, seed for seed
-    return Trial(seed, PREFIX, (NEEDLE.format(key=key),), QUESTION, (str(key),))
+    return passkey_trial(passkey_for_seed(seed), seed)   # `hf-posext passkey`, seed for seed
 
 
 def _multi_key(rng: random.Random, seed: int, distractors: int = 3) -> Trial:
