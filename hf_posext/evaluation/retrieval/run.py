@@ -19,7 +19,7 @@ from .settings import RetrievalGrid
 from .stats import score_trial, wilson
 from .tasks import TASKS, get_task
 
-RESULT_FIELDS = ("prompt_tokens", "max_new_tokens", "correct", "accuracy", "ci_low", "ci_high",
+RESULT_FIELDS = ("prompt_tokens", "prefix_tokens", "max_new_tokens", "correct", "accuracy", "ci_low", "ci_high",
                  "score", "answers", "outputs")
 
 
