@@ -10,7 +10,7 @@ import torch
 
 import hf_posext
 import hf_posext.cli as cli
-from _evalkit import char_tokenizer, tiny_model
+from _evalkit import char_tokenizer, tiny_checkpoint, tiny_model
 
 lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.models.huggingface import HFLM  # noqa: E402
@@ -24,10 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    tiny_model().save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    return path
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

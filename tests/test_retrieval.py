@@ -7,7 +7,7 @@ import json
 import pytest
 
 import hf_posext.cli as cli
-from _evalkit import char_tokenizer, tiny_model
+from _evalkit import char_tokenizer, tiny_checkpoint, tiny_model
 from hf_posext.commands.model_args import fast_dtype
 from hf_posext.evaluation.retrieval import (TASKS, RetrievalGrid, build_cell, evaluate_retrieval,
                                             get_task, noise_haystack)
@@ -104,10 +104,7 @@ def test_fast_dtype_reads_the_cpu_flags(tmp_path):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    tiny_model().save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    return path
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
 
 
 def run(argv, capsys):

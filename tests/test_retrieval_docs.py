@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import hf_posext.cli as cli
-from _evalkit import char_tokenizer, tiny_model
+from _evalkit import char_tokenizer, tiny_checkpoint, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "retrieval.md").read_text()
@@ -54,9 +54,7 @@ def test_the_doc_shows_commands():
 
 @pytest.mark.parametrize("index", range(len(commands())))
 def test_doc_command_runs(index, tmp_path, monkeypatch):
-    model = tmp_path / "tiny"
-    tiny_model().save_pretrained(model)
-    char_tokenizer().save_pretrained(model)
+    model = tiny_checkpoint(tmp_path / "tiny")
     argv = commands()[index]
     if argv[0] == "lm-eval":
         pytest.importorskip("lm_eval")
