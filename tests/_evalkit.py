@@ -33,3 +33,10 @@ def char_tokenizer():
     tk.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>",
                                    eos_token="</s>")
+
+
+def tiny_checkpoint(path):
+    """A tiny Llama and the character tokenizer saved as a local checkpoint folder."""
+    tiny_model().save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return path

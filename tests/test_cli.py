@@ -7,6 +7,7 @@ import pytest
 
 import hf_posext.cli as cli
 from hf_posext.commands import model_args
+from hf_posext.evaluation import inputs
 from _evalkit import char_tokenizer, tiny_model
 
 
@@ -32,7 +33,7 @@ def text_file(tmp_path_factory):
 def no_model_load(monkeypatch):
     def refuse(args):
         raise AssertionError("the model was loaded before the input was checked")
-    monkeypatch.setattr(cli, "load_model_from", refuse)
+    monkeypatch.setattr(model_args, "load_model_from", refuse)
 
 
 def run(argv, capsys):
@@ -42,12 +43,12 @@ def run(argv, capsys):
 
 
 def test_parse_lengths_and_factors():
-    assert cli.parse_lengths("4k,16384,2K,4k") == [2048, 4096, 16384]
-    assert cli.parse_lengths("1.5k") == [1536]
-    assert cli.parse_factors("auto,2,4.5") == ["auto", 2.0, 4.5]
-    assert cli.parse_methods("yarn,pi,none,dynamic") == ["yarn", "linear", "none", "dynamic_ntk"]
-    assert cli.parse_seeds("3") == [0, 1, 2] and cli.parse_seeds("4,9") == [4, 9]
-    assert cli.parse_floats01("0,50%,1", "--depths") == [0.0, 0.5, 1.0]
+    assert inputs.parse_lengths("4k,16384,2K,4k") == [2048, 4096, 16384]
+    assert inputs.parse_lengths("1.5k") == [1536]
+    assert inputs.parse_factors("auto,2,4.5") == ["auto", 2.0, 4.5]
+    assert inputs.parse_methods("yarn,pi,none,dynamic") == ["yarn", "linear", "none", "dynamic_ntk"]
+    assert inputs.parse_seeds("3") == [0, 1, 2] and inputs.parse_seeds("4,9") == [4, 9]
+    assert inputs.parse_floats01("0,50%,1", "--depths") == [0.0, 0.5, 1.0]
 
 
 def test_methods_and_knobs_come_from_the_config(monkeypatch):
@@ -61,34 +62,34 @@ def test_methods_and_knobs_come_from_the_config(monkeypatch):
     attention = {f.name for f in dataclasses.fields(AttentionExtensionConfig)} - {
         "method", "trained_length", "target_length"}
     assert set(knob_names()) == fields | attention
-    assert cli.parse_methods("all") == list(config.METHODS)
-    assert cli.parse_knobs("yarn:beta_fast=64,mscale_coefficient=0.07", ["yarn", "dynamic_yarn"]) == \
+    assert inputs.parse_methods("all") == list(config.METHODS)
+    assert inputs.parse_knobs("yarn:beta_fast=64,mscale_coefficient=0.07", ["yarn", "dynamic_yarn"]) == \
         {"yarn": {"beta_fast": 64.0}, "*": {"mscale_coefficient": 0.07}}
-    with pytest.raises(cli.InputError, match="'ntk' does not use 'beta_fast'"):
-        cli.parse_knobs("beta_fast=64", ["ntk", "yarn"])
-    with pytest.raises(cli.InputError, match="unknown knob 'alpha'"):
-        cli.parse_knobs("alpha=1", ["yarn"])
-    with pytest.raises(cli.InputError, match="beta_fast must be greater than beta_slow"):
-        cli.parse_knobs("yarn:beta_fast=0.5", ["yarn"])
-    with pytest.raises(cli.InputError, match="not among the methods run"):
-        cli.parse_knobs("yarn:beta_fast=64", ["ntk"])
+    with pytest.raises(inputs.InputError, match="'ntk' does not use 'beta_fast'"):
+        inputs.parse_knobs("beta_fast=64", ["ntk", "yarn"])
+    with pytest.raises(inputs.InputError, match="unknown knob 'alpha'"):
+        inputs.parse_knobs("alpha=1", ["yarn"])
+    with pytest.raises(inputs.InputError, match="beta_fast must be greater than beta_slow"):
+        inputs.parse_knobs("yarn:beta_fast=0.5", ["yarn"])
+    with pytest.raises(inputs.InputError, match="not among the methods run"):
+        inputs.parse_knobs("yarn:beta_fast=64", ["ntk"])
     # attention methods' knobs: integers, auto, true/false; each checked by its own config
-    assert cli.parse_knobs("leaky_rerope:window=4096,leaky_rerope:leak=auto,self_extend:logn=true",
+    assert inputs.parse_knobs("leaky_rerope:window=4096,leaky_rerope:leak=auto,self_extend:logn=true",
                            ["leaky_rerope", "self_extend"]) == \
         {"leaky_rerope": {"window": 4096, "leak": "auto"}, "self_extend": {"logn": True}}
-    with pytest.raises(cli.InputError, match="'self_extend' does not use 'leak'"):
-        cli.parse_knobs("self_extend:leak=3", ["self_extend"])
-    with pytest.raises(cli.InputError, match="leak .* must be a number > 1"):
-        cli.parse_knobs("leaky_rerope:leak=0.5", ["leaky_rerope"])
-    with pytest.raises(cli.InputError, match="not a number, true/false or auto"):
-        cli.parse_knobs("leaky_rerope:leak=big", ["leaky_rerope"])
+    with pytest.raises(inputs.InputError, match="'self_extend' does not use 'leak'"):
+        inputs.parse_knobs("self_extend:leak=3", ["self_extend"])
+    with pytest.raises(inputs.InputError, match="leak .* must be a number > 1"):
+        inputs.parse_knobs("leaky_rerope:leak=0.5", ["leaky_rerope"])
+    with pytest.raises(inputs.InputError, match="not a number, true/false or auto"):
+        inputs.parse_knobs("leaky_rerope:leak=big", ["leaky_rerope"])
     # A method added to the config's table (as the attention-level ones are) is accepted as is.
     real = config.canonical_method
     monkeypatch.setattr(config, "canonical_method",
                         lambda m: "toy_attention" if m == "toy_attention" else real(m))
     monkeypatch.setattr(config, "METHODS", config.METHODS + ("toy_attention",))
-    assert cli.parse_methods("toy_attention,all")[0] == "toy_attention"
-    assert "toy_attention" in cli.parse_methods("all") and cli.parse_knobs(None, ["toy_attention"]) == {}
+    assert inputs.parse_methods("toy_attention,all")[0] == "toy_attention"
+    assert "toy_attention" in inputs.parse_methods("all") and inputs.parse_knobs(None, ["toy_attention"]) == {}
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -167,11 +168,13 @@ def test_a_resumed_run_draws_every_row_of_its_series(model_dir, text_file, capsy
                                                      monkeypatch):
     """A later run with other lengths plots (and tabulates) the folder's rows of its series, not
     its own cells only; rows of other knobs stay out."""
-    results = cli  # cli imports the plotting functions at its top: patch them where they are read
+    from hf_posext.commands import eval as eval_command, passkey as passkey_command
+
+    # each command imports its plotting function at its top: patch it where it is read
     drawn = {}
-    monkeypatch.setattr(results, "plot_passkey_heatmap",
+    monkeypatch.setattr(passkey_command, "plot_passkey_heatmap",
                         lambda rows, path, title: drawn.setdefault(path.name, []).append(rows))
-    monkeypatch.setattr(results, "plot_perplexity",
+    monkeypatch.setattr(eval_command, "plot_perplexity",
                         lambda rows, path, title: drawn.setdefault(path.name, []).append(rows))
     pk = ["passkey", "--model", str(model_dir), "--methods", "ntk", "--depths", "1", "--seeds", "1",
           "--out", str(tmp_path / "pk"), "--no-progress", "--resume"]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import hf_posext.cli as cli
+from hf_posext.commands import model_args
 from _evalkit import char_tokenizer, random_doc, tiny_model
 from hf_posext.evaluation import ResultsStore, evaluate_perplexity
 from hf_posext.evaluation import grid as grid_mod
@@ -50,7 +51,7 @@ def one_line_error(err: str) -> str:
 def no_model_load(monkeypatch):
     def refuse(args):
         raise AssertionError("the model was loaded before the input was checked")
-    monkeypatch.setattr(cli, "load_model_from", refuse)
+    monkeypatch.setattr(model_args, "load_model_from", refuse)
 
 
 # --- resume never crosses identities -------------------------------------------------------------
@@ -68,7 +69,7 @@ def test_resume_after_the_model_changed_at_the_same_path_is_refused(tmp_path, da
 def test_resume_with_another_model_is_refused_before_loading(tmp_path, data, capsys, monkeypatch):
     assert cli.main(_argv(_save(tmp_path / "a", 0), data, tmp_path / "out")) == 0
     other = _save(tmp_path / "b", 1)
-    monkeypatch.setattr(cli, "load_model_from", lambda args: pytest.fail("model loaded"))
+    monkeypatch.setattr(model_args, "load_model_from", lambda args: pytest.fail("model loaded"))
     code, err = run(_argv(other, data, tmp_path / "out", "--resume"), capsys)
     assert code == 2 and "model_fingerprint differs" in err
 

@@ -116,7 +116,7 @@ def test_the_data_hash_follows_the_prompt_pieces():
     model = _stub(True)
     a = evaluate_passkey(model, tok, methods=[], lengths=[400], depths=[0.5], seeds=[0], progress=False)
     with pytest.MonkeyPatch.context() as mp:   # another filler: other prompts, another data hash
-        mp.setattr("hf_posext.evaluation.passkey.FILLER", "Grass is green. " * 4 + "\n")
+        mp.setattr("hf_posext.evaluation.retrieval.tasks.NOISE", "Grass is green. " * 4 + "\n")
         b = evaluate_passkey(model, tok, methods=[], lengths=[400], depths=[0.5], seeds=[0],
                              progress=False)
     assert a[0]["data_hash"] != b[0]["data_hash"]

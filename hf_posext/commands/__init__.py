@@ -1,7 +1,14 @@
-"""Command-line subcommands beside the library (`hf_posext/cli.py` holds `eval` and `passkey`).
+"""The command line's one home: a module per `hf-posext` subcommand (`hf_posext/cli.py` only
+builds the parser from them and runs the chosen one).
 
+    eval.py        `hf-posext eval`: perplexity across context lengths
+    passkey.py     `hf-posext passkey`: the retrieval suite's single-needle task, as a shortcut
     check.py       `hf-posext check` and `hf-posext export`
     search.py      `hf-posext search` (the search itself: hf_posext/search/)
     serve.py       `hf-posext serve`: the command that serves a checkpoint in an engine
+    retrieval.py   `hf-posext retrieval`: the RULER-style retrieval suite (hf_posext/evaluation/retrieval/)
+    lm_eval.py     `hf-posext lm-eval`: lm-evaluation-harness with the `hf-posext` model type
     model_args.py  the model and tokenizer a command's flags name (`--model`, `--gguf-file`, ...)
+    session.py     what the grid commands share: their flags, the checks before the model loads,
+                   the results folder, the loaded model's identity, the rows a report shows
 """

@@ -1,5 +1,6 @@
 """Long-context evaluation: perplexity across context lengths (truncate and sliding-window
-protocols, with the sliding-window baseline) and passkey retrieval, with results files, tables
+protocols, with the sliding-window baseline), passkey retrieval and the RULER-style retrieval
+suite (`retrieval/`, docs/retrieval.md), with results files, tables
 and plots. The `hf-posext` CLI (`hf_posext.cli`) drives these functions; they also work on any
 loaded model (docs/evaluation.md).
 
@@ -16,6 +17,9 @@ loaded model (docs/evaluation.md).
     data.py         tokenise documents once, cache the token ids
     texts.py        perplexity of texts given in Python (what the `evaluate` module runs)
     inputs.py       the `hf-posext` command-line inputs and their checks
+    harness.py      the `hf-posext` model type of lm-evaluation-harness (patched models in lm-eval)
+    retrieval/      the RULER-style retrieval suite: tasks, haystacks, prefix-cached decoding,
+                    Wilson statistics, effective length, plots (docs/retrieval.md)
     measurement/    the `evaluate` measurement module
 
 
@@ -29,11 +33,13 @@ from .grid import Cell, knob_names, method_factors, run_grid
 from .loss import PeakMemory, causal_targets, chunked_nll
 from .passkey import build_prompt, evaluate_passkey, passkey_for_seed
 from .perplexity import cell_nll, evaluate_perplexity, sliding_nll, sliding_windows, truncate_nll
+from .retrieval import RetrievalGrid, evaluate_retrieval
 from .results import format_table, plot_passkey_heatmap, plot_perplexity, print_table
 from .settings import DEFAULT_STRIDE, PROTOCOLS, PerplexityGrid, RunInfo
 from .store import ResultsError, ResultsStore, RowStore
 
 __all__ = ["Cell", "DEFAULT_STRIDE", "PROTOCOLS", "PeakMemory", "PerplexityGrid", "Ranks",
+           "RetrievalGrid", "evaluate_retrieval",
            "ResultsError", "ResultsStore", "RowStore", "RunInfo", "TextSource", "TokenCache", "build_prompt",
            "causal_targets", "cell_nll", "chunked_nll", "evaluate_passkey", "evaluate_perplexity",
            "format_table", "knob_names", "load_documents", "method_factors", "passkey_for_seed",

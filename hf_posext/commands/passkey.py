@@ -1,0 +1,68 @@
+"""`hf-posext passkey`: passkey retrieval accuracy by method, length and depth — the retrieval
+suite's single_needle task on RULER's noise haystack (hf_posext/evaluation/passkey.py; the
+whole suite: `hf-posext retrieval`)."""
+
+from __future__ import annotations
+
+from ..evaluation.distributed import Ranks
+from ..evaluation.inputs import (InputError, parse_factors, parse_floats01, parse_knobs, parse_lengths,
+                                 parse_methods, parse_seeds)
+from ..evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
+from ..evaluation.results import plot_passkey_heatmap, print_table
+from . import session
+from .model_args import load_tokenizer_from
+
+
+def add_subcommand(sub) -> None:
+    pk = sub.add_parser("passkey", help="passkey retrieval accuracy",
+                        description="A five-digit key hidden at each depth of filler text, greedy "
+                                    "decoding, accuracy over seeds per (method, length, depth).")
+    session.add_run_args(pk, "2k,4k,8k,16k")
+    g = pk.add_argument_group("passkey")
+    g.add_argument("--depths", default="0,0.25,0.5,0.75,1",
+                   help="comma-separated depths as fractions (0 = start, 1 = end) or percentages")
+    g.add_argument("--seeds", default="5", help="number of seeds (5 -> 0..4) or a list (default 5)")
+    pk.set_defaults(run=run)
+
+
+def run(args) -> int:
+    ranks = Ranks()
+    methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
+    factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
+    depths, seeds = parse_floats01(args.depths, "--depths"), parse_seeds(args.seeds)
+    skip = session.check_inputs(args, ranks, methods, lengths, factors, knobs)
+    tokenizer = load_tokenizer_from(args)
+    try:
+        build_prompt(tokenizer, min(lengths), 0.5, passkey_for_seed(0))
+    except ValueError as err:
+        raise InputError(f"--lengths: {err}") from None
+    view, store = session.open_store(args, "passkey", ranks)
+    try:
+        model = session.load_checked(args, store, ranks)
+        rows = evaluate_passkey(model, tokenizer, methods=methods, lengths=lengths, depths=depths,
+                                seeds=seeds, factors=factors, store=view, model_name=args.model,
+                                device=args.device, progress=not args.no_progress and ranks.is_main,
+                                knobs=knobs, fingerprint=args.fingerprint, ranks=ranks, skip=skip)
+    finally:
+        if store is not None:
+            store.close()
+    if not ranks.is_main:
+        return 0
+    rows = session.folder_rows(store.rows, rows)
+    # The table: accuracy averaged over depths, per method and length.
+    summary = {}
+    for r in rows:
+        summary.setdefault((r["method"], r["factor_spec"], r["length"]), []).append(r["accuracy"])
+    table_rows = [{"method": m, "factor_spec": f, "length": n, "accuracy": sum(v) / len(v),
+                   "trained_length": rows[0]["trained_length"]} for (m, f, n), v in summary.items()]
+    print_table(table_rows, "accuracy", "passkey accuracy (mean over depths)",
+                f"{args.model} ({rows[0]['dtype']}), {len(depths)} depth(s) × {len(seeds)} seed(s)")
+    if not args.no_plot:
+        for label in dict.fromkeys((r["method"], r["factor_spec"]) for r in rows):
+            part = [r for r in rows if (r["method"], r["factor_spec"]) == label]
+            suffix = label[0] if label[1] in ("auto", "1") else f"{label[0]}_s{label[1]}"
+            path = plot_passkey_heatmap(part, store.out / f"passkey_{suffix}.png",
+                                        f"passkey: {suffix} — {args.model}")
+            print(f"plot: {path}")
+    print(f"results: {store.csv_path} and {store.json_path}")
+    return 0

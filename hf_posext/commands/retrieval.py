@@ -1,0 +1,128 @@
+"""`hf-posext retrieval`: RULER-style retrieval accuracy by task, method, length and depth
+(hf_posext/evaluation/retrieval/, docs/retrieval.md).
+
+    hf-posext retrieval --lengths 8k,16k --methods yarn,leaky_rerope --tasks single_needle,multi_key
+    hf-posext retrieval --dataset embedded:shakespeare --trials 50 --depths 0,0.5,1
+
+Every cell runs --trials seeded trials; the table gives accuracy with its Wilson 95 % interval
+and each method's effective length. --dtype auto: bfloat16 on a GPU or on a CPU with bf16
+matmul instructions (avx512_bf16 / amx_bf16), float32 elsewhere; the rows record the dtype run.
+Every flag is checked, and the prompts built, before the model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..data.embedded import resolve_model
+from ..evaluation.distributed import Ranks
+from ..evaluation.inputs import (InputError, parse_factors, parse_floats01, parse_knobs,
+                                 parse_lengths, parse_methods)
+from ..evaluation.retrieval import TASKS, RetrievalGrid, build_cell, evaluate_retrieval, get_task
+from ..evaluation.retrieval.haystack import NOISE_NAME, load_haystack
+from ..evaluation.retrieval.plots import format_summary, plot_all, summary
+from ..evaluation.retrieval.settings import DEFAULT_MARGIN, DEFAULT_TRIALS
+from ..evaluation.settings import RunInfo
+from . import session
+from .model_args import fast_dtype, load_tokenizer_from
+
+
+def add_subcommand(sub) -> None:
+    p = sub.add_parser("retrieval", help="RULER-style retrieval accuracy (needle tasks, Wilson intervals)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    session.add_run_args(p, "2k,4k,8k,16k")
+    g = p.add_argument_group("retrieval")
+    g.add_argument("--tasks", default="single_needle",
+                   help=f"comma-separated tasks: {', '.join(TASKS)}, or all (default single_needle)")
+    g.add_argument("--depths", default="0,0.25,0.5,0.75,1",
+                   help="where the queried needle sits: fractions (0 = start, 1 = end) or percentages")
+    g.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
+                   help=f"seeded trials per cell (default {DEFAULT_TRIALS})")
+    g.add_argument("--seed", type=int, default=0, help="first trial seed (default 0)")
+    g.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help="effective length: accuracy may fall this far below the unpatched model's "
+                        f"within the trained length (default {DEFAULT_MARGIN})")
+    g.add_argument("--no-prefix-reuse", action="store_true",
+                   help="prefill every trial in full (default: the prompt up to the depth once per cell)")
+    g.add_argument("--dataset", default=NOISE_NAME,
+                   help="haystack: noise (RULER's repeated sentences; default), embedded:shakespeare, "
+                        "or any source of `eval --dataset`")
+    g.add_argument("--dataset-config", default=None, help="Hub dataset configuration name")
+    g.add_argument("--split", default=None, help="dataset split")
+    g.add_argument("--column", default="text", help="text column (default text)")
+    p.set_defaults(run=run, store_name="retrieval")
+
+
+def retrieval_grid(args, tasks: list[str] | None = None, seeds: list[int] | None = None) -> RetrievalGrid:
+    """The flags as a validated `RetrievalGrid` (InputError naming the flag)."""
+    methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
+    factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
+    depths = parse_floats01(args.depths, "--depths")
+    if tasks is None:
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        tasks = list(TASKS) if tasks == ["all"] else tasks
+        for t in tasks:
+            if t not in TASKS:
+                raise InputError(f"--tasks: unknown task {t!r}; use {', '.join(TASKS)} or all.")
+        if not tasks:
+            raise InputError("--tasks is empty.")
+    if seeds is None and args.trials < 1:
+        raise InputError(f"--trials must be at least 1, got {args.trials}.")
+    if not 0.0 <= args.margin < 1.0:
+        raise InputError(f"--margin must be in [0, 1), got {args.margin}.")
+    return RetrievalGrid(methods, lengths, depths, tasks, trials=len(seeds) if seeds else args.trials,
+                         seed=args.seed, seeds=seeds, factors=factors, knobs=knobs,
+                         haystack=args.dataset, reuse_prefix=not args.no_prefix_reuse,
+                         margin=args.margin)
+
+
+def prepare(args, grid: RetrievalGrid, ranks: Ranks):
+    """Checks, tokenizer and haystack, and every task's shortest prompt: all before the model.
+    Returns the grid (less the cells `--methods all` leaves out), tokenizer and haystack."""
+    if args.dtype == "auto":
+        args.dtype = fast_dtype(args.device, gguf=resolve_model(args.model, args.gguf_file)[1] is not None)
+    grid = dataclasses.replace(grid, skip=session.check_inputs(args, ranks, grid.methods, grid.lengths,
+                                                               grid.factors, grid.knobs or {}))
+    tokenizer = load_tokenizer_from(args)
+    try:
+        haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths), config=args.dataset_config,
+                                 split=args.split, column=args.column)
+    except (FileNotFoundError, ValueError) as err:
+        raise InputError(f"--dataset: {err}") from None
+    for task in grid.tasks:
+        try:
+            build_cell(tokenizer, get_task(task), haystack, min(grid.lengths), 0.5, grid.trial_seeds())
+        except ValueError as err:
+            raise InputError(f"--lengths: {err}") from None
+    return grid, tokenizer, haystack
+
+
+def run(args, grid: RetrievalGrid | None = None) -> int:
+    grid = grid or retrieval_grid(args)
+    ranks = Ranks()
+    grid, tokenizer, haystack = prepare(args, grid, ranks)
+    view, store = session.open_store(args, args.store_name, ranks)
+    try:
+        model = session.load_checked(args, store, ranks)
+        rows = evaluate_retrieval(model, tokenizer, grid, haystack=haystack, store=view, ranks=ranks,
+                                  run=RunInfo(model_name=args.model, device=args.device,
+                                              fingerprint=args.fingerprint),
+                                  progress=not args.no_progress and ranks.is_main)
+    finally:
+        if store is not None:
+            store.close()
+    if ranks.is_main:
+        report(args, grid, store, session.folder_rows(store.rows, rows))
+    return 0
+
+
+def report(args, grid: RetrievalGrid, store, rows: list[dict]) -> None:
+    caption = (f"{args.model} ({rows[0]['dtype']}), {rows[0]['dataset']} haystack, "
+               f"{grid.trials} trial(s) per cell")
+    print(f"retrieval accuracy — {caption}")
+    print(format_summary(summary(rows, grid.margin), grid.margin))
+    if not args.no_plot:
+        for path in plot_all(rows, store.out, caption):
+            print(f"plot: {path}")
+    print(f"results: {store.csv_path} and {store.json_path}")

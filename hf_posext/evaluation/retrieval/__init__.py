@@ -1,0 +1,21 @@
+"""RULER-style retrieval (arXiv 2404.06654): synthetic needle tasks in a repeated-noise or
+document haystack, many seeded trials per (method, factor, length, depth), accuracy with
+Wilson intervals and an effective length per method (docs/retrieval.md).
+
+    tasks.py     what is hidden and asked, per task      haystack.py  noise / document blocks
+    prompt.py    a cell's shared prefix and suffixes     decode.py    prefix-cached greedy answers
+    stats.py     scoring, Wilson, effective length       settings.py  RetrievalGrid
+    run.py       evaluate_retrieval (on grid.run_grid)   plots.py     plots and summary table
+"""
+
+from .decode import answer_cell
+from .haystack import Haystack, load_haystack, noise_haystack
+from .prompt import CellPrompts, build_cell
+from .run import evaluate_retrieval
+from .settings import RetrievalGrid
+from .stats import effective_length, string_match_all, wilson
+from .tasks import TASKS, get_task
+
+__all__ = ["CellPrompts", "Haystack", "RetrievalGrid", "TASKS", "answer_cell", "build_cell",
+           "effective_length", "evaluate_retrieval", "get_task", "load_haystack",
+           "noise_haystack", "string_match_all", "wilson"]

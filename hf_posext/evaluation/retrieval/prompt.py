@@ -1,0 +1,86 @@
+"""A cell's prompts: every trial of a (task, length, depth) shares the head and the haystack up
+to the depth (the `prefix`, prefilled once, `decode.py`); each trial's `suffix` holds its
+needles, the rest of the haystack and its question.
+
+Layout: head + blocks[:before] | needle 0 + ... + question, where the haystack has k blocks (as
+many as fit beside the longest trial's needles and question), before = round(depth · k), needle
+0 (the queried one) goes before block `before` and needle i of m before block
+before + round(i · (k - before) / m): spread evenly to the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .haystack import Haystack
+from .tasks import Task, Trial, answer_text
+
+
+@dataclass
+class CellPrompts:
+    prefix: list[int]
+    suffixes: list[list[int]]
+    trials: list[Trial]
+    max_new_tokens: list[int]
+
+    def prompt(self, i: int) -> list[int]:
+        return self.prefix + self.suffixes[i]
+
+    @property
+    def hold_length(self) -> int:
+        """Prompt + answer tokens of the longest trial: a dynamic method's frequencies are those
+        of this length for every trial of the cell (so the shared prefix's cache is valid)."""
+        return max(len(self.prefix) + len(s) + m for s, m in zip(self.suffixes, self.max_new_tokens))
+
+
+def _ids(tokenizer, text: str, special: bool = False) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def min_tokens(tokenizer, trials: list[Trial], haystack: Haystack) -> int:
+    """The shortest length that holds one haystack block with every trial's needles."""
+    return (len(_ids(tokenizer, trials[0].head, True)) + max(map(len, haystack.blocks))
+            + max(_needles_question(tokenizer, t) for t in trials))
+
+
+def _needles_question(tokenizer, trial: Trial) -> int:
+    return sum(len(_ids(tokenizer, n)) for n in trial.needles) + len(_ids(tokenizer, trial.question))
+
+
+def build_cell(tokenizer, task: Task, haystack: Haystack, length: int, depth: float,
+               seeds) -> CellPrompts:
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be between 0 and 1 (a fraction of the haystack), got {depth}")
+    trials = [task.trial(s) for s in seeds]
+    return place(tokenizer, trials, haystack, length, depth, task.name,
+                 lambda: min_tokens(tokenizer, trials, haystack))
+
+
+def place(tokenizer, trials: list[Trial], haystack: Haystack, length: int, depth: float,
+          what: str, needed) -> CellPrompts:
+    """The prompts of `trials` (one head) at `length` and `depth` (the layout above)."""
+    head = _ids(tokenizer, trials[0].head, special=True)
+    reserve = max(_needles_question(tokenizer, t) for t in trials)
+    blocks = haystack.take(length - len(head) - reserve)
+    if not blocks:
+        raise ValueError(f"length {length} is too short for a {what} prompt (needs at least "
+                         f"{needed()} tokens with this tokenizer and haystack)")
+    k = len(blocks)
+    before = round(depth * k)
+    prefix = head + [t for b in blocks[:before] for t in b]
+    suffixes, max_new = [], []
+    for trial in trials:
+        m = len(trial.needles)
+        at = {}
+        for i, needle in enumerate(trial.needles):
+            at.setdefault(before + round(i * (k - before) / m), []).append(needle)
+        suffix = []
+        for j in range(before, k + 1):
+            for needle in at.get(j, []):
+                suffix += _ids(tokenizer, needle)
+            if j < k:
+                suffix += blocks[j]
+        suffixes.append(suffix + _ids(tokenizer, trial.question))
+        # generation stops at the answer's length: its tokens, one spare for a merge at the seam
+        max_new.append(len(_ids(tokenizer, answer_text(trial))) + 1)
+    return CellPrompts(prefix, suffixes, trials, max_new)

@@ -1,0 +1,87 @@
+"""`evaluate_retrieval`: the grid of cells (`RetrievalGrid`) through `grid.run_grid` (the
+results store, resume and the reuse of identical cells shared with perplexity), each cell's
+trials answered by `decode.answer_cell` and scored by `stats`."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ...patcher import trained_length
+from ..data import tokenizer_fingerprint
+from ..grid import Cell, run_grid
+from ..identity import model_dtype, run_identity
+from ..inputs import check_device
+from ..loss import PeakMemory
+from ..settings import RunInfo
+from .decode import answer_cell
+from .haystack import Haystack, load_haystack
+from .prompt import CellPrompts, build_cell
+from .settings import RetrievalGrid
+from .stats import score_trial, wilson
+from .tasks import TASKS, get_task
+
+RESULT_FIELDS = ("prompt_tokens", "prefix_tokens", "max_new_tokens", "correct", "accuracy", "ci_low", "ci_high",
+                 "score", "answers", "outputs")
+
+
+def data_hash(tokenizer, haystack: Haystack) -> str:
+    """The prompts are a function of the tokenizer, the haystack, the task templates (seed 0 of
+    each task stands for them) and the cell (in its key)."""
+    samples = [TASKS[t].trial(0) for t in sorted(TASKS)]
+    text = repr((tokenizer_fingerprint(tokenizer), haystack.fingerprint, samples))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | None = None,
+                       haystack: Haystack | None = None, store=None, ranks=None,
+                       reuse_identical: bool = True, progress: bool = True,
+                       answer_fn=None) -> list[dict]:
+    """One row per (length, task, method, factor, depth): `correct` of `trials`, `accuracy`
+    with its Wilson 95 % interval (`ci_low`, `ci_high`), RULER's mean `score`, and every
+    trial's expected and generated answer (`answers`, `outputs`).
+
+    haystack: default the grid's (`load_haystack`; a document source is read now).
+    answer_fn(model, tokenizer, CellPrompts, reuse_prefix) -> answer texts: default greedy
+    decoding with the shared prefix prefilled once (`decode.answer_cell`)."""
+    run = run or RunInfo()
+    check_device(run.device, "device=")
+    if run.dtype not in (None, "", "auto") and model_dtype(model) != run.dtype:
+        raise ValueError(f"dtype={run.dtype!r} but the model runs in {model_dtype(model)}.")
+    seeds = grid.trial_seeds()
+    haystack = haystack or load_haystack(tokenizer, grid.haystack, max(grid.lengths))
+    answer_fn = answer_fn or answer_cell
+    trained = trained_length(model)
+    cells = grid.cells(trained)
+    memo: dict[tuple, CellPrompts] = {}
+
+    def prompts(cell: Cell) -> CellPrompts:
+        where = (cell.extra["task"], cell.length, cell.extra["depth"])
+        if where not in memo:
+            memo[where] = build_cell(tokenizer, get_task(where[0]), haystack, cell.length,
+                                     where[2], seeds)
+        return memo[where]
+
+    def compute(cell: Cell) -> dict:
+        task, cp = get_task(cell.extra["task"]), prompts(cell)
+        with PeakMemory(run.device) as peak:
+            texts = answer_fn(model, tokenizer, cp, grid.reuse_prefix)
+        scores = [score_trial(t, tr.answers, task.multi_answer) for t, tr in zip(texts, cp.trials)]
+        correct = sum(s == 1.0 for s in scores)
+        low, high = wilson(correct, len(scores))
+        return {"prompt_tokens": max(len(cp.prefix) + len(s) for s in cp.suffixes),
+                "max_new_tokens": max(cp.max_new_tokens), "correct": correct,
+                "accuracy": correct / len(scores), "ci_low": round(low, 4), "ci_high": round(high, 4),
+                "score": round(sum(scores) / len(scores), 4),
+                "answers": " ".join("/".join(tr.answers) for tr in cp.trials),
+                "outputs": " | ".join(" ".join(t.split())[:60] for t in texts),
+                "prefix_tokens": len(cp.prefix), "reuse_prefix": grid.reuse_prefix,
+                "peak_rss_mb": round(peak.peak_mb, 1)}
+
+    identity = run_identity(model, fingerprint=run.fingerprint, device=run.device,
+                            data_hash=run.data_hash or data_hash(tokenizer, haystack))
+    base_row = {"model": run.model_name, "trained_length": trained, "dataset": haystack.label,
+                **run.extra_columns}
+    return run_grid(model, cells, identity=identity, base_row=base_row, compute=compute,
+                    result_fields=RESULT_FIELDS, store=store, reuse=reuse_identical,
+                    forward_lengths=lambda cell: [prompts(cell).hold_length], ranks=ranks,
+                    progress=progress, desc="retrieval cells")

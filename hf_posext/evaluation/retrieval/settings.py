@@ -1,0 +1,87 @@
+"""`RetrievalGrid`: what a retrieval evaluation measures (validated, as `PerplexityGrid`).
+
+    from hf_posext.evaluation import RetrievalGrid, RunInfo, evaluate_retrieval
+    grid = RetrievalGrid(["yarn"], [8192, 16384], tasks=["single_needle", "multi_key"])
+    rows = evaluate_retrieval(model, tokenizer, grid, run=RunInfo(model_name="smollm2"))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..grid import Cell, knobs_for, method_factors
+from .haystack import NOISE_NAME
+from .tasks import get_task
+
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+DEFAULT_TRIALS = 20
+DEFAULT_MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class RetrievalGrid:
+    """Cells of a retrieval grid: every (task, length, method, factor, depth) runs `trials`
+    seeded trials (seeds seed .. seed + trials - 1, or the explicit `seeds`).
+
+    methods, lengths, factors, knobs: as `PerplexityGrid` (`none` always runs).
+    depths: where the queried needle sits, fractions of the haystack in [0, 1].
+    haystack: "noise" (RULER's repeated sentences) or a document source (`--dataset`).
+    reuse_prefix: prefill the prompt up to the depth once per cell (False: one full prefill per
+        trial, the benchmark's comparison). margin: the effective length's tolerance
+        (`stats.effective_length`).
+    skip: (method, length, s) cells left out (`inputs.check_cells`, as `PerplexityGrid.skip`).
+    """
+
+    methods: Sequence[str]
+    lengths: Sequence[int]
+    depths: Sequence[float] = DEPTHS
+    tasks: Sequence[str] = ("single_needle",)
+    trials: int = DEFAULT_TRIALS
+    seed: int = 0
+    seeds: Sequence[int] | None = None
+    factors: Sequence = ("auto",)
+    knobs: dict | None = None
+    haystack: str = NOISE_NAME
+    reuse_prefix: bool = True
+    margin: float = DEFAULT_MARGIN
+    skip: Sequence[tuple[str, int, float]] = ()
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise ValueError("lengths is empty: give at least one context length.")
+        if not self.depths:
+            raise ValueError("depths is empty: give at least one depth in [0, 1].")
+        for d in self.depths:
+            if not 0.0 <= float(d) <= 1.0:
+                raise ValueError(f"depth {d} is outside [0, 1]; a depth is a fraction of the "
+                                 "haystack (0 = start, 1 = end).")
+        if not self.tasks:
+            raise ValueError("tasks is empty: give at least one task.")
+        for t in self.tasks:
+            get_task(t)
+        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
+            raise ValueError(f"trials must be an integer >= 1, got {self.trials!r}.")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds {list(self.seeds)} repeat a seed; each seed must count once.")
+        if self.seeds is not None and not self.seeds:
+            raise ValueError("seeds is empty.")
+        if not (0.0 <= self.margin < 1.0 and math.isfinite(self.margin)):
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}.")
+
+    def trial_seeds(self) -> list[int]:
+        return list(self.seeds) if self.seeds is not None else list(range(self.seed, self.seed + self.trials))
+
+    def cells(self, trained: int) -> list[Cell]:
+        """Cells in run order: by length (short first), task, method (`none` first), depth."""
+        seeds = self.trial_seeds()
+        seeds_text = ",".join(map(str, seeds)) if len(seeds) <= 8 or seeds != list(
+            range(seeds[0], seeds[0] + len(seeds))) else f"{seeds[0]}..{seeds[-1]}"
+        return [Cell(method, spec, s, length, "retrieval", knobs_for(method, self.knobs or {}),
+                     {"task": task, "haystack": self.haystack, "depth": float(d),
+                      "trials": len(seeds), "seeds_list": seeds_text})
+                for length in sorted(set(self.lengths)) for task in self.tasks
+                for method, spec, s in method_factors(self.methods, self.factors, length, trained)
+                if (method, length, s) not in set(self.skip)
+                for d in sorted(set(map(float, self.depths)))]

@@ -1,0 +1,93 @@
+"""Scoring and statistics: exact match and RULER's string_match_all, the Wilson interval, and
+the effective length.
+
+- exact (one answer): the first number in the generated text equals the answer (the passkey rule;
+  a longer number or another number first is wrong). Answers that are not numbers: the answer
+  is the first word.
+- string_match_all (several answers; RULER `eval/synthetic/constants.py`): the share of answers
+  found, case-insensitively, anywhere in the generated text. A trial *counts as correct* when
+  every answer is found (share 1), so accuracy is a proportion of trials with a binomial
+  interval; the mean share, RULER's own number, is kept as `score`.
+- Wilson 95 % interval (Wilson 1927; Brown, Cai & DasGupta 2001 recommend it over the normal
+  interval for small n and rates near 0 or 1): p̂ ± z·√(p̂(1-p̂)/n + z²/4n²), shifted and scaled
+  by 1/(1 + z²/n), z = 1.95996.
+- effective length: see `effective_length`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Sequence
+
+Z95 = 1.959963984540054
+
+
+def first_number(text: str) -> int | None:
+    m = re.search(r"\d+", text)
+    return int(m.group()) if m else None
+
+
+def exact_match(text: str, answer: str) -> bool:
+    if answer.isdigit():
+        return first_number(text) == int(answer)
+    words = re.findall(r"\w+", text)
+    return bool(words) and words[0].lower() == answer.lower()
+
+
+def string_match_all(text: str, answers: Sequence[str]) -> float:
+    return sum(a.lower() in text.lower() for a in answers) / len(answers)
+
+
+def score_trial(text: str, answers: Sequence[str], multi_answer: bool) -> float:
+    """1.0/0.0 for an exact-match task, the share of answers found for a multi-answer one."""
+    if multi_answer:
+        return string_match_all(text, answers)
+    return float(exact_match(text, answers[0]))
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of k successes in n trials."""
+    if n <= 0:
+        raise ValueError(f"the Wilson interval needs at least one trial, got n={n}")
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def pooled(rows: Sequence[dict]) -> tuple[int, int]:
+    """(correct, trials) summed over rows (e.g. the depths of one length)."""
+    return sum(int(r["correct"]) for r in rows), sum(int(r["trials"]) for r in rows)
+
+
+def effective_length(method_rows: Sequence[dict], reference_rows: Sequence[dict],
+                     trained: int, margin: float) -> tuple[int | None, float | None]:
+    """(effective length, reference accuracy) of one method on one task.
+
+    Reference: the unpatched model's accuracy pooled over every depth and length <= the
+    trained length L (what the model itself does where it was trained). The effective length is
+    the longest grid length N such that at every grid length <= N the method's accuracy, pooled
+    over depths, is at least reference - margin; None when it already fails at the shortest
+    length, or when the grid has no length <= L to take the reference from.
+
+    RULER (§4) instead uses one fixed threshold for every model, Llama-2-7B's 85.6 % at 4k. A
+    fixed bar says nothing about a small model whose own in-context accuracy is below it (every
+    length fails); relative to the model's own accuracy within L, the number says how far a
+    method carries what the model can do, which is what a context extension promises."""
+    ref_rows = [r for r in reference_rows if int(r["length"]) <= trained]
+    if not ref_rows:
+        return None, None
+    k, n = pooled(ref_rows)
+    reference = k / n
+    by_length: dict[int, list[dict]] = {}
+    for r in method_rows:
+        by_length.setdefault(int(r["length"]), []).append(r)
+    best = None
+    for length in sorted(by_length):
+        k, n = pooled(by_length[length])
+        if k / n < reference - margin:
+            break
+        best = length
+    return best, reference

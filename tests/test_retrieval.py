@@ -1,0 +1,157 @@
+"""The retrieval suite: prompts of every task (length, depth, shared prefix, answers present),
+the grid on a stub that answers some trials right, the command end to end with resume, the
+document haystack, `--dtype auto`, and bad inputs failing in one line before the model loads."""
+
+import json
+
+import pytest
+
+import hf_posext.cli as cli
+from _evalkit import char_tokenizer, tiny_checkpoint, tiny_model
+from hf_posext.commands import model_args
+from hf_posext.commands.model_args import fast_dtype
+from hf_posext.evaluation.retrieval import (TASKS, RetrievalGrid, build_cell, evaluate_retrieval,
+                                            get_task, noise_haystack)
+from hf_posext.evaluation.retrieval.haystack import document_haystack
+from hf_posext.evaluation.retrieval.tasks import NOISE
+from hf_posext.data.documents import TextSource
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+RULER_NOISE = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and "
+               "back again.")
+
+
+def test_noise_haystack_is_rulers():
+    assert NOISE.strip() == RULER_NOISE
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_prompts_of_every_task(task, depth):
+    tok = char_tokenizer()
+    cell = build_cell(tok, get_task(task), noise_haystack(tok), 1500, depth, range(4))
+    for i, trial in enumerate(cell.trials):
+        ids = cell.prompt(i)
+        assert 1500 - len(NOISE) - 10 < len(ids) <= 1500
+        text = tok.decode(ids)
+        assert text.endswith(trial.question)
+        for needle in trial.needles:
+            assert needle in text
+        for answer in trial.answers:            # every answer is written in the haystack
+            assert answer in "".join(trial.needles)
+        # the queried needle sits at the depth: that fraction of the haystack precedes it
+        hay = len(text) - len(trial.head) - len(trial.question) - sum(map(len, trial.needles))
+        assert abs((text.index(trial.needles[0]) - len(trial.head)) / hay - depth) < 0.08
+        assert len(tok(" " + ", ".join(trial.answers))["input_ids"]) < cell.max_new_tokens[i]
+    assert cell.trials == build_cell(tok, get_task(task), noise_haystack(tok), 1500, depth, range(4)).trials
+    assert len({t.answers for t in cell.trials}) == 4        # seeds give different trials
+
+
+def test_single_needle_is_the_passkey():
+    from hf_posext.evaluation.passkey import build_prompt, passkey_for_seed
+    tok = char_tokenizer()
+    cell = build_cell(tok, get_task("single_needle"), noise_haystack(tok), 2000, 0.5, [7])
+    assert cell.trials[0].answers == (str(passkey_for_seed(7)),)
+    assert cell.prompt(0) == build_prompt(tok, 2000, 0.5, passkey_for_seed(7)).input_ids
+
+
+def test_multi_key_asks_one_of_several_keys():
+    trial = get_task("multi_key").trial(3)
+    keys = [n.split(" for ")[1].split(" is")[0] for n in trial.needles]
+    assert len(set(keys)) == len(keys) == 4 and f"for {keys[0]} mentioned" in trial.question
+    vt = get_task("variable_tracking").trial(3)
+    assert vt.needles[0].startswith(f"VAR {vt.answers[0]} = ")
+    assert all(f"VAR {b} = VAR {a}." in "".join(vt.needles) for a, b in zip(vt.answers, vt.answers[1:]))
+
+
+def test_grid_rows_on_a_stub(tmp_path):
+    tok, model = char_tokenizer(), tiny_model()
+
+    def half_right(model, tokenizer, cell, reuse_prefix):    # trials 0 and 2 right
+        return [", ".join(t.answers) if i % 2 == 0 else "no idea" for i, t in enumerate(cell.trials)]
+
+    grid = RetrievalGrid(["yarn"], [700], depths=[0.5], tasks=["single_needle", "multi_query"], trials=4)
+    rows = evaluate_retrieval(model, tok, grid, answer_fn=half_right, progress=False)
+    assert {(r["task"], r["method"]) for r in rows} == {(t, m) for t in grid.tasks for m in ("none", "yarn")}
+    for r in rows:
+        assert (r["correct"], r["trials"], r["accuracy"]) == (2, 4, 0.5)
+        assert r["ci_low"] < 0.5 < r["ci_high"] and "no idea" in r["outputs"]
+        assert r["dtype"] == "float32" and r["answers"].count("/") == (3 * 4 if r["task"] == "multi_query" else 0)
+
+
+def test_document_haystack_cuts_at_line_ends(tmp_path):
+    tok = char_tokenizer()
+    path = tmp_path / "play.txt"
+    path.write_text("".join(f"Line {i} of the play.\n" for i in range(200)))
+    hay = document_haystack(tok, TextSource(str(path)), 1000)
+    assert all(tok.decode(list(b)).endswith("\n") for b in hay.blocks)
+    cell = build_cell(tok, get_task("multi_key"), hay, 1000, 0.3, [0, 1])
+    assert "Line 0 of the play." in tok.decode(cell.prefix)
+    with pytest.raises(ValueError, match="no document"):
+        document_haystack(tok, TextSource(str(path)), 100_000)
+
+
+def test_fast_dtype_reads_the_cpu_flags(tmp_path):
+    cpu = tmp_path / "cpuinfo"
+    cpu.write_text("flags\t\t: fpu sse2 avx2 avx512f\n")
+    assert fast_dtype("cpu", str(cpu)) == "float32"
+    cpu.write_text("flags\t\t: fpu avx512f avx512_bf16\n")
+    assert fast_dtype("cpu", str(cpu)) == "bfloat16"
+    assert fast_dtype("cuda:0", str(cpu)) == "bfloat16"
+    assert fast_dtype("cpu", str(cpu), gguf=True) == "float32"      # transformers 5 packed GGUF
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    return exc.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--depths", "0.5,1.5"], "--depths: 1.5 must be between 0 and 1"),
+    (["--depths", "-0.1"], "must be between 0 and 1"),
+    (["--tasks", "haystack_sort"], "--tasks: unknown task 'haystack_sort'"),
+    (["--trials", "0"], "--trials must be at least 1"),
+    (["--lengths", "300"], "--lengths: length 300 is too short for a single_needle prompt"),
+    (["--tasks", "multi_value", "--lengths", "600"], "too short for a multi_value prompt"),
+    (["--margin", "1.5"], "--margin must be in [0, 1)"),
+    (["--dataset", "./no/such.txt"], "no such file or folder"),
+])
+def test_bad_input_fails_before_loading(extra, message, model_dir, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(model_args, "load_model_from", lambda args: pytest.fail("the model was loaded"))
+    code, err = run(["retrieval", "--model", str(model_dir), "--out", str(tmp_path / "o"), *extra], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_api_bad_inputs():
+    with pytest.raises(ValueError, match="outside"):
+        RetrievalGrid(["yarn"], [1000], depths=[1.2])
+    with pytest.raises(ValueError, match="unknown retrieval task"):
+        RetrievalGrid(["yarn"], [1000], tasks=["nope"])
+    with pytest.raises(ValueError, match="trials must be an integer >= 1"):
+        RetrievalGrid(["yarn"], [1000], trials=0)
+
+
+def test_command_end_to_end_and_resume(model_dir, capsys, tmp_path):
+    out = tmp_path / "r"
+    argv = ["retrieval", "--model", str(model_dir), "--lengths", "700", "--methods", "dynamic_ntk",
+            "--tasks", "single_needle", "--depths", "0,1", "--trials", "2", "--out", str(out),
+            "--no-progress", "--dtype", "auto"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    rows = json.loads((out / "retrieval.json").read_text())["rows"]
+    assert len(rows) == 2 * 2 and {r["trials"] for r in rows} == {2}
+    assert {r["dtype"] for r in rows} == {fast_dtype("cpu")}     # the rows say which dtype ran
+    assert "effective length" in printed and "[" in printed
+    assert (out / "retrieval_single_needle.png").exists()
+    assert (out / "retrieval_single_needle_dynamic_ntk.png").exists()
+    assert cli.main(argv + ["--resume"]) == 0                  # every cell already there
+    assert len(json.loads((out / "retrieval.json").read_text())["rows"]) == 4
