@@ -28,6 +28,7 @@ from .commands.search import add_subcommand as add_search
 from .commands.model_args import load_model_from, load_tokenizer_from
 from .data.documents import is_embedded, looks_like_path
 from .attention import is_attention_method
+from .catalog import KNOB_HELP
 from .data.embedded import DEFAULT_MODEL
 from .errors import PosextError, exit_status, one_line
 from .evaluation.data import TextSource, TokenCache, load_documents, scored_bytes, select_documents
@@ -78,8 +79,8 @@ def _common(p: argparse.ArgumentParser, default_lengths: str) -> None:
                         f"default {default_lengths})")
     g.add_argument("--knobs", default=None,
                    help="method knobs as NAME=VALUE, comma-separated, for every method run, or "
-                        "METHOD:NAME=VALUE for one (e.g. yarn:beta_fast=64); names are the fields "
-                        "of hf_posext.RopeExtensionConfig")
+                        "METHOD:NAME=VALUE for one (e.g. yarn:beta_fast=64); knobs: "
+                        + "; ".join(f"{k}: {h}" for k, h in KNOB_HELP.items()).replace("%", "%%"))
     g.add_argument("--factor", default="auto",
                    help="comma-separated scales s >= 1, or auto: s = max(1, length / trained "
                         "length) (default auto)")
