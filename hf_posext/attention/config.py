@@ -1,7 +1,8 @@
 """`AttentionExtensionConfig`: one validated, immutable description of an attention-level method.
 
-Which knobs a method takes, their defaults (the authors' code, docs/attention_methods.md) and
-whether log-n scaling is on by default: its unit, units.py. Here: the checks of each knob.
+Which knobs a method takes, their defaults (the authors' code, docs/attention_methods.md), each
+knob's check and whether log-n scaling is on by default: its unit, units.py. Here: the fields
+they give (`knob_fields`), applied in order, then the "auto" rule and the unit's own check.
 
 `leak="auto"` (leaky ReRoPE) and `group_size="auto"` (Self-Extend) fit the knob to the target
 length T = s·L so that the farthest relative position a T-token input produces stays trained

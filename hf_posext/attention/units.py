@@ -1,9 +1,10 @@
-"""One unit per attention-level method: its knobs with the authors' defaults (functions of the
-trained length L, docs/attention_methods.md), whether log-n query scaling is on by default, its
+"""One unit per attention-level method: its knobs (`rope.knobs.Knob` specs: type, the authors'
+default as a function of the trained length L (docs/attention_methods.md), check, help), whether log-n query scaling is on by default, its
 plan (which key parts a query chunk attends to, plans.py), whether its positions depend on a
 token's absolute index (then left padding must be undone), and any check of its own.
-`AttentionExtensionConfig`, the kernel's plan and the padding rule read them from here; adding a
-method is one entry (its position maps are plain functions of positions.py).
+`AttentionExtensionConfig` (its knob fields and checks), the kernel's plan and the padding rule
+read them from here; adding a method, with new knobs, is one entry (its position maps are plain
+functions of positions.py; tests/test_units.py adds a toy method and its knob that way).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def _auto_fits(spec, given: dict[str, Any]) -> None:
     """An "auto" knob fits the far positions between the window and L: with the window at L − 1
     there is no room (attention/config.py's docstring gives the fits)."""
     L = spec.trained_length
-    auto = [k for k in ("leak", "group_size") if getattr(spec, k, None) == "auto"]
+    auto = [k for k, v in given.items() if v == "auto"]
     if auto and spec.target_length > L and spec.window >= L - 1:
         raise ValueError(f"{auto[0]}='auto' cannot fit {spec.target_length} tokens with window="
                          f"{spec.window}: the window alone fills the trained length {L}. Use a "

@@ -1,14 +1,18 @@
 """One unit per rope method: everything hf_posext knows about a method, in one entry of `UNITS`.
 
 A unit holds the method's math (a plain function of `methods.py`, called with the config's
-knobs), its knobs with their defaults, the rope type its logical config uses, whether that type
+knobs), its knobs (`knobs.Knob` specs: type, default, check, help; a knob shared by several
+methods is declared once here), its check of the knobs together, the rope type its logical config uses, whether that type
 is one hf_posext registers with transformers, the form it is *saved* in (the most portable exact
 one, docs/portability.md), and the base it runs at when it extends by raising the base. Every
 table of the package is derived from `UNITS`: `RopeExtensionConfig`'s validation and rope dicts,
 `registry`'s rope-init functions and registered types, `portable.saved_rope`, the engine forms
 of `export` (which read the saved form, not method names), the CLI's `--methods` choices and the
-knob lists of `loading`, `patcher` and `evaluation.inputs`. Adding a method is one entry here
-(tests/test_units.py adds a toy method by editing only this file).
+knob lists of `loading`, `patcher` and `evaluation.inputs`, the CLI's `--knobs` help and the docs'
+knob tables (`catalog.knob_table`). transformers' own `llama3` and `longrope` are units too, without
+math of ours (`compute=None`: passed through, their required knobs named by the patcher). Adding a
+method, with new knobs, is one entry here (tests/test_units.py adds a toy method and its knob by
+editing only this file).
 
 Function arguments: `c` the validated `RopeExtensionConfig`, `d` the rotary dim, `b` the base
 (rope_theta), `n` the current length (None: the table is built without one), `dev` the device.
@@ -150,8 +154,8 @@ DYNAMIC_YARN = RopeMethod(
 # (transformers has no default for them; its validators would raise deep inside `patch`, the
 # patcher names them first), `factor` and L optional.
 LLAMA3 = RopeMethod("llama3", "llama3", compute=None, knobs=(
-    _given("low_freq_factor", float, "llama3: wavelengths above L/low_freq_factor are interpolated (Llama 3.1: 1)"),
-    _given("high_freq_factor", float, "llama3: wavelengths below L/high_freq_factor are kept (Llama 3.1: 4)")))
+    _given("low_freq_factor", float, "llama3: wavelengths above L/low_freq_factor are interpolated (Llama 3.1: 1.0)"),
+    _given("high_freq_factor", float, "llama3: wavelengths below L/high_freq_factor are kept (Llama 3.1: 4.0)")))
 LONGROPE = RopeMethod("longrope", "longrope", compute=None, knobs=(
     _given("short_factor", list, "longrope: one rescale factor per rotary frequency, up to L"),
     _given("long_factor", list, "longrope: one rescale factor per rotary frequency, beyond L"),
