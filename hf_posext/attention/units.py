@@ -93,9 +93,6 @@ class AttentionMethod:
     check: Callable[[Any, dict[str, Any]], None] | None = None  # (spec, knobs given) -> raise
     reach: Callable[[Any, int], None] | None = None  # (spec, target length T) -> raise if T unfit
 
-    def defaults(self, L: int) -> dict[str, Any]:
-        return {k.name: k.default_at(L) for k in self.knobs}
-
     def knob_names(self) -> tuple[str, ...]:
         return tuple(k.name for k in self.knobs)
 

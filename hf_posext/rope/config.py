@@ -120,7 +120,7 @@ class RopeExtensionConfig:
                     raise ValueError(f"{self.method!r} does not use {knob.name!r} (it uses: "
                                      f"{', '.join(('factor',) + used)}). Remove it, or pick a "
                                      f"method that takes it, e.g. "
-                                     f"{next(n for n, u in UNITS.items() if knob in u.knobs)!r}.")
+                                     f"{next(n for n, u in UNITS.items() if any(k.name == knob.name for k in u.knobs))!r}.")
                 continue
             if value is None:
                 value = knob.default_at(self.original_max_position_embeddings)

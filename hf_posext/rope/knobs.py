@@ -40,8 +40,10 @@ class Knob:
     auto: bool = False
 
     def default_at(self, L: int | None) -> Any:
+        """The default at trained length L; a default that is a function of L is None while L
+        is unknown (a rope config without L: the patcher fills L in and validates again)."""
         if callable(self.default):
-            return self.default(4096 if L is None else L)
+            return None if L is None else self.default(L)
         return None if self.default is REQUIRED else self.default
 
     @property

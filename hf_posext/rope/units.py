@@ -65,10 +65,6 @@ class RopeMethod:
     saved: Callable[[Any, float, int], dict[str, Any]] | None = None
     raised_base: Callable[[Any, float, int, int], float] | None = None
 
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return {k.name: k.default_at(None) for k in self.knobs}
-
 
 def _ramp_check(c) -> None:
     if c.beta_fast <= c.beta_slow:
