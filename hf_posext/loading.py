@@ -19,7 +19,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from . import attention
 from .rope import dynamic
 from .rope.compat import get_rope_parameters, rotary_dim, text_config, write_both_layouts
-from .rope.config import KNOBS, PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
+from .catalog import KNOB_HELP
+from .rope.config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
 from .errors import ConfigError
 from .patcher import apply_to_config, patch, plan_for_config
 from .portability.portable import BLOCK, logical_rope
@@ -27,8 +28,7 @@ from .rope.registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, chec
                        rotary_modules)
 
 # Keywords that belong to the method, not to transformers.
-METHOD_KNOBS = {*KNOBS, "original_max_position_embeddings", *attention.config.ALL_KNOBS,
-                *(k for keys in PASSTHROUGH_TYPES.values() for k in keys if k != "factor")}
+METHOD_KNOBS = {*KNOB_HELP, *(k for keys in PASSTHROUGH_TYPES.values() for k in keys if k != "factor")}
 # The subset of from_pretrained keywords AutoConfig understands, for the early type check.
 _CONFIG_KWARGS = {"revision", "token", "cache_dir", "gguf_file", "local_files_only", "subfolder",
                   "trust_remote_code", "force_download", "proxies"}

@@ -30,6 +30,7 @@ from .rope import dynamic
 from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
 from .rope.config import (KNOBS, MAX_FACTOR, PASSTHROUGH, PASSTHROUGH_TYPES, RopeExtensionConfig,
                           _check_number, check_target, method_of_rope_type)
+from .rope.units import PASSTHROUGH_UNITS
 from .rope.registry import LONGROPE_ONLY, LONGROPE_REFUSED_V4, check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
@@ -122,10 +123,9 @@ def _passthrough_rope(method: str, factor, target, trained: int, base: dict, par
                         f"{sorted(PASSTHROUGH_TYPES[method])}.")
     missing = [k for k in PASSTHROUGH[method][0] if k not in params]
     if missing:
+        helps = "; ".join(f"{k.name}: {k.help}" for k in PASSTHROUGH_UNITS[method].knobs if k.name in missing)
         raise ValueError(f"{method!r} needs {missing} (transformers' {method} has no defaults for "
-                         f"them; Llama 3.1 uses low_freq_factor=1.0, high_freq_factor=4.0)."
-                         if method == "llama3" else
-                         f"{method!r} needs {missing}: one rescale factor per rotary frequency.")
+                         f"them): {helps}.")
     L = params.get("original_max_position_embeddings", trained)
     if isinstance(L, bool) or not isinstance(L, int) or L <= 0:
         raise ValueError(f"original_max_position_embeddings must be a positive integer (the trained "

@@ -19,12 +19,15 @@ from hf_posext.rope.units import UNITS
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The whole diff that adds a toy method: a unit (positions divided by s², a static rope type
-# hf_posext registers) and its name in UNITS. Nothing else in the package is edited.
+# The whole diff that adds a toy method: a unit with its own formula (positions divided by s^p,
+# a static rope type hf_posext registers), a NEW knob p (`toy_power`, default 2, > 0) and its
+# name in the units. Nothing else in the package is edited.
 TOY_UNIT = '''
+TOY_POWER = positive("toy_power", "toy: positions are divided by factor^toy_power", 2.0)
 TOY = RopeMethod(
-    "toy", "toy", registered=True, needs_trained_length=False,  # positions / s^2
-    compute=lambda c, d, b, n, dev: methods.linear(d, b, c.factor ** 2, dev))
+    "toy", "toy", registered=True, needs_trained_length=False, knobs=(TOY_POWER,),
+    compute=lambda c, d, b, n, dev: (methods.default_inv_freq(d, b, dev) / c.factor ** c.toy_power, 1.0),
+    rope_keys=lambda c: {"toy_power": c.toy_power})
 
 '''
 
@@ -48,17 +51,48 @@ try:
     raise AssertionError("a knob the toy method does not use was accepted")
 except ConfigError:
     pass
+# its new knob: a knob name everywhere, parsed by --knobs, checked by its own check
+from hf_posext.evaluation import knob_names
+assert "toy_power" in knob_names()
+from hf_posext.cli import build_parser
+assert "toy_power: toy: positions are divided by factor^toy_power" in " ".join(   # --knobs help
+    build_parser()._subparsers._group_actions[0].choices["eval"].format_help().split())
+assert parse_knobs("toy:toy_power=3", ["toy"]) == {"toy": {"toy_power": 3.0}}
+for bad in ("toy:toy_power=-1", "toy:toy_power=0"):
+    try:
+        parse_knobs(bad, ["toy"])
+        raise AssertionError(f"{bad} was accepted")
+    except ConfigError as err:
+        assert "toy_power must be > 0" in str(err), err
+try:
+    hf_posext.RopeExtensionConfig("toy", 2.0, 64, toy_power=-1.0)
+    raise AssertionError("toy_power=-1 was accepted")
+except ValueError as err:
+    assert "toy_power must be > 0" in str(err), err
+try:
+    hf_posext.RopeExtensionConfig("yarn", 2.0, 64, toy_power=3.0)   # another method: refused
+    raise AssertionError("yarn took toy_power")
+except ValueError as err:
+    assert "does not use 'toy_power'" in str(err) and "'toy'" in str(err), err
+spec = hf_posext.RopeExtensionConfig("toy", 2.0, 64, toy_power=3)
+assert spec.toy_power == 3.0 and spec.knobs == {"toy_power": 3.0}
+assert hf_posext.RopeExtensionConfig.from_dict(spec.to_dict()) == spec
+assert hf_posext.RopeExtensionConfig("toy", 2.0, 64).toy_power == 2.0   # its default
 
 torch.manual_seed(0)
 cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
 model = LlamaForCausalLM(cfg).eval()
-hf_posext.patch(model, "toy", 2.0)
 d, b = 16, 10000.0
-# the toy formula, written out independently in float64: b^(-2i/d) / s^2
+hf_posext.patch(model, "toy", 2.0)
+# the toy formula, written out independently in float64: b^(-2i/d) / s^p (p = 2 by default)
 want = torch.tensor([b ** (-2 * i / d) / 4.0 for i in range(d // 2)], dtype=torch.float64)
 got = model.model.rotary_emb.inv_freq.double()
 assert torch.allclose(got, want, rtol=1e-6), (got, want)
+hf_posext.unpatch(model)
+hf_posext.patch(model, "toy", 2.0, toy_power=3)                # the new knob through patch()
+got = model.model.rotary_emb.inv_freq.double()
+assert torch.allclose(got, want / 2.0, rtol=1e-6), (got, want / 2.0)
 ids = torch.randint(0, 64, (1, 100))
 with torch.no_grad():
     logits = model(ids).logits
@@ -66,22 +100,22 @@ with tempfile.TemporaryDirectory() as tmp:
     model.save_pretrained(tmp)
     saved = json.loads((pathlib.Path(tmp) / "config.json").read_text())
     rope = saved.get("rope_parameters") or saved.get("rope_scaling")
-    assert rope["rope_type"] == "toy", rope
+    assert rope["rope_type"] == "toy" and rope["toy_power"] == 3.0, rope
     again = AutoModelForCausalLM.from_pretrained(tmp).eval()   # the registered type loads
     with torch.no_grad():
         assert torch.equal(again(ids).logits, logits)
     report = hf_posext.check(tmp)                              # check reads it, names it
     assert "toy" in str(report), report
-spec = hf_posext.RopeExtensionConfig("toy", 2.0, 64)
+spec = hf_posext.RopeExtensionConfig("toy", 2.0, 64, toy_power=3)
 form = longrope_form(spec, d, b)                               # its exact longrope form
-assert form["rope_type"] == "longrope" and abs(form["short_factor"][3] - 4.0) < 1e-5
+assert form["rope_type"] == "longrope" and abs(form["short_factor"][3] - 8.0) < 1e-5
 print("toy ok")
 '''
 
 
 def test_a_toy_method_is_one_edit_of_units_py(tmp_path):
-    _run_toy(tmp_path, Path("rope/units.py"), "UNITS: dict[str, RopeMethod] = ", TOY_UNIT,
-             ("DYNAMIC_YARN)}", "DYNAMIC_YARN, TOY)}"), TOY_CHECKS)
+    _run_toy(tmp_path, Path("rope/units.py"), "ALL_UNITS: dict[str, RopeMethod] = ", TOY_UNIT,
+             ("LLAMA3, LONGROPE)}", "LLAMA3, LONGROPE, TOY)}"), TOY_CHECKS)
 
 
 def _run_toy(tmp_path, source: Path, anchor: str, unit: str, listing: tuple[str, str], checks: str):
@@ -102,10 +136,14 @@ def _run_toy(tmp_path, source: Path, anchor: str, unit: str, listing: tuple[str,
     assert run.returncode == 0 and "toy ok" in run.stdout, run.stderr[-3000:]
 
 
-# An attention-level toy: ReRoPE with a window of L/4 by default, as one unit.
+# An attention-level toy: ReRoPE under a NEW knob `span` (default L/4, a positive number of
+# tokens), as one unit with its knob.
 TOY_ATTENTION_UNIT = '''
-TOY_WINDOW = AttentionMethod("toy_window", lambda L: {"window": L // 4}, logn=True,
-                             plan=partial(_rerope_plan, leaky=False))
+SPAN = Knob("span", int, lambda L: L // 4, lambda v, L: tokens("span", v), "toy_window: ReRoPE's window")
+TOY_WINDOW = AttentionMethod(
+    "toy_window", (SPAN,), logn=True,
+    plan=lambda spec: WindowPlan(spec.span, partial(P.rerope_far_query, window=spec.span, leak=None),
+                                 partial(P.rerope_far_key, leak=None)))
 
 '''
 
@@ -119,7 +157,25 @@ from hf_posext.evaluation.inputs import parse_knobs, parse_methods
 assert hf_posext.__file__.startswith(sys.argv[1]), hf_posext.__file__
 assert "toy_window" in hf_posext.METHODS and "toy_window" in hf_posext.ATTENTION_METHODS
 assert parse_methods("toy_window") == ["toy_window"]
-parse_knobs("toy_window:window=8", ["toy_window"])
+from hf_posext.errors import ConfigError
+from hf_posext.evaluation import knob_names
+assert "span" in knob_names()
+from hf_posext.cli import build_parser
+assert "span: toy_window: ReRoPE's window" in " ".join(
+    build_parser()._subparsers._group_actions[0].choices["eval"].format_help().split())
+assert parse_knobs("toy_window:span=8", ["toy_window"]) == {"toy_window": {"span": 8}}
+for bad in ("toy_window:span=0", "toy_window:span=2.5", "rerope:span=8"):
+    try:
+        parse_knobs(bad, ["toy_window", "rerope"])
+        raise AssertionError(f"{bad} was accepted")
+    except ConfigError as err:
+        assert "span" in str(err), err
+try:
+    hf_posext.AttentionExtensionConfig("toy_window", 64, span=-2)
+    raise AssertionError("span=-2 was accepted")
+except ValueError as err:
+    assert "span must be a positive integer" in str(err), err
+assert hf_posext.AttentionExtensionConfig("toy_window", 64).span == 16
 torch.manual_seed(0)
 cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
@@ -132,12 +188,19 @@ with torch.no_grad():
     hf_posext.unpatch(base)
     hf_posext.patch(base, "toy_window", 2.0)             # window L/4 = 16 by default
     got = base(ids).logits
+    hf_posext.unpatch(base)
+    hf_posext.patch(base, "rerope", 2.0, window=8)
+    want8 = base(ids).logits
+    hf_posext.unpatch(base)
+    hf_posext.patch(base, "toy_window", 2.0, span=8)      # the new knob through patch()
+    got8 = base(ids).logits
 assert torch.equal(got, want) and not torch.allclose(got, plain)
+assert torch.equal(got8, want8) and not torch.allclose(got8, got)
 with tempfile.TemporaryDirectory() as tmp:
     base.save_pretrained(tmp)
-    again = hf_posext.from_pretrained(tmp).eval()
+    again = hf_posext.from_pretrained(tmp).eval()       # the knob is saved and read back
     with torch.no_grad():
-        assert torch.equal(again(ids).logits, got)
+        assert torch.equal(again(ids).logits, got8)
 print("toy ok")
 '''
 
@@ -179,6 +242,16 @@ def test_saved_form_tables_agree_with_the_units(doc, heading):
 def test_units_name_their_knobs_and_types_once():
     for name, unit in UNITS.items():
         spec = RopeExtensionConfig(name, 2.0, 4096)
-        assert set(spec.knobs) <= set(unit.knobs), name
+        assert set(spec.knobs) <= {k.name for k in unit.knobs}, name
         assert hf_posext.rope.config.rope_type_of(name) == unit.rope_type
     assert len({u.rope_type for u in UNITS.values()}) == len(UNITS)
+
+
+@pytest.mark.parametrize("doc, wing", [("docs/methods.md", "rope"), ("docs/attention.md", "attention")])
+def test_the_docs_knob_tables_are_the_specs(doc, wing):
+    """The knob table a page shows is the one the units' knob specs give (catalog.knob_table)."""
+    from hf_posext.catalog import knob_table
+
+    text = (ROOT / doc).read_text()
+    shown = text.split(f"<!-- knob-table: {wing} -->\n")[1].split("\n<!-- /knob-table -->")[0]
+    assert shown == knob_table(wing), f"{doc}: regenerate with hf_posext.catalog.knob_table({wing!r})"

@@ -1,34 +1,117 @@
-"""One unit per attention-level method: its knobs with the authors' defaults (functions of the
-trained length L, docs/attention_methods.md), whether log-n query scaling is on by default, its
+"""One unit per attention-level method: its knobs (`rope.knobs.Knob` specs: type, the authors'
+default as a function of the trained length L (docs/attention_methods.md), check, help), whether log-n query scaling is on by default, its
 plan (which key parts a query chunk attends to, plans.py), whether its positions depend on a
 token's absolute index (then left padding must be undone), and any check of its own.
-`AttentionExtensionConfig`, the kernel's plan and the padding rule read them from here; adding a
-method is one entry (its position maps are plain functions of positions.py).
+`AttentionExtensionConfig` (its knob fields and checks), the kernel's plan and the padding rule
+read them from here; adding a method, with new knobs, is one entry (its position maps are plain
+functions of positions.py; tests/test_units.py adds a toy method and its knob that way).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable
 
-from ..errors import BeyondReach
+from ..errors import BeyondReach, plain_number
+from ..rope.knobs import Knob, tokens
 from . import positions as P
 from .plans import DualChunkPlan, WindowPlan
+
+
+def _count(name: str, value: Any) -> int:
+    """A number of tokens, 0 allowed (no local window / no restart offset)."""
+    return 0 if value == 0 and not isinstance(value, bool) else tokens(name, value)
+
+
+def _within(name: str, authors: str, share: Callable[[int], int]) -> Callable[[Any, int | None], int]:
+    """A positive number of tokens at most L (positions past L were never trained)."""
+    def check(value: Any, L: int | None) -> int:
+        value = tokens(name, value)
+        if L is not None and value > L:
+            raise ValueError(f"{name}={value} exceeds the trained length {L}; the authors use "
+                             f"{authors} = {share(L)}.")
+        return value
+    return check
+
+
+def _window(value: Any, L: int | None) -> int:
+    value = tokens("window", value)
+    if L is not None and value > L:
+        raise ValueError(f"window={value} exceeds the trained length {L}: relative positions up "
+                         f"to the window must have been trained. Use <= {L}.")
+    return value
+
+
+def _leak(value: Any, L: int | None) -> float:
+    value = plain_number(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 1:
+        raise ValueError(f"leak (leaky ReRoPE's k) must be a number > 1 (k = 1 is plain RoPE; the "
+                         f"authors use 16), got {value!r}")
+    return float(value)
+
+
+# The knobs, each declared once (a unit may give one its own default with `replace`).
+WINDOW = Knob("window", int, lambda L: L // 8, _window,
+              "rerope / leaky_rerope: relative positions below it are exact; self_extend: the "
+              "neighbour window W. At most L")
+LEAK = Knob("leak", float, 16.0, lambda v, L: _leak(v, L),
+            "leaky_rerope's k > 1: beyond the window, relative positions grow with slope 1/k; "
+            "auto: fitted to the target length", auto=True)
+GROUP_SIZE = Knob("group_size", int, 8, lambda v, L: tokens("group_size", v),
+                  "self_extend's G >= 1: distant positions are floor(p / G); auto: fitted to the "
+                  "target length", auto=True)
+def _chunk(L: int) -> int:
+    return 3 * L // 4
+
+
+def _offset(L: int) -> int:
+    return int(0.33 * L)
+
+
+CHUNK_SIZE = Knob("chunk_size", int, _chunk, _within("chunk_size", "3L/4", _chunk),
+                  "dual_chunk's chunk s <= L")
+LOCAL_WINDOW = Knob("local_window", int, lambda L: L // 16, lambda v, L: _count("local_window", v),
+                    "dual_chunk's local window l < s")
+SHIFTED_OFFSET = Knob("shifted_offset", int, _offset, _within("shifted_offset", "0.33·L", _offset),
+                      "string's S <= L: distances from S on are shifted")
+LOCAL_VALUE = Knob("local_value", int, lambda L: min(128, _offset(L)),
+                   lambda v, L: _count("local_value", v),
+                   "string's W <= S: shifted distances restart at it (d − S + W; W = S is plain RoPE)")
 
 
 @dataclass(frozen=True)
 class AttentionMethod:
     name: str
-    defaults: Callable[[int], dict[str, Any]]   # L -> {knob: default}; its keys are the knobs
+    knobs: tuple[Knob, ...]                     # its knobs, with their defaults (functions of L)
     logn: bool                                  # log-n query scaling on by default
     plan: Callable[[Any], Any] | None = None    # spec -> plan; None: queries scaled only (logn)
     absolute: bool = False                      # positions of index i, not only of i − j
     check: Callable[[Any, dict[str, Any]], None] | None = None  # (spec, knobs given) -> raise
     reach: Callable[[Any, int], None] | None = None  # (spec, target length T) -> raise if T unfit
 
-    def knobs(self) -> tuple[str, ...]:
-        return tuple(self.defaults(4096))
+    def knob_names(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.knobs)
+
+
+def _auto_fits(spec, given: dict[str, Any]) -> None:
+    """An "auto" knob fits the far positions between the window and L: with the window at L − 1
+    there is no room (attention/config.py's docstring gives the fits)."""
+    L = spec.trained_length
+    auto = [k for k, v in given.items() if v == "auto"]
+    if auto and spec.target_length > L and spec.window >= L - 1:
+        raise ValueError(f"{auto[0]}='auto' cannot fit {spec.target_length} tokens with window="
+                         f"{spec.window}: the window alone fills the trained length {L}. Use a "
+                         f"window below {L - 1}.")
+
+
+def _chunk_check(spec, given: dict[str, Any]) -> None:
+    if spec.local_window >= spec.chunk_size:
+        raise ValueError(f"local_window={spec.local_window} must be smaller than chunk_size="
+                         f"{spec.chunk_size}; the authors use L/16 = {spec.trained_length // 16}.")
 
 
 def _rerope_plan(spec, leaky: bool):
@@ -38,8 +121,11 @@ def _rerope_plan(spec, leaky: bool):
 
 
 def _string_check(spec, given: dict[str, Any]) -> None:
-    """W = S maps d − S + W back to d: STRING would be plain attention, silently."""
+    """W <= S; and W = S maps d − S + W back to d: STRING would be plain attention, silently."""
     L = spec.trained_length
+    if spec.local_value > spec.shifted_offset:
+        raise ValueError(f"local_value={spec.local_value} must be at most shifted_offset="
+                         f"{spec.shifted_offset} (shifted distances restart at it); the authors use 128.")
     if spec.local_value >= spec.shifted_offset and (given.get("local_value") is None
                                                     or given.get("shifted_offset") is None):
         raise ValueError(
@@ -76,32 +162,29 @@ def _string_reach(spec, T: int) -> None:
 
 # bojone/rerope: window L/8 (512 at L = 4096), leak k = 16, log-n on (both patches scale queries
 # by max(1, log n / log L)).
-REROPE = AttentionMethod("rerope", lambda L: {"window": L // 8}, logn=True,
-                         plan=partial(_rerope_plan, leaky=False))
-LEAKY_REROPE = AttentionMethod("leaky_rerope", lambda L: {"window": L // 8, "leak": 16.0}, logn=True,
+REROPE = AttentionMethod("rerope", (WINDOW,), logn=True, plan=partial(_rerope_plan, leaky=False))
+LEAKY_REROPE = AttentionMethod("leaky_rerope", (WINDOW, LEAK), logn=True, check=_auto_fits,
                                plan=partial(_rerope_plan, leaky=True))
 # datamllab/LongLM: G = 8, neighbour window W = 1024 (L/2 for models trained on fewer than 2,048
 # tokens, where 1024 would not fit), log-n off (`scale_base = -1`).
 SELF_EXTEND = AttentionMethod(
-    "self_extend", lambda L: {"window": min(1024, L // 2), "group_size": 8}, logn=False,
-    absolute=True,
+    "self_extend", (replace(WINDOW, default=lambda L: min(1024, L // 2)), GROUP_SIZE), logn=False,
+    absolute=True, check=_auto_fits,
     plan=lambda spec: WindowPlan(
         spec.window, partial(P.self_extend_far_query, group_size=spec.group_value, window=spec.window),
         partial(P.self_extend_far_key, group_size=spec.group_value)))
 # HKUNLP/ChunkLlama: chunk_size 3L/4, local_window L/16.
 DUAL_CHUNK = AttentionMethod(
-    "dual_chunk", lambda L: {"chunk_size": 3 * L // 4, "local_window": L // 16}, logn=False,
-    absolute=True, plan=lambda spec: DualChunkPlan(spec.chunk_size, spec.local_window))
+    "dual_chunk", (CHUNK_SIZE, LOCAL_WINDOW), logn=False, absolute=True, check=_chunk_check, plan=lambda spec: DualChunkPlan(spec.chunk_size, spec.local_window))
 # STRING (An et al. 2024, arXiv 2410.18745; HKUNLP/STRING string_for_llama.py): relative distance
 # d kept below shifted_offset S, d − S + W from S on; S = int(0.33·L) (`shifted_ratio`), W =
 # `small_local_value` 128 (at most S).
 STRING = AttentionMethod(
-    "string", lambda L: {"shifted_offset": int(0.33 * L), "local_value": min(128, int(0.33 * L))},
-    logn=False, check=_string_check, reach=_string_reach,
+    "string", (SHIFTED_OFFSET, LOCAL_VALUE), logn=False, check=_string_check, reach=_string_reach,
     plan=lambda spec: WindowPlan(spec.shifted_offset, partial(
         P.string_far_query, shifted_offset=spec.shifted_offset, local_value=spec.local_value), None))
 # plain RoPE, only the log-n query scaling (also combines with any rope method: logn=True)
-LOGN = AttentionMethod("logn", lambda L: {}, logn=True)
+LOGN = AttentionMethod("logn", (), logn=True)
 
 UNITS: dict[str, AttentionMethod] = {u.name: u for u in (REROPE, LEAKY_REROPE, SELF_EXTEND,
                                                           DUAL_CHUNK, STRING, LOGN)}

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ..attention import is_attention_method
+from ..catalog import KNOB_HELP
 from ..data.embedded import DEFAULT_MODEL
 from ..evaluation.identity import (attention_implementation, loaded_fingerprint, model_dtype,
                                    source_fingerprint)
@@ -51,8 +52,8 @@ def add_run_args(p: argparse.ArgumentParser, default_lengths: str) -> None:
                         f"default {default_lengths})")
     g.add_argument("--knobs", default=None,
                    help="method knobs as NAME=VALUE, comma-separated, for every method run, or "
-                        "METHOD:NAME=VALUE for one (e.g. yarn:beta_fast=64); names are the fields "
-                        "of hf_posext.RopeExtensionConfig")
+                        "METHOD:NAME=VALUE for one (e.g. yarn:beta_fast=64); knobs: "
+                        + "; ".join(f"{k}: {h}" for k, h in KNOB_HELP.items()).replace("%", "%%"))
     g.add_argument("--factor", default="auto",
                    help="comma-separated scales s >= 1, or auto: s = max(1, length / trained "
                         "length) (default auto)")

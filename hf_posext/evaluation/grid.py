@@ -2,13 +2,12 @@
 with which knobs, and how a model is put into a cell's state.
 
 Method names come from one source (`hf_posext.catalog.METHODS` / `canonical_method`), knob names
-from the fields of `RopeExtensionConfig` and the attention methods' knobs (`attention.ALL_KNOBS`),
-so a method or knob added there is accepted here without a hand-kept list.
+from the knob specs the units declare (`catalog.KNOB_HELP`), so a method or knob added there is
+accepted here without a hand-kept list.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,34 +17,23 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from .. import catalog as _catalog   # read at call time: methods registered later count too
 from ..errors import BeyondReach
-from ..attention import ALL_KNOBS, AttentionExtensionConfig, is_attention_method, split
+from ..attention import is_attention_method, split
 from ..rope.config import RopeExtensionConfig
 from ..patcher import is_patched, patch, unpatch
 from .distributed import Ranks
 from .identity import computation_signature, config_state, digest
 
 NONE_ALIASES = ("none", "default", "original")
-# Fields of RopeExtensionConfig that are not knobs: the method itself and its scale.
-_NOT_KNOBS = {"method", "factor"}
 
 
 def knob_names() -> tuple[str, ...]:
-    """Every knob a method may take: the public fields of `RopeExtensionConfig`, then the
-    attention methods' knobs."""
-    return tuple(f.name for f in _knob_fields())
+    """Every knob a method may take (`catalog.KNOB_HELP`: from the units' knob specs)."""
+    return tuple(_catalog.KNOB_HELP)
 
 
 def integral_knobs() -> tuple[str, ...]:
-    """The knobs that count tokens (annotated `int`), so `--knobs window=4096` stays 4096."""
-    return tuple(f.name for f in _knob_fields() if str(f.type).split(" ")[0] == "int")
-
-
-def _knob_fields() -> list[dataclasses.Field]:
-    rope = [f for f in dataclasses.fields(RopeExtensionConfig)
-            if f.init and not f.name.startswith("_") and f.name not in _NOT_KNOBS]
-    names = {f.name for f in rope}
-    return rope + [f for f in dataclasses.fields(AttentionExtensionConfig)
-                   if f.name in ALL_KNOBS and f.name not in names]
+    """The knobs that count tokens, so `--knobs window=4096` stays 4096."""
+    return _catalog.INTEGRAL_KNOBS
 
 
 def canonical(name: str) -> str:

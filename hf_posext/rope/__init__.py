@@ -1,6 +1,7 @@
 """The rope wing: each method's inverse frequencies and scale, and how transformers runs them.
 
     units.py     one unit per method: everything hf_posext knows about it, in one entry
+    knobs.py     the `Knob` spec a unit declares its knobs with (type, default, check, help)
     methods.py   the math (PI, NTK, NTK-by-parts, YaRN, dynamic variants), float64 references
     config.py    RopeExtensionConfig (validated knobs) and the rope type each method saves as
     registry.py  the functions registered in transformers' rope-init table; rotary modules

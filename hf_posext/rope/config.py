@@ -9,28 +9,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import plain_number
-from .units import ROPE_METHODS, UNITS
+from .knobs import MAX_FACTOR, MAX_TARGET_LENGTH, collect, knob_fields
+from .knobs import number as _check_number
+from .units import PASSTHROUGH_UNITS, ROPE_METHODS, UNITS
 
-# The longest target s·L any method is planned for (int32 positions; no model has a longer
-# cache) and the largest scale (beyond it L·s overflows or rounds to an absurd length: 1e308
-# would reach `round(inf)`). attention/config.py fits its "auto" knobs under the same bounds.
-MAX_TARGET_LENGTH = 2 ** 31   # positions 0 .. 2^31 - 1
-MAX_FACTOR = 2 ** 20
+__all__ = ["MAX_FACTOR", "MAX_TARGET_LENGTH", "RopeExtensionConfig", "KNOBS", "PASSTHROUGH",
+           "PASSTHROUGH_TYPES", "canonical_method", "check_target", "_check_number"]
 
 # ROPE_METHODS (from the units) + the attention-level names: hf_posext.catalog.METHODS.
 ALIASES = {"dynamic": "dynamic_ntk", "pi": "linear", "ntk_aware": "ntk"}
-# transformers' own rope types that hf_posext passes through untouched (no math of ours):
-# type -> (required keys, optional keys). The required ones have no default in transformers (its
-# validators would raise deep inside `patch`; the patcher names them first).
+# The knobs of hf_posext's own methods, each declared once in its unit: a field of the config each.
+ROPE_KNOBS = collect((u.knobs for u in UNITS.values()), "rope units")
+KNOBS: tuple[str, ...] = tuple(ROPE_KNOBS)
+# transformers' own rope types that hf_posext passes through untouched (their units): type ->
+# (required keys, optional keys).
 PASSTHROUGH: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "llama3": (("low_freq_factor", "high_freq_factor"), ("factor", "original_max_position_embeddings")),
-    "longrope": (("short_factor", "long_factor"),
-                 ("factor", "original_max_position_embeddings", "attention_factor")),
-}
+    n: (tuple(k.name for k in u.knobs if k.required),
+        ("factor", "original_max_position_embeddings", *(k.name for k in u.knobs if not k.required)))
+    for n, u in PASSTHROUGH_UNITS.items()}
 PASSTHROUGH_TYPES = {t: set(req + opt) for t, (req, opt) in PASSTHROUGH.items()}
 
 
@@ -64,24 +63,6 @@ def method_of_rope_type(rope_type: str) -> str | None:
     return None
 
 
-def _check_number(name: str, value: Any, *, minimum: float | None = None, strict: bool = False,
-                  maximum: float | None = None) -> float:
-    value = plain_number(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    if minimum is not None and (value <= minimum if strict else value < minimum):
-        rel = ">" if strict else ">="
-        raise ValueError(f"{name} must be {rel} {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name}={value:g} is past {maximum:,.0f}: the target length (factor x trained "
-                         f"length) must stay within {MAX_TARGET_LENGTH:,} positions (int32); ask "
-                         "for a smaller factor.")
-    return value
-
-
 def check_target(factor: float, trained: int) -> None:
     """The target s·L within MAX_TARGET_LENGTH (a countable, int32 position), s <= MAX_FACTOR."""
     if factor > MAX_FACTOR or factor * trained > MAX_TARGET_LENGTH:
@@ -90,7 +71,7 @@ def check_target(factor: float, trained: int) -> None:
                          f"factor (<= {min(MAX_FACTOR, MAX_TARGET_LENGTH // trained):,}).")
 
 
-@dataclass(frozen=True)
+@knob_fields(ROPE_KNOBS.values())
 class RopeExtensionConfig:
     """A context-extension method and its parameters. Immutable, so it can never hold a value
     that skipped validation: derive a changed copy with `dataclasses.replace(cfg, factor=8.0)`,
@@ -102,24 +83,21 @@ class RopeExtensionConfig:
             taken from the current length; `factor` then only records the intended target.
         original_max_position_embeddings: the trained context L. None means "read it from the
             model" (the patcher fills it in).
-        beta_fast: YaRN's upper ramp bound in rotations over L (default 32, the paper's Llama
-            value; the YaRN authors' Mistral runs used 128).
-        beta_slow: YaRN's lower ramp bound in rotations over L (default 1; Mistral runs: 2).
-        mscale_coefficient: YaRN temperature mscale = c·ln(s) + 1 (0.1; Mistral runs: 0.07).
-        attention_factor: `yarn` only; a fixed cos/sin scale replacing the mscale formula.
-        finetuned: `dynamic_yarn` only; the YaRN reference code's fine-tuned dynamic mode for a
-            model fine-tuned with YaRN at `factor`: static YaRN at `factor` up to factor·L, the
-            dynamic rule beyond (`methods.dynamic_yarn_scale`). Default False: s = 1 up to L.
+        <knob>: one field per knob of the units (rope/units.py), None = the method's default:
+            KNOB_HELP below lists them (beta_fast, beta_slow, mscale_coefficient,
+            attention_factor, finetuned). A knob the method does not use is refused.
     """
 
     method: str
     factor: float = 1.0
     original_max_position_embeddings: int | None = None
-    beta_fast: float | None = None
-    beta_slow: float | None = None
-    mscale_coefficient: float | None = None
-    attention_factor: float | None = None
-    finetuned: bool | None = None
+    if TYPE_CHECKING:  # the knob fields are added from the units (knob_fields)
+        __dataclass_fields__: ClassVar[dict[str, Any]]
+
+        def __init__(self, method: str, factor: float = 1.0,
+                     original_max_position_embeddings: int | None = None, **knobs: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the only writes happen here, after each check
@@ -133,28 +111,24 @@ class RopeExtensionConfig:
                                  f"(the trained context length), got {L!r}")
             set_(self, "original_max_position_embeddings", int(L))
             check_target(self.factor, int(L))
-        used = tuple(UNITS[self.method].knobs)
-        for knob in KNOBS:
-            value = getattr(self, knob)
-            if knob not in used:
+        unit = UNITS[self.method]
+        used = tuple(k.name for k in unit.knobs)
+        for knob in ROPE_KNOBS.values():
+            value = getattr(self, knob.name)
+            if knob.name not in used:
                 if value is not None:
-                    raise ValueError(f"{self.method!r} does not use {knob!r} (it uses: "
+                    raise ValueError(f"{self.method!r} does not use {knob.name!r} (it uses: "
                                      f"{', '.join(('factor',) + used)}). Remove it, or pick a "
                                      f"method that takes it, e.g. "
-                                     f"{next(n for n, u in UNITS.items() if knob in u.knobs)!r}.")
+                                     f"{next(n for n, u in UNITS.items() if any(k.name == knob.name for k in u.knobs))!r}.")
                 continue
             if value is None:
-                value = UNITS[self.method].knobs[knob]
-            if isinstance(UNITS[self.method].knobs[knob], bool):  # a switch, e.g. finetuned
-                if not isinstance(value, bool):
-                    raise TypeError(f"{knob} must be True or False, got {value!r}")
-            elif value is not None:
-                value = _check_number(knob, value, minimum=0.0, strict=True)
-            set_(self, knob, value)
-        if "beta_fast" in used and self.beta_fast <= self.beta_slow:
-            raise ValueError(f"beta_fast must be greater than beta_slow (rotations over the trained "
-                             f"length: fast > slow), got beta_fast={self.beta_fast}, "
-                             f"beta_slow={self.beta_slow}. The paper's Llama values are 32 and 1.")
+                value = knob.default_at(self.original_max_position_embeddings)
+            if value is not None:
+                value = knob.validate(value, self.original_max_position_embeddings)
+            set_(self, knob.name, value)
+        if unit.check is not None:
+            unit.check(self)
 
     # -- properties ----------------------------------------------------------------------------
     @property
@@ -168,7 +142,8 @@ class RopeExtensionConfig:
     @property
     def knobs(self) -> dict[str, Any]:
         """The method-specific knobs with their resolved values."""
-        return {k: getattr(self, k) for k in UNITS[self.method].knobs if getattr(self, k) is not None}
+        return {k.name: getattr(self, k.name) for k in UNITS[self.method].knobs
+                if getattr(self, k.name) is not None}
 
     # -- our own layout ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -228,10 +203,5 @@ class RopeExtensionConfig:
         return cls(method=method, factor=factor, original_max_position_embeddings=L, **rope)
 
 
-# The knobs a method may use: every field but the three all methods share (each unit's `knobs`
-# says which ones it uses, with their defaults). A unit naming another knob is a bug: fail on import.
-KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RopeExtensionConfig)
-                               if f.name not in ("method", "factor", "original_max_position_embeddings"))
-_stray = {n: set(u.knobs) - set(KNOBS) for n, u in UNITS.items() if set(u.knobs) - set(KNOBS)}
-if _stray:
-    raise RuntimeError(f"rope units use knobs RopeExtensionConfig has no field for: {_stray}")
+# The help of each knob (the CLI's `--knobs` help, docs/methods.md's knob table).
+KNOB_HELP: dict[str, str] = {k.name: k.help for k in ROPE_KNOBS.values()}

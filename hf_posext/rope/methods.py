@@ -47,15 +47,18 @@ def ntk(dim: int, base: float, factor: float, device=None) -> Freqs:
     return default_inv_freq(dim, ntk_base(dim, base, factor), device), 1.0
 
 
+def dynamic_ntk_base(dim: int, base: float, factor: float, original_max: int, seq_len: int) -> float:
+    """Dynamic NTK's base at the current length l (emozilla 2023; transformers `dynamic`):
+    b' = b · ((s·l/L) − (s−1))^(d/(d−2)), the NTK base of `ntk_base` at the scale s·l/L − (s−1)."""
+    return ntk_base(dim, base, (factor * seq_len / original_max) - (factor - 1))
+
+
 def dynamic_ntk(dim: int, base: float, factor: float, original_max: int, seq_len: int | None,
                 device=None) -> Freqs:
-    """Dynamic NTK (emozilla 2023; transformers `dynamic`): the NTK base from the current length l.
-
-    b' = b · ((s·l/L) − (s−1))^(d/(d−2)) for l > L; unchanged for l <= L."""
+    """Dynamic NTK: `dynamic_ntk_base` for l > L; unchanged for l <= L."""
     if seq_len is None or seq_len <= original_max:
         return default_inv_freq(dim, base, device), 1.0
-    new_base = base * ((factor * seq_len / original_max) - (factor - 1)) ** (dim / (dim - 2))
-    return default_inv_freq(dim, new_base, device), 1.0
+    return default_inv_freq(dim, dynamic_ntk_base(dim, base, factor, original_max, seq_len), device), 1.0
 
 
 # ---- NTK-by-parts / YaRN (Peng et al. 2023, arXiv 2309.00071, §3.2-3.4) --------------------

@@ -1,14 +1,18 @@
 """One unit per rope method: everything hf_posext knows about a method, in one entry of `UNITS`.
 
 A unit holds the method's math (a plain function of `methods.py`, called with the config's
-knobs), its knobs with their defaults, the rope type its logical config uses, whether that type
+knobs), its knobs (`knobs.Knob` specs: type, default, check, help; a knob shared by several
+methods is declared once here), its check of the knobs together, the rope type its logical config uses, whether that type
 is one hf_posext registers with transformers, the form it is *saved* in (the most portable exact
 one, docs/portability.md), and the base it runs at when it extends by raising the base. Every
 table of the package is derived from `UNITS`: `RopeExtensionConfig`'s validation and rope dicts,
 `registry`'s rope-init functions and registered types, `portable.saved_rope`, the engine forms
 of `export` (which read the saved form, not method names), the CLI's `--methods` choices and the
-knob lists of `loading`, `patcher` and `evaluation.inputs`. Adding a method is one entry here
-(tests/test_units.py adds a toy method by editing only this file).
+knob lists of `loading`, `patcher` and `evaluation.inputs`, the CLI's `--knobs` help and the docs'
+knob tables (`catalog.knob_table`). transformers' own `llama3` and `longrope` are units too, without
+math of ours (`compute=None`: passed through, their required knobs named by the patcher). Adding a
+method, with new knobs, is one entry here (tests/test_units.py adds a toy method and its knob by
+editing only this file).
 
 Function arguments: `c` the validated `RopeExtensionConfig`, `d` the rotary dim, `b` the base
 (rope_theta), `n` the current length (None: the table is built without one), `dev` the device.
@@ -16,14 +20,28 @@ Function arguments: `c` the validated `RopeExtensionConfig`, `d` the rotary dim,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import methods
+from .knobs import REQUIRED, Knob, flag, positive
 
 # YaRN paper defaults for Llama (§3.2): alpha = beta_slow = 1, beta = beta_fast = 32; mscale
 # coefficient 0.1 (eq. 22). The YaRN authors' Mistral runs used 128, 2 and 0.07.
-_RAMP = {"beta_fast": 32.0, "beta_slow": 1.0}
+BETA_FAST = positive("beta_fast", "YaRN's upper ramp bound in rotations over L (Mistral runs: 128)", 32.0)
+BETA_SLOW = positive("beta_slow", "YaRN's lower ramp bound in rotations over L (Mistral runs: 2)", 1.0)
+MSCALE = positive("mscale_coefficient", "YaRN temperature mscale = c·ln(s) + 1 (Mistral runs: 0.07)", 0.1)
+ATTENTION_FACTOR = positive("attention_factor", "yarn: a fixed cos/sin scale replacing the mscale "
+                            "formula; longrope: transformers' own", None)
+FINETUNED = flag("finetuned", "dynamic_yarn: the YaRN reference code's fine-tuned mode (static YaRN "
+                 "at factor up to factor·L, dynamic beyond)")
+_RAMP = (BETA_FAST, BETA_SLOW)
+
+
+def _given(name: str, kind: type, help: str) -> Knob:
+    """A knob of transformers' own llama3 / longrope: required, checked by the patcher
+    (`_passthrough_rope`, `_check_longrope_lengths`) and then by transformers itself."""
+    return Knob(name, kind, REQUIRED, lambda v, L: v, help)
 
 
 @dataclass(frozen=True)
@@ -36,8 +54,9 @@ class RopeMethod:
 
     name: str
     rope_type: str
-    compute: Callable[..., methods.Freqs]
-    knobs: dict[str, Any] = field(default_factory=dict)
+    compute: Callable[..., methods.Freqs] | None   # None: transformers' own math (llama3, longrope)
+    knobs: tuple[Knob, ...] = ()
+    check: Callable[[Any], None] | None = None      # the validated config -> raise (knobs together)
     rope_keys: Callable[[Any], dict[str, Any]] = lambda c: {}
     dynamic: bool = False
     registered: bool = False
@@ -45,6 +64,13 @@ class RopeMethod:
     trained_length_from: Callable[[int, float], int] = lambda max_pos, s: max_pos
     saved: Callable[[Any, float, int], dict[str, Any]] | None = None
     raised_base: Callable[[Any, float, int, int], float] | None = None
+
+
+def _ramp_check(c) -> None:
+    if c.beta_fast <= c.beta_slow:
+        raise ValueError(f"beta_fast must be greater than beta_slow (rotations over the trained "
+                         f"length: fast > slow), got beta_fast={c.beta_fast}, "
+                         f"beta_slow={c.beta_slow}. The paper's Llama values are 32 and 1.")
 
 
 def _ramp_keys(c) -> dict[str, Any]:
@@ -58,7 +84,7 @@ def _yarn_keys(c) -> dict[str, Any]:
     # explicitly unless it is transformers' own default (0.1·ln s + 1).
     if c.attention_factor is not None:
         keys["attention_factor"] = float(c.attention_factor)
-    elif c.mscale_coefficient != YARN.knobs["mscale_coefficient"]:
+    elif c.mscale_coefficient != MSCALE.default:
         keys["attention_factor"] = float(methods.yarn_mscale(c.factor, c.mscale_coefficient))
     return keys
 
@@ -91,11 +117,11 @@ DYNAMIC_NTK = RopeMethod(
     "dynamic_ntk", "dynamic", dynamic=True,
     compute=lambda c, d, b, n, dev: methods.dynamic_ntk(
         d, b, c.factor, c.original_max_position_embeddings, n, dev),
-    raised_base=lambda c, theta, d, T: theta * (
-        c.factor * T / c.original_max_position_embeddings - (c.factor - 1)) ** (d / (d - 2)))
+    raised_base=lambda c, theta, d, T: methods.dynamic_ntk_base(
+        d, theta, c.factor, c.original_max_position_embeddings, T))
 
 NTK_BY_PARTS = RopeMethod(
-    "ntk_by_parts", "ntk_by_parts", registered=True, knobs=dict(_RAMP),
+    "ntk_by_parts", "ntk_by_parts", registered=True, knobs=_RAMP, check=_ramp_check,
     compute=lambda c, d, b, n, dev: methods.ntk_by_parts(
         d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow, dev),
     rope_keys=_ramp_keys,
@@ -106,7 +132,7 @@ NTK_BY_PARTS = RopeMethod(
 
 YARN = RopeMethod(
     "yarn", "yarn",
-    knobs={**_RAMP, "mscale_coefficient": 0.1, "attention_factor": None},
+    knobs=(*_RAMP, MSCALE, ATTENTION_FACTOR), check=_ramp_check,
     compute=lambda c, d, b, n, dev: methods.yarn(
         d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow,
         c.mscale_coefficient, c.attention_factor, dev),
@@ -114,14 +140,28 @@ YARN = RopeMethod(
 
 DYNAMIC_YARN = RopeMethod(
     "dynamic_yarn", "dynamic_yarn", dynamic=True, registered=True,
-    knobs={**_RAMP, "mscale_coefficient": 0.1, "finetuned": False},
+    knobs=(*_RAMP, MSCALE, FINETUNED), check=_ramp_check,
     compute=lambda c, d, b, n, dev: methods.dynamic_yarn(
         d, b, c.original_max_position_embeddings, n, c.beta_fast, c.beta_slow,
         c.mscale_coefficient, c.factor if c.finetuned else 1.0, dev),
     rope_keys=_dynamic_yarn_keys)
 
-UNITS: dict[str, RopeMethod] = {u.name: u for u in (LINEAR, NTK, DYNAMIC_NTK, NTK_BY_PARTS, YARN,
-                                                     DYNAMIC_YARN)}
+# transformers' own types, passed through untouched (no math of ours): their knobs are required
+# (transformers has no default for them; its validators would raise deep inside `patch`, the
+# patcher names them first), `factor` and L optional.
+LLAMA3 = RopeMethod("llama3", "llama3", compute=None, knobs=(
+    _given("low_freq_factor", float, "llama3: wavelengths above L/low_freq_factor are interpolated (Llama 3.1: 1.0)"),
+    _given("high_freq_factor", float, "llama3: wavelengths below L/high_freq_factor are kept (Llama 3.1: 4.0)")))
+LONGROPE = RopeMethod("longrope", "longrope", compute=None, knobs=(
+    _given("short_factor", list, "longrope: one rescale factor per rotary frequency, up to L"),
+    _given("long_factor", list, "longrope: one rescale factor per rotary frequency, beyond L"),
+    ATTENTION_FACTOR))
+
+ALL_UNITS: dict[str, RopeMethod] = {u.name: u for u in (LINEAR, NTK, DYNAMIC_NTK, NTK_BY_PARTS, YARN,
+                                                         DYNAMIC_YARN, LLAMA3, LONGROPE)}
+# hf_posext's own methods (its math); the others are transformers' own, passed through.
+UNITS: dict[str, RopeMethod] = {n: u for n, u in ALL_UNITS.items() if u.compute is not None}
+PASSTHROUGH_UNITS: dict[str, RopeMethod] = {n: u for n, u in ALL_UNITS.items() if u.compute is None}
 ROPE_METHODS: tuple[str, ...] = tuple(UNITS)
 STATIC_METHODS: tuple[str, ...] = tuple(n for n, u in UNITS.items() if not u.dynamic)
 # The rope types hf_posext adds to transformers (the others are transformers' own).

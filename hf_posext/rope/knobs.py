@@ -1,0 +1,131 @@
+"""A method's knob, declared once in its unit (rope/units.py, attention/units.py).
+
+A `Knob` is the single definition of what a knob is: its name, its type, its default (a constant,
+or a function of the trained length L), its check (the value in, the normalised value out, or an
+error naming the problem and the fix) and its help text. Everything else is derived from the
+specs: the config classes' fields (`knob_fields`), their validation, the "auto" knobs, the CLI's
+`--knobs` help, `evaluation.knob_names()` and the docs' knob tables (tests/test_units.py holds
+them equal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, TypeVar
+
+from ..errors import plain_number
+
+# The longest target s·L any method is planned for (int32 positions; no model has a longer
+# cache) and the largest scale (beyond it L·s overflows or rounds to an absurd length: 1e308
+# would reach `round(inf)`). attention/config.py fits its "auto" knobs under the same bounds.
+MAX_TARGET_LENGTH = 2 ** 31   # positions 0 .. 2^31 - 1
+MAX_FACTOR = 2 ** 20
+
+REQUIRED = object()   # a knob with no default: the method needs it (transformers' llama3 / longrope)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob. `check(value, L)` returns the normalised value or raises (L: the trained
+    length, None where it is not known yet). `auto`: the knob also takes "auto" (fitted to the
+    target length by its method)."""
+
+    name: str
+    kind: type                                  # float, int, bool, list
+    default: Any                                # a constant, a function of L, or REQUIRED
+    check: Callable[[Any, int | None], Any]
+    help: str
+    auto: bool = False
+
+    def default_at(self, L: int | None) -> Any:
+        """The default at trained length L; a default that is a function of L is None while L
+        is unknown (a rope config without L: the patcher fills L in and validates again)."""
+        if callable(self.default):
+            return None if L is None else self.default(L)
+        return None if self.default is REQUIRED else self.default
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def validate(self, value: Any, L: int | None) -> Any:
+        if self.auto and value == "auto":
+            return value
+        return self.check(value, L)
+
+
+def number(name: str, value: Any, *, minimum: float | None = None, strict: bool = False,
+           maximum: float | None = None) -> float:
+    """A finite float (numpy scalars accepted: errors.plain_number) within the bounds."""
+    value = plain_number(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if minimum is not None and (value <= minimum if strict else value < minimum):
+        rel = ">" if strict else ">="
+        raise ValueError(f"{name} must be {rel} {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={value:g} is past {maximum:,.0f}: the target length (factor x trained "
+                         f"length) must stay within {MAX_TARGET_LENGTH:,} positions (int32); ask "
+                         "for a smaller factor.")
+    return value
+
+
+def tokens(name: str, value: Any, minimum: int = 1) -> int:
+    """A whole number of tokens >= minimum (1, or 0 where none is allowed)."""
+    value = plain_number(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or int(value) != value or value < minimum:
+        what = "a positive integer" if minimum >= 1 else "an integer >= 0"
+        raise ValueError(f"{name} must be {what} (a number of tokens), got {value!r}")
+    return int(value)
+
+
+def switch(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def positive(name: str, help: str, default: Any) -> Knob:
+    """A float knob > 0."""
+    return Knob(name, float, default, lambda v, L: number(name, v, minimum=0.0, strict=True), help)
+
+
+def flag(name: str, help: str, default: bool = False) -> Knob:
+    return Knob(name, bool, default, lambda v, L: switch(name, v), help)
+
+
+def collect(groups: Iterable[Iterable[Knob]], owner: str) -> dict[str, Knob]:
+    """Every knob of a wing's units, in order of first appearance. A name is one knob (a unit
+    may give it its own default): two different specs under one name are a bug, refused on import."""
+    out: dict[str, Knob] = {}
+    for group in groups:
+        for knob in group:
+            first = out.setdefault(knob.name, knob)
+            if dataclasses.replace(first, default=None) != dataclasses.replace(knob, default=None):
+                raise RuntimeError(f"{owner}: two different knobs are named {knob.name!r}; declare "
+                                   "it once and share it between the units.")
+    return out
+
+
+T = TypeVar("T")
+
+
+def knob_fields(knobs: Iterable[Knob], before: tuple[str, ...] = ()) -> Callable[[type[T]], type[T]]:
+    """Class decorator: a frozen dataclass with one field per knob (default None = the method's
+    default), inserted before the class's own fields named in `before` (the others come first)."""
+    def wrap(cls: type[T]) -> type[T]:
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        head = {k: v for k, v in own.items() if k not in before}
+        tail = {k: own[k] for k in before}
+        extra = {k.name: f"{k.kind.__name__} | None" for k in knobs if k.name not in own}
+        cls.__annotations__ = {**head, **extra, **tail}
+        for name in extra:
+            setattr(cls, name, None)
+        return dataclasses.dataclass(frozen=True)(cls)  # type: ignore[return-value]
+    return wrap
