@@ -40,6 +40,18 @@ def test_quickstart_runs_as_written(tmp_path, monkeypatch, capsys):
     assert not hf_posext.is_patched(reloaded)
     assert get_rope_parameters(reloaded.config)["rope_type"] == "yarn"
     assert (tmp_path / "smollm2-yarn-16k" / "model.safetensors").is_file()
+    # "Where a checkpoint runs": each `hf-posext serve` line on the checkpoint just saved
+    import shlex
+
+    from hf_posext import cli
+
+    block = re.search(r"<!-- serve-commands -->\s*```\n(.*?)```", README, re.S).group(1).splitlines()
+    pairs = list(zip(block[::2], block[1::2]))
+    assert len(pairs) == 4
+    for shown, output in pairs:
+        assert shown.startswith("$ hf-posext serve ")
+        assert cli.main(shlex.split(shown)[2:]) == 0
+        assert capsys.readouterr().out.strip() == output, shown
 
 
 def test_ci_runs_the_readme_test_command():
