@@ -51,9 +51,7 @@ def add_subcommand(sub) -> None:
                         "default), a local .txt/.md/"
                         ".jsonl/.parquet/.csv file or folder, or a Hub dataset such as pg19, "
                         "emozilla/pg19-test, hoskinson-center/proof-pile")
-    g.add_argument("--dataset-config", default=None, help="Hub dataset configuration name")
-    g.add_argument("--split", default=None, help="dataset split (default: test on the Hub, train locally)")
-    g.add_argument("--column", default="text", help="text column (default text)")
+    session.add_source_args(g)
     g.add_argument("--max-docs", type=int, default=1,
                    help="documents to score, the first ones long enough for the largest length "
                         "(default 1; the YaRN paper used 10)")

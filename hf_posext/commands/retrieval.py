@@ -48,9 +48,7 @@ def add_subcommand(sub) -> None:
     g.add_argument("--dataset", default=NOISE_NAME,
                    help="haystack: noise (RULER's repeated sentences; default), embedded:shakespeare, "
                         "or any source of `eval --dataset`")
-    g.add_argument("--dataset-config", default=None, help="Hub dataset configuration name")
-    g.add_argument("--split", default=None, help="dataset split")
-    g.add_argument("--column", default="text", help="text column (default text)")
+    session.add_source_args(g)
     p.set_defaults(run=run, store_name="retrieval")
 
 

@@ -22,6 +22,7 @@ from ..data.embedded import DEFAULT_MODEL
 from ..evaluation.data import TokenCache, TokenizedDocs, select_documents
 from ..evaluation.inputs import InputError, check_device, check_model_arg, parse_length
 from ..search import SHORT_FACTORS, Evolution, Gradient, SearchOptions, run_search, save_best
+from . import session
 from .model_args import load_model_from, load_tokenizer_from
 
 LOG_NAME = "search_log.jsonl"
@@ -37,9 +38,7 @@ def add_subcommand(sub) -> None:
                    help="tuning text, the sources of `eval` (default embedded:shakespeare/king-lear); "
                         "repeat it to tune on several kinds of text at once (--max-docs from each); "
                         "never the text you evaluate on")
-    p.add_argument("--dataset-config", default=None, help="Hub dataset configuration name")
-    p.add_argument("--split", default=None, help="dataset split")
-    p.add_argument("--column", default="text", help="text column (default text)")
+    session.add_source_args(p)
     p.add_argument("--max-docs", type=int, default=1,
                    help="tuning documents from each --dataset (default 1, as LongRoPE: few)")
     p.add_argument("--length", required=True, help="target context length, e.g. 16k")

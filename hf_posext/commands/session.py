@@ -23,6 +23,14 @@ DEFAULT_METHODS = "none,linear,ntk,dynamic_ntk,yarn"
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
+def add_source_args(g) -> None:
+    """How a `--dataset` source is read (eval, retrieval, search: the one document loader's
+    `TextSource` fields)."""
+    g.add_argument("--dataset-config", default=None, help="Hub dataset configuration name")
+    g.add_argument("--split", default=None, help="dataset split (default: test on the Hub, train locally)")
+    g.add_argument("--column", default="text", help="text column (default text)")
+
+
 def add_run_args(p: argparse.ArgumentParser, default_lengths: str) -> None:
     """The model, grid and output flags every grid command (`eval`, `passkey`, `retrieval`) takes."""
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
