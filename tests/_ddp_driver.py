@@ -43,8 +43,13 @@ def main() -> None:
     writes: list[str] = []
 
     def audit(event, args):
-        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) and isinstance(args[1], str) \
-                and any(c in args[1] for c in "wax+"):
+        # builtin open: (path, mode string, flags); os.open: (path, None, flags) — the results
+        # store creates its files with os.open (O_EXCL | O_NOFOLLOW: never through a link)
+        if event != "open" or not isinstance(args[0], (str, bytes, os.PathLike)):
+            return
+        mode, flags = args[1], args[2]
+        if (any(c in mode for c in "wax+") if isinstance(mode, str)
+                else isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR)):
             writes.append(os.fsdecode(args[0]))
 
     sys.addaudithook(audit)
