@@ -157,15 +157,14 @@ def retrieval(args, arm: str, model_path: str, folder: Path) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     from hf_posext.data import embedded
-    from hf_posext.evaluation import ResultsStore, evaluate_passkey
+    from hf_posext.evaluation import ResultsStore, RetrievalGrid, RunInfo, evaluate_passkey
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tokenizer = embedded.load_tokenizer(args.model)
     with ResultsStore(folder / "passkey", "passkey", resume=True) as store:
-        return evaluate_passkey(model.eval(), tokenizer, methods=["none"], factors=["auto"],
-                                lengths=[int(x) for x in args.passkey_lengths.split(",")],
-                                depths=[float(x) for x in args.depths.split(",")],
-                                seeds=list(range(args.seeds)), store=store, model_name=f"{arm}",
-                                dtype="float32", progress=False)
+        grid = RetrievalGrid(["none"], [int(x) for x in args.passkey_lengths.split(",")],
+                             [float(x) for x in args.depths.split(",")], seeds=list(range(args.seeds)))
+        return evaluate_passkey(model.eval(), tokenizer, grid, store=store, progress=False,
+                                run=RunInfo(model_name=f"{arm}", dtype="float32"))
 
 
 def wilson_text(correct: int, n: int) -> str:

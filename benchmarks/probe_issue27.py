@@ -27,10 +27,10 @@ def add_issue27_cases(add, tmp: Path, assets: Path, saved: Path, edited, finetun
         tiny_model(), "string", max_position_embeddings=83, shifted_offset=21, local_value=5))
     add("trained_length('llama')", "api", lambda: hf_posext.trained_length("llama"))
     if not torch.cuda.is_available():
-        from hf_posext.evaluation.perplexity import evaluate_perplexity
+        from hf_posext.evaluation import PerplexityGrid, RunInfo, evaluate_perplexity
         import numpy as np
         add("evaluate_perplexity(device='cuda') without CUDA", "api", lambda: evaluate_perplexity(
-            tiny_model(), [np.arange(80) % 100], methods=["none"], lengths=[32], device="cuda"))
+            tiny_model(), [np.arange(80) % 100], PerplexityGrid(["none"], [32]), run=RunInfo(device="cuda")))
 
     rerope = tmp / "saved_rerope_27"
     m = transformers.AutoModelForCausalLM.from_pretrained(llama)

@@ -4,8 +4,8 @@
     python benchmarks/shared_forward.py [--lengths 2048,4096,8192,16384] [--method yarn]
 
 On the embedded SmolLM2-135M and the first play long enough, float32: times (1) one truncate
-forward of the longest length, (2) the grid `evaluate_perplexity(methods=[method], factors=[2],
-lengths=...)` with its shared forwards, and (3) the same grid with one forward per length (the
+forward of the longest length, (2) the grid `evaluate_perplexity(model, docs, PerplexityGrid([method],
+lengths, factors=[2]))` with its shared forwards, and (3) the same grid with one forward per length (the
 sharing switched off by planning nothing), and checks that (2) and (3) agree to 1e-4. The grid
 has two groups (`none` and the method), so its cost per method is its time / 2. Appends the
 figures to benchmarks/results/shared_forward.md.
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from hf_posext.data import embedded
+from hf_posext.evaluation import PerplexityGrid
 from hf_posext.evaluation import perplexity as P
 
 OUT = Path(__file__).resolve().parent / "results" / "shared_forward.md"
@@ -52,9 +53,9 @@ def main() -> None:
             P.SharedForwards.plan = lambda self, cells: None  # type: ignore[method-assign]  # nothing planned: one forward per cell
         try:
             start = time.perf_counter()
-            rows = P.evaluate_perplexity(model, docs, methods=[args.method], lengths=lengths,
-                                         factors=[2.0], baseline=False, progress=False,
-                                         reuse_identical=False)
+            rows = P.evaluate_perplexity(model, docs, PerplexityGrid([args.method], lengths, factors=[2.0],
+                                                                    baseline=False),
+                                         progress=False, reuse_identical=False)
             return rows, time.perf_counter() - start
         finally:
             P.SharedForwards.plan = real  # type: ignore[method-assign]  # the swap above, undone

@@ -29,7 +29,7 @@ def main(redraw: bool = False) -> None:
     import torch
 
     from hf_posext import embedded
-    from hf_posext.evaluation import ResultsStore, evaluate_perplexity
+    from hf_posext.evaluation import PerplexityGrid, ResultsStore, RunInfo, evaluate_perplexity
     from hf_posext.training.recipe_eval import SERIES, draw_results
 
     cfg = json.loads((OUT / "config.json").read_text())
@@ -44,9 +44,10 @@ def main(redraw: bool = False) -> None:
         ids = tok(hamlet.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
         base = embedded.load_model(dtype=torch.float32, attn_implementation="sdpa").eval()
         with ResultsStore(OUT, "baseline", resume=True) as store:
-            baseline = evaluate_perplexity(base, [ids], methods=["none"], lengths=sorted(cfg["eval"]["lengths"]),
-                                           store=store, model_name=cfg["model"]["name"], dataset="hamlet",
-                                           chunk_size=cfg["eval"]["chunk_size"], baseline=False)
+            grid = PerplexityGrid(methods=["none"], lengths=sorted(cfg["eval"]["lengths"]),
+                                  chunk_size=cfg["eval"]["chunk_size"], baseline=False)
+            baseline = evaluate_perplexity(base, [ids], grid, store=store,
+                                           run=RunInfo(model_name=cfg["model"]["name"], dataset="hamlet"))
     labelled = [(SERIES["base"], r) for r in baseline]
     labelled += [(SERIES["free"].format(m=method, s=s) if "training-free" in r["method"]
                   else SERIES["tuned"].format(m=method, s=s, steps=steps), r) for r in rows]

@@ -120,14 +120,30 @@ def test_longrope_factor_lists_must_have_one_per_frequency(prf, n):
 # ------------------------------------------------------------------ devices, non-models
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")
 def test_evaluation_on_a_missing_device_names_it():
-    from hf_posext.evaluation.passkey import evaluate_passkey
-    from hf_posext.evaluation.perplexity import evaluate_perplexity
+    from hf_posext.evaluation import PerplexityGrid, RetrievalGrid, RunInfo, evaluate_passkey, evaluate_perplexity
     with pytest.raises(ConfigError, match="device=cuda: CUDA is not available.*device=cpu"):
-        evaluate_perplexity(tiny_model(), [np.arange(80) % 100], methods=["none"], lengths=[32],
-                            device="cuda")
+        evaluate_perplexity(tiny_model(), [np.arange(80) % 100],
+                            PerplexityGrid(methods=["none"], lengths=[32]),
+                            run=RunInfo(device="cuda"))
     with pytest.raises(ConfigError, match="device=cuda:1: CUDA is not available"):
-        evaluate_passkey(tiny_model(), None, methods=["none"], lengths=[32], depths=[0.5],
-                         seeds=[0], device="cuda:1")
+        evaluate_passkey(tiny_model(), None,
+                         RetrievalGrid(methods=["none"], lengths=[32], depths=[0.5], seeds=[0]),
+                         run=RunInfo(device="cuda:1"))
+
+
+def test_the_evaluations_take_typed_settings_only():
+    """One calling convention: grid fields as keywords name the objects to build; a passkey
+    grid of another task points to evaluate_retrieval; nothing runs (the model is never used)."""
+    from hf_posext.evaluation import RetrievalGrid, evaluate_passkey, evaluate_perplexity
+    with pytest.raises(TypeError, match=r"methods, lengths belong in PerplexityGrid\(\.\.\.\); device "
+                                        r"belong in RunInfo.*evaluate_perplexity\(model, docs, Perp"):
+        evaluate_perplexity(None, [], methods=["none"], lengths=[32], device="cpu")
+    with pytest.raises(TypeError, match=r"seeds belong in RetrievalGrid.*model_name belong in RunInfo"):
+        evaluate_passkey(None, None, RetrievalGrid(["none"], [32]), seeds=[0], model_name="m")
+    with pytest.raises(TypeError, match="grid must be a PerplexityGrid"):
+        evaluate_perplexity(None, [], {"methods": ["none"], "lengths": [32]})
+    with pytest.raises(ValueError, match="single_needle task.*use evaluate_retrieval"):
+        evaluate_passkey(None, None, RetrievalGrid(["none"], [32], tasks=["multi_key"]))
 
 
 def test_trained_length_of_a_name_is_a_type_error():

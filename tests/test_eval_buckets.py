@@ -69,8 +69,10 @@ def test_one_forward_serves_every_length_of_a_fixed_s(method, knobs):
     (forward_length says so) and reproduces separate forwards' perplexities to 1e-4 relative."""
     model = tiny_model()
     lengths = [32, 64, 96, 160]
-    rows = P.evaluate_perplexity(model, DOCS, methods=[method], lengths=lengths, factors=[2.5],
-                                 knobs={method: knobs} if knobs else None, baseline=False,
+    rows = P.evaluate_perplexity(model, DOCS,
+                                 PerplexityGrid(methods=[method], lengths=lengths, factors=[2.5],
+                                                knobs={method: knobs} if knobs else None,
+                                                baseline=False),
                                  progress=False, reuse_identical=False)
     for r in rows:
         assert r["forward_length"] == 160, r
@@ -84,8 +86,10 @@ def test_dynamic_methods_keep_one_forward_per_length(monkeypatch):
     calls = []
     real = P.truncate_positions
     monkeypatch.setattr(P, "truncate_positions", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
-    rows = P.evaluate_perplexity(model, DOCS, methods=["dynamic_ntk"], lengths=[96, 160],
-                                 factors=[2.5], baseline=False, progress=False, reuse_identical=False)
+    rows = P.evaluate_perplexity(model, DOCS,
+                                 PerplexityGrid(methods=["dynamic_ntk"], lengths=[96, 160],
+                                                factors=[2.5], baseline=False),
+                                 progress=False, reuse_identical=False)
     dyn = [r for r in rows if r["method"] == "dynamic_ntk"]
     assert [r["forward_length"] for r in dyn] == [96, 160]
     assert sorted(calls) == [96, 160, 160]          # `none` shares one 160 forward; dynamic does not
@@ -116,8 +120,10 @@ def test_the_baseline_takes_its_first_window_from_the_unpatched_forward(monkeypa
     windows = []
     real = P.token_nll
     monkeypatch.setattr(P, "token_nll", lambda m, ids, *a, **k: windows.append(ids.numel()) or real(m, ids, *a, **k))
-    rows = P.evaluate_perplexity(model, DOCS, methods=["yarn"], factors=[2.5], lengths=[96, 160],
-                                 baseline_stride=16, progress=False, reuse_identical=False)
+    rows = P.evaluate_perplexity(model, DOCS,
+                                 PerplexityGrid(methods=["yarn"], factors=[2.5], lengths=[96, 160],
+                                                baseline_stride=16),
+                                 progress=False, reuse_identical=False)
     base = {r["length"]: r for r in rows if r["protocol"] == "baseline"}
     assert sorted(base) == [96, 160]
     # window ends 64, 80, 96 and 64, 80, ..., 160: 3 + 7 windows per document, the first of each shared
@@ -159,7 +165,9 @@ def test_buckets_hold_the_per_position_losses():
     """Per bucket, per document, and past L: each equal to sums of the model's own per-token
     losses of a separate forward."""
     model = tiny_model()
-    rows = P.evaluate_perplexity(model, DOCS, methods=["linear"], lengths=[96, 160], factors=[2.5],
+    rows = P.evaluate_perplexity(model, DOCS,
+                                 PerplexityGrid(methods=["linear"], lengths=[96, 160],
+                                                factors=[2.5]),
                                  progress=False)
     r = next(x for x in rows if x["method"] == "linear" and x["length"] == 160)
     hf_posext.patch(model, "linear", 2.5)
@@ -186,7 +194,9 @@ def test_buckets_hold_the_per_position_losses():
 def test_short_context_regression_and_bits_per_byte():
     model = tiny_model()
     text_bytes = lambda n: sum(len(bytes(int(t) % 90 + 32 for t in d[1:n])) for d in DOCS)  # 1 byte/token
-    rows = P.evaluate_perplexity(model, DOCS, methods=["yarn"], lengths=[32, 64, 128], factors=[2.0],
+    rows = P.evaluate_perplexity(model, DOCS,
+                                 PerplexityGrid(methods=["yarn"], lengths=[32, 64, 128],
+                                                factors=[2.0]),
                                  progress=False, text_bytes=text_bytes)
     none = {r["length"]: r for r in rows if r["method"] == "none" and r["protocol"] == "truncate"}
     for r in rows:
@@ -203,13 +213,16 @@ def test_short_context_regression_and_bits_per_byte():
 def test_resume_keeps_the_buckets_and_reuses_them(tmp_path, monkeypatch):
     model = tiny_model()
     with ResultsStore(tmp_path, "perplexity") as store:
-        first = P.evaluate_perplexity(model, DOCS, methods=["yarn"], lengths=[96], factors=[2.0],
+        first = P.evaluate_perplexity(model, DOCS,
+                                      PerplexityGrid(methods=["yarn"], lengths=[96], factors=[2.0]),
                                       store=store, progress=False)
     calls = []
     real = P.truncate_positions
     monkeypatch.setattr(P, "truncate_positions", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     with ResultsStore(tmp_path, "perplexity", resume=True) as store:
-        again = P.evaluate_perplexity(model, DOCS, methods=["yarn"], lengths=[96, 160], factors=[2.0],
+        again = P.evaluate_perplexity(model, DOCS,
+                                      PerplexityGrid(methods=["yarn"], lengths=[96, 160],
+                                                     factors=[2.0]),
                                       store=store, progress=False)
     assert sorted(calls) == [160, 160]            # none and yarn at 160 only; 96 came from the file
     stored = json.loads((tmp_path / "perplexity.json").read_text())["rows"]
@@ -223,7 +236,9 @@ def test_resume_keeps_the_buckets_and_reuses_them(tmp_path, monkeypatch):
 
 def test_table_columns_and_position_plot(tmp_path):
     model = tiny_model()
-    rows = P.evaluate_perplexity(model, DOCS, methods=["yarn"], lengths=[32, 64, 128], factors=[2.0],
+    rows = P.evaluate_perplexity(model, DOCS,
+                                 PerplexityGrid(methods=["yarn"], lengths=[32, 64, 128],
+                                                factors=[2.0]),
                                  progress=False)
     text = format_table(rows)
     head = text.splitlines()[0]

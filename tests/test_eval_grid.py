@@ -25,7 +25,8 @@ DOCS = [random_doc(160, seed=11), random_doc(200, seed=12)]
 
 def test_grid_rows_match_direct_patched_evaluation():
     model = tiny_model()   # trained length 64
-    rows = evaluate_perplexity(model, DOCS, methods=["linear", "yarn"], lengths=[32, 128],
+    rows = evaluate_perplexity(model, DOCS,
+                               PerplexityGrid(methods=["linear", "yarn"], lengths=[32, 128]),
                                progress=False)
     got = {(r["method"], r["length"]): r for r in rows if r["protocol"] == "truncate"}
     assert set(got) == {(m, n) for m in ("none", "linear", "yarn") for n in (32, 128)}
@@ -44,18 +45,23 @@ def test_grid_rows_match_direct_patched_evaluation():
 
 def test_identical_rope_cells_are_reused_and_equal_a_recompute():
     model = tiny_model()
-    reused = evaluate_perplexity(model, DOCS, methods=["linear", "ntk", "yarn", "dynamic_ntk"],
-                                 lengths=[48], progress=False)
+    reused = evaluate_perplexity(model, DOCS,
+                                 PerplexityGrid(methods=["linear", "ntk", "yarn", "dynamic_ntk"],
+                                                lengths=[48]),
+                                 progress=False)
     assert all(r["protocol"] == "truncate" for r in reused)   # no baseline within the trained length
-    fresh = evaluate_perplexity(model, DOCS, methods=["linear", "ntk", "yarn", "dynamic_ntk"],
-                                lengths=[48], reuse_identical=False, progress=False)
+    fresh = evaluate_perplexity(model, DOCS,
+                                PerplexityGrid(methods=["linear", "ntk", "yarn", "dynamic_ntk"],
+                                               lengths=[48]),
+                                reuse_identical=False, progress=False)
     for a, b in zip(reused, fresh):
         assert a["method"] == b["method"]
         assert a["perplexity"] == pytest.approx(b["perplexity"], rel=1e-12)
         assert b["same_as"] == ""
     assert [r["same_as"] for r in reused] == ["", "none s=1", "none s=1", "none s=1", "none s=1"]
     # A real extension (s=2 at 128 > 64) is never reused.
-    rows = evaluate_perplexity(model, DOCS, methods=["linear"], lengths=[128], progress=False)
+    rows = evaluate_perplexity(model, DOCS, PerplexityGrid(methods=["linear"], lengths=[128]),
+                               progress=False)
     assert rows[1]["same_as"] == ""
 
 
@@ -71,8 +77,10 @@ def test_plan_cells_order_auto_and_numeric_factors():
 def test_results_files_resume_and_refusal(tmp_path, monkeypatch):
     model = tiny_model()
     with ResultsStore(tmp_path, "perplexity") as store:
-        first = evaluate_perplexity(model, DOCS, methods=["linear"], lengths=[32, 128], store=store,
-                                    baseline=False, progress=False)
+        first = evaluate_perplexity(model, DOCS,
+                                    PerplexityGrid(methods=["linear"], lengths=[32, 128],
+                                                   baseline=False),
+                                    store=store, progress=False)
     on_disk = json.loads((tmp_path / "perplexity.json").read_text())["rows"]
     assert [r["key"] for r in on_disk] == [r["key"] for r in first]
     with open(tmp_path / "perplexity.csv") as f:
@@ -85,8 +93,10 @@ def test_results_files_resume_and_refusal(tmp_path, monkeypatch):
     real = ppl_mod.truncate_positions
     monkeypatch.setattr(ppl_mod, "truncate_positions", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     with ResultsStore(tmp_path, "perplexity", resume=True) as store:
-        again = evaluate_perplexity(model, DOCS, methods=["linear"], lengths=[32, 128, 96],
-                                    store=store, baseline=False, progress=False)
+        again = evaluate_perplexity(model, DOCS,
+                                    PerplexityGrid(methods=["linear"], lengths=[32, 128, 96],
+                                                   baseline=False),
+                                    store=store, progress=False)
     assert calls == [96, 96]   # none and linear at 96 (s = 1.5); 32 and 128 came from the files
     assert len(json.loads((tmp_path / "perplexity.json").read_text())["rows"]) == 6
     assert [r["perplexity"] for r in again if r["length"] != 96] == [r["perplexity"] for r in first]
@@ -97,7 +107,8 @@ def test_results_files_resume_and_refusal(tmp_path, monkeypatch):
 
 def test_table_and_plot(tmp_path):
     model = tiny_model()
-    rows = evaluate_perplexity(model, DOCS, methods=["linear", "ntk"], lengths=[32, 64, 128],
+    rows = evaluate_perplexity(model, DOCS,
+                               PerplexityGrid(methods=["linear", "ntk"], lengths=[32, 64, 128]),
                                progress=False)
     text = format_table(rows)
     assert text.splitlines()[0].split()[:8] == ["method", "32", "64", "128", "ratio", "to", "sliding", "@128"]
@@ -124,6 +135,7 @@ KILLED_RUN = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from _evalkit import random_doc, tiny_model
     from hf_posext.evaluation import perplexity as P
+    from hf_posext.evaluation.settings import PerplexityGrid
     from hf_posext.evaluation.store import ResultsStore
     calls = []
     real = P.truncate_positions
@@ -134,7 +146,7 @@ KILLED_RUN = textwrap.dedent("""
         return real(*a, **k)
     P.truncate_positions = dying
     docs = [random_doc(160, seed=11), random_doc(200, seed=12)]
-    P.evaluate_perplexity(tiny_model(), docs, methods=["linear"], lengths=[64, 128],
+    P.evaluate_perplexity(tiny_model(), docs, PerplexityGrid(["linear"], [64, 128]),
                           store=ResultsStore({out!r}, "perplexity"), progress=False)
 """)
 
@@ -151,7 +163,8 @@ def test_killed_run_keeps_finished_rows_and_resume_completes(tmp_path):
         assert len(list(csv.DictReader(f))) == 3
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     with ResultsStore(tmp_path, "perplexity", resume=True) as store:
-        done = evaluate_perplexity(tiny_model(), DOCS, methods=["linear"], lengths=[64, 128],
+        done = evaluate_perplexity(tiny_model(), DOCS,
+                                   PerplexityGrid(methods=["linear"], lengths=[64, 128]),
                                    store=store, progress=False)
     assert [(r["method"], r["length"], r["protocol"]) for r in done] == [
         ("none", 64, "truncate"), ("linear", 64, "truncate"), ("none", 128, "truncate"),

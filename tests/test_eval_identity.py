@@ -10,7 +10,7 @@ import torch
 import hf_posext.cli as cli
 from hf_posext.commands import model_args
 from _evalkit import char_tokenizer, random_doc, tiny_model
-from hf_posext.evaluation import ResultsStore, evaluate_perplexity
+from hf_posext.evaluation import PerplexityGrid, ResultsStore, RunInfo, evaluate_perplexity
 from hf_posext.evaluation import grid as grid_mod
 from hf_posext.evaluation.identity import checkpoint_fingerprint
 
@@ -89,28 +89,33 @@ def test_the_api_never_reuses_another_models_rows(tmp_path):
     """Same `model_name`, other weights (e.g. the recipe retrained with another learning rate):
     nothing is copied from the first model's rows, through the key or through `same_as`."""
     with ResultsStore(tmp_path, "results") as store:
-        a = evaluate_perplexity(tiny_model(seed=0), DOCS, methods=["linear"], lengths=[32, 96],
-                                store=store, model_name="final", progress=False)
-        b = evaluate_perplexity(tiny_model(seed=1), DOCS, methods=["linear"], lengths=[32, 96],
-                                store=store, model_name="final", progress=False)
+        a = evaluate_perplexity(tiny_model(seed=0), DOCS,
+                                PerplexityGrid(methods=["linear"], lengths=[32, 96]),
+                                run=RunInfo(model_name="final"), store=store, progress=False)
+        b = evaluate_perplexity(tiny_model(seed=1), DOCS,
+                                PerplexityGrid(methods=["linear"], lengths=[32, 96]),
+                                run=RunInfo(model_name="final"), store=store, progress=False)
     assert {r["key"] for r in a}.isdisjoint(r["key"] for r in b)
     assert all(x["perplexity"] != y["perplexity"] for x, y in zip(a, b))
     assert all(not r["same_as"].startswith("none") or r["length"] == 32 for r in b)
     # As-is mode (the recipe's fine-tuned model): other weights, other rows.
     with ResultsStore(tmp_path / "ft", "results") as store:
-        f1 = evaluate_perplexity(tiny_model(seed=0), DOCS, methods=None, label="fine-tuned",
-                                 lengths=[96], store=store, progress=False)
-        f2 = evaluate_perplexity(tiny_model(seed=2), DOCS, methods=None, label="fine-tuned",
-                                 lengths=[96], store=store, progress=False)
+        f1 = evaluate_perplexity(tiny_model(seed=0), DOCS,
+                                 PerplexityGrid(methods=None, label="fine-tuned", lengths=[96]),
+                                 store=store, progress=False)
+        f2 = evaluate_perplexity(tiny_model(seed=2), DOCS,
+                                 PerplexityGrid(methods=None, label="fine-tuned", lengths=[96]),
+                                 store=store, progress=False)
     assert f1[0]["method"] == "fine-tuned" and f1[0]["perplexity"] != f2[0]["perplexity"]
 
 
 def test_float32_rows_are_not_bfloat16_rows(tmp_path):
     with ResultsStore(tmp_path, "p") as store:
-        f32 = evaluate_perplexity(tiny_model(), DOCS, methods=[], lengths=[64], store=store,
-                                  progress=False)
-        bf16 = evaluate_perplexity(tiny_model().to(torch.bfloat16), DOCS, methods=[], lengths=[64],
-                                   store=store, progress=False)
+        f32 = evaluate_perplexity(tiny_model(), DOCS, PerplexityGrid(methods=[], lengths=[64]),
+                                  store=store, progress=False)
+        bf16 = evaluate_perplexity(tiny_model().to(torch.bfloat16), DOCS,
+                                   PerplexityGrid(methods=[], lengths=[64]), store=store,
+                                   progress=False)
     assert f32[0]["dtype"] == "float32" and bf16[0]["dtype"] == "bfloat16"
     assert f32[0]["key"] != bf16[0]["key"] and f32[0]["perplexity"] != bf16[0]["perplexity"]
 
@@ -134,7 +139,8 @@ def test_an_attention_level_change_is_not_reused_from_none(monkeypatch):
     monkeypatch.setattr(grid_mod, "apply_method", apply)
     model = tiny_model()
     model.config._attn_implementation = "sdpa"
-    rows = evaluate_perplexity(model, DOCS, methods=["linear", "ntk"], lengths=[48], progress=False)
+    rows = evaluate_perplexity(model, DOCS, PerplexityGrid(methods=["linear", "ntk"], lengths=[48]),
+                               progress=False)
     same = {r["method"]: r["same_as"] for r in rows}
     assert same == {"none": "", "linear": "", "ntk": "none s=1"}
     ppl = {r["method"]: r["perplexity"] for r in rows}

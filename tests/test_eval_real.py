@@ -32,10 +32,12 @@ def test_chunked_loss_matches_plain_loss_on_the_real_model(real):
 
 
 def test_passkey_inside_the_trained_window(real):
-    from hf_posext.evaluation.passkey import evaluate_passkey
+    from hf_posext.evaluation import RetrievalGrid, evaluate_passkey
 
     model, tok = real
-    rows = evaluate_passkey(model, tok, methods=[], lengths=[1024], depths=[0.0, 0.5, 1.0],
-                            seeds=[0, 1], progress=False)
+    rows = evaluate_passkey(model, tok,
+                            RetrievalGrid(methods=[], lengths=[1024], depths=[0.0, 0.5, 1.0],
+                                          seeds=[0, 1]),
+                            progress=False)
     accuracy = sum(r["correct"] for r in rows) / sum(r["seeds"] for r in rows)
     assert accuracy >= 0.8, [r["answers"] for r in rows]

@@ -12,6 +12,7 @@ from _evalkit import TINY, char_tokenizer
 from hf_posext.evaluation.passkey import (FILLER, build_prompt, evaluate_passkey, first_number,
                                           passkey_for_seed)
 from hf_posext.evaluation.results import plot_passkey_heatmap
+from hf_posext.evaluation.retrieval.settings import RetrievalGrid
 from hf_posext.evaluation.store import ResultsStore
 
 
@@ -61,8 +62,10 @@ def test_keys_are_seeded_five_digit_numbers():
 @pytest.mark.parametrize("copy_key,expected", [(True, 1.0), (False, 0.0)])
 def test_stub_accuracy(copy_key, expected):
     model = _stub(copy_key)
-    rows = evaluate_passkey(model, model.tok, methods=["yarn"], lengths=[400, 800],
-                            depths=[0.0, 0.5, 1.0], seeds=[0, 1, 2], progress=False)
+    rows = evaluate_passkey(model, model.tok,
+                            RetrievalGrid(methods=["yarn"], lengths=[400, 800],
+                                          depths=[0.0, 0.5, 1.0], seeds=[0, 1, 2]),
+                            progress=False)
     assert len(rows) == 2 * 2 * 3   # (none, yarn) × lengths × depths
     assert all(r["accuracy"] == expected and r["seeds"] == 3 for r in rows)
     assert all(r["correct"] == 3 * expected for r in rows)
@@ -78,21 +81,21 @@ def test_real_tiny_model_runs_and_is_deterministic(tmp_path):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
     tok = char_tokenizer()
-    kw = dict(methods=["dynamic_ntk"], lengths=[400], depths=[0.5], seeds=[0, 1], progress=False)
-    a = evaluate_passkey(model, tok, **kw)
-    b = evaluate_passkey(model, tok, **kw)
+    grid = RetrievalGrid(["dynamic_ntk"], [400], depths=[0.5], seeds=[0, 1])
+    a = evaluate_passkey(model, tok, grid, progress=False)
+    b = evaluate_passkey(model, tok, grid, progress=False)
     assert [r["answers"] for r in a] == [r["answers"] for r in b]
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in a)
 
 
 def test_results_resume_and_heatmap(tmp_path):
     model = _stub(True)
-    kw = dict(methods=[], lengths=[400, 800], depths=[0.0, 1.0], seeds=[0], progress=False)
+    grid = RetrievalGrid([], [400, 800], depths=[0.0, 1.0], seeds=[0])
     with ResultsStore(tmp_path, "passkey") as store:
-        rows = evaluate_passkey(model, model.tok, store=store, **kw)
+        rows = evaluate_passkey(model, model.tok, grid, store=store, progress=False)
     calls = len(model.seen)
     with ResultsStore(tmp_path, "passkey", resume=True) as store:
-        again = evaluate_passkey(model, model.tok, store=store, **kw)
+        again = evaluate_passkey(model, model.tok, grid, store=store, progress=False)
     assert len(model.seen) == calls and again == rows
     path = plot_passkey_heatmap(rows, tmp_path / "h.png", "none")
     assert path.read_bytes()[:4] == b"\x89PNG"
@@ -100,13 +103,14 @@ def test_results_resume_and_heatmap(tmp_path):
 
 def test_a_later_run_with_more_lengths_and_depths_resumes_the_cells_already_there(tmp_path):
     model = _stub(True)
-    kw = dict(methods=[], seeds=[0], progress=False)
     with ResultsStore(tmp_path, "passkey") as store:
-        first = evaluate_passkey(model, model.tok, store=store, lengths=[400], depths=[0.5], **kw)
+        first = evaluate_passkey(model, model.tok, RetrievalGrid([], [400], depths=[0.5], seeds=[0]),
+                                 store=store, progress=False)
     assert len(model.seen) == 1
     with ResultsStore(tmp_path, "passkey", resume=True) as store:
-        rows = evaluate_passkey(model, model.tok, store=store, lengths=[400, 800],
-                                depths=[0.0, 0.5], **kw)
+        rows = evaluate_passkey(model, model.tok,
+                                RetrievalGrid([], [400, 800], depths=[0.0, 0.5], seeds=[0]),
+                                store=store, progress=False)
     assert len(model.seen) == 1 + 3            # only the three new cells decoded
     assert len(rows) == 4 and first[0] in rows
 
@@ -114,10 +118,13 @@ def test_a_later_run_with_more_lengths_and_depths_resumes_the_cells_already_ther
 def test_the_data_hash_follows_the_prompt_pieces():
     tok = char_tokenizer()
     model = _stub(True)
-    a = evaluate_passkey(model, tok, methods=[], lengths=[400], depths=[0.5], seeds=[0], progress=False)
+    a = evaluate_passkey(model, tok,
+                         RetrievalGrid(methods=[], lengths=[400], depths=[0.5], seeds=[0]),
+                         progress=False)
     with pytest.MonkeyPatch.context() as mp:   # another filler: other prompts, another data hash
         mp.setattr("hf_posext.evaluation.retrieval.tasks.NOISE", "Grass is green. " * 4 + "\n")
-        b = evaluate_passkey(model, tok, methods=[], lengths=[400], depths=[0.5], seeds=[0],
+        b = evaluate_passkey(model, tok,
+                             RetrievalGrid(methods=[], lengths=[400], depths=[0.5], seeds=[0]),
                              progress=False)
     assert a[0]["data_hash"] != b[0]["data_hash"]
 
@@ -128,11 +135,11 @@ def test_cells_with_identical_rope_reuse_answers():
     torch.manual_seed(0)
     model = KeyModel(LlamaConfig(**{**TINY, "max_position_embeddings": 1024})).eval()
     model.tok, model.seen, model.copy_key = char_tokenizer(), [], True
-    kw = dict(methods=["linear", "yarn"], lengths=[400], depths=[0.5], seeds=[0, 1], progress=False)
-    rows = evaluate_passkey(model, model.tok, **kw)
+    grid = RetrievalGrid(["linear", "yarn"], [400], depths=[0.5], seeds=[0, 1])
+    rows = evaluate_passkey(model, model.tok, grid, progress=False)
     assert len(model.seen) == 2                      # only `none` decoded
     assert [r["same_as"] for r in rows] == ["", "none s=1", "none s=1"]
-    fresh = evaluate_passkey(model, model.tok, reuse_identical=False, **kw)
+    fresh = evaluate_passkey(model, model.tok, grid, reuse_identical=False, progress=False)
     assert len(model.seen) == 2 + 6
     assert [r["answers"] for r in rows] == [r["answers"] for r in fresh]
 
@@ -140,5 +147,6 @@ def test_cells_with_identical_rope_reuse_answers():
 def test_repeated_seeds_are_refused():
     model = _stub(True)
     with pytest.raises(ValueError, match="repeat a seed"):
-        evaluate_passkey(model, model.tok, methods=[], lengths=[400], depths=[0.5], seeds=[1, 1],
+        evaluate_passkey(model, model.tok,
+                         RetrievalGrid(methods=[], lengths=[400], depths=[0.5], seeds=[1, 1]),
                          progress=False)

@@ -70,3 +70,4 @@ def test_doc_python_block_runs():
     code = code.replace("[8192, 16384]", "[800]").replace('tasks=["multi_key"]', 'tasks=["multi_key"], trials=2, depths=[1.0]')
     exec(compile(code, "docs/retrieval.md", "exec"), namespace)
     assert {r["task"] for r in namespace["rows"]} == {"multi_key"} and settings.DEFAULT_TRIALS == 20
+    assert {(r["task"], r["trials"], r["seeds"]) for r in namespace["passkey"]} == {("single_needle", 2, 2)}

@@ -9,6 +9,8 @@ from ..evaluation.inputs import (InputError, parse_factors, parse_floats01, pars
                                  parse_methods, parse_seeds)
 from ..evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
 from ..evaluation.results import plot_passkey_heatmap, print_table
+from ..evaluation.retrieval.settings import RetrievalGrid
+from ..evaluation.settings import RunInfo
 from . import session
 from .model_args import load_tokenizer_from
 
@@ -39,10 +41,12 @@ def run(args) -> int:
     view, store = session.open_store(args, "passkey", ranks)
     try:
         model = session.load_checked(args, store, ranks)
-        rows = evaluate_passkey(model, tokenizer, methods=methods, lengths=lengths, depths=depths,
-                                seeds=seeds, factors=factors, store=view, model_name=args.model,
-                                device=args.device, progress=not args.no_progress and ranks.is_main,
-                                knobs=knobs, fingerprint=args.fingerprint, ranks=ranks, skip=skip)
+        grid = RetrievalGrid(methods, lengths, depths, seeds=seeds, factors=factors, knobs=knobs,
+                             skip=tuple(skip))
+        rows = evaluate_passkey(model, tokenizer, grid, store=view, ranks=ranks,
+                                run=RunInfo(model_name=args.model, device=args.device,
+                                            fingerprint=args.fingerprint),
+                                progress=not args.no_progress and ranks.is_main)
     finally:
         if store is not None:
             store.close()

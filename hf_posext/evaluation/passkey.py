@@ -11,16 +11,17 @@ Keys come from `random.Random(seed)`, so a rerun gives the same prompts and the 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
-from .retrieval.haystack import noise_haystack
+from .retrieval.haystack import NOISE_NAME, noise_haystack
 from .retrieval.prompt import min_tokens, place
 from .retrieval.run import evaluate_retrieval
 from .retrieval.settings import RetrievalGrid
 from .retrieval.stats import first_number  # noqa: F401  (passkey's scoring rule, re-exported)
 from .retrieval.tasks import NEEDLE, NOISE, PREFIX, QUESTION, passkey_for_seed, passkey_trial
-from .settings import RunInfo
+from .settings import RunInfo, settings_only
 
 FILLER = NOISE   # noqa: F401  (the historical name)
 __all__ = ["FILLER", "NEEDLE", "PREFIX", "QUESTION", "PasskeyPrompt", "build_prompt",
@@ -45,24 +46,30 @@ def build_prompt(tokenizer, length: int, depth: float, key: int) -> PasskeyPromp
     return PasskeyPrompt(cell.prompt(0), key, len(cell.prefix))
 
 
-def evaluate_passkey(model, tokenizer, *, methods: Sequence[str], lengths: Sequence[int],
-                     depths: Sequence[float], seeds: Sequence[int], factors: Sequence = ("auto",),
-                     store=None, model_name: str = "model", dtype: str | None = None,
-                     device: str = "cpu", answer_fn: Callable | None = None,
-                     reuse_identical: bool = True, progress: bool = True,
-                     knobs: dict | None = None, fingerprint: str | None = None,
-                     ranks=None, skip=()) -> list[dict]:
-    """Passkey accuracy for every (method, factor, length, depth), over `seeds`: the rows of
-    `evaluate_retrieval` for the single_needle task (Wilson interval included), plus `seeds`.
-    skip: (method, length, s) cells left out (`inputs.check_cells` under `--methods all`).
+@settings_only(RetrievalGrid)
+def evaluate_passkey(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | None = None,
+                     store=None, ranks=None, progress: bool = True, reuse_identical: bool = True,
+                     answer_fn: Callable | None = None) -> list[dict]:
+    """Passkey accuracy for every (method, factor, length, depth) of `grid`, over its seeds:
+    the rows of `evaluate_retrieval` for the single_needle task (Wilson interval included),
+    plus `seeds` (how many).
 
+    grid: a `RetrievalGrid` of the single_needle task on the noise haystack (its defaults), e.g.
+        `RetrievalGrid(["yarn"], [4096, 8192], depths=[0, 0.5, 1], seeds=[0, 1, 2])`; the other
+        tasks and haystacks: `evaluate_retrieval`. run: whose run it is (`RunInfo`: model
+        name, fingerprint, dtype, device).
     answer_fn(model, tokenizer, input_ids) -> decoded answer text; defaults to greedy decoding
     with the shared prefix prefilled once per cell (`retrieval.decode`)."""
-    grid = RetrievalGrid(list(methods), list(lengths), list(depths), ["single_needle"],
-                         seeds=list(seeds), factors=factors, knobs=knobs, skip=tuple(skip))
+    if not isinstance(grid, RetrievalGrid):
+        raise TypeError(f"grid must be a RetrievalGrid(methods=..., lengths=..., depths=..., "
+                        f"seeds=...), got {type(grid).__name__}.")
+    if tuple(grid.tasks) != ("single_needle",) or grid.haystack != NOISE_NAME:
+        raise ValueError(f"evaluate_passkey runs the single_needle task on the {NOISE_NAME} "
+                         f"haystack, got tasks={list(grid.tasks)}, haystack={grid.haystack!r}; "
+                         "use evaluate_retrieval for the others.")
     adapted = None if answer_fn is None else (
         lambda m, tok, cell, reuse: [answer_fn(m, tok, cell.prompt(i)) for i in range(len(cell.trials))])
-    run = RunInfo(model_name=model_name, dtype=dtype, device=device, fingerprint=fingerprint,
-                  extra_columns={"seeds": len(grid.trial_seeds())})
+    run = run or RunInfo()
+    run = dataclasses.replace(run, extra_columns={**run.extra_columns, "seeds": len(grid.trial_seeds())})
     return evaluate_retrieval(model, tokenizer, grid, run=run, store=store, ranks=ranks,
                               reuse_identical=reuse_identical, progress=progress, answer_fn=adapted)

@@ -29,7 +29,7 @@ from .identity import model_dtype, rope_prefix_stable, run_identity
 from .inputs import check_device
 from .buckets import PositionNLL, nll_from, prefix, summarize
 from .loss import IGNORE_INDEX, PeakMemory, causal_targets, token_nll
-from .settings import PerplexityGrid, RunInfo, split_keywords
+from .settings import PerplexityGrid, RunInfo, settings_only
 
 # What a cell computes (copied to a cell that computes the same logits, see `grid.run_grid`).
 RESULT_FIELDS = ("perplexity", "nll", "tokens", "bucket_edges", "bucket_nll", "bucket_tokens",
@@ -261,17 +261,18 @@ def _beyond_ratio(row: dict, base: dict) -> float | None:
     return round(math.exp(a[0] / a[1] - b[0] / b[1]), 4)
 
 
-def evaluate_perplexity(model, docs: Sequence[np.ndarray], grid: PerplexityGrid | None = None, *,
+@settings_only(PerplexityGrid)
+def evaluate_perplexity(model, docs: Sequence[np.ndarray], grid: PerplexityGrid, *,
                         run: RunInfo | None = None, store=None, ranks=None, progress: bool = True,
                         reuse_identical: bool = True,
-                        text_bytes: Callable[[int], int] | None = None, **keywords) -> list[dict]:
+                        text_bytes: Callable[[int], int] | None = None) -> list[dict]:
     """Perplexity of every (method, factor, length, protocol) cell of `grid` on one loaded model.
 
     Args:
         docs: token ids per document (each [n_i]); each needs `grid.tokens_needed()` tokens.
-        grid: what to measure (`settings.PerplexityGrid`); run: whose run it is (`RunInfo`).
-            Keyword shorthand: `evaluate_perplexity(model, docs, methods=[...], lengths=[...],
-            model_name=...)` sets the fields of either.
+        grid: what to measure (`settings.PerplexityGrid`); run: whose run it is (`RunInfo`,
+            default `RunInfo()`), e.g. `evaluate_perplexity(model, docs,
+            PerplexityGrid(["yarn"], [4096, 16384]), run=RunInfo(model_name="smollm2"))`.
         store: a `store.RowStore`; each row is written as soon as its cell finishes, and cells
             whose key it holds are skipped (resume). The key covers the model's content
             (`run.fingerprint`, else a hash of its weights), dtype, device, attention, data and
@@ -288,7 +289,9 @@ def evaluate_perplexity(model, docs: Sequence[np.ndarray], grid: PerplexityGrid 
     With a baseline, truncate rows gain `ratio_to_sliding` and the other ratios (`annotate`).
     Returns the rows of this run (computed, reused and resumed), in cell order.
     """
-    grid, run = split_keywords(grid, run, keywords)
+    if not isinstance(grid, PerplexityGrid):
+        raise TypeError(f"grid must be a PerplexityGrid(methods=..., lengths=...), got {type(grid).__name__}.")
+    run = run or RunInfo()
     check_device(run.device, "device=")
     if run.dtype not in (None, "", "auto") and model_dtype(model) != run.dtype:
         raise ValueError(f"dtype={run.dtype!r} but the model runs in {model_dtype(model)}.")

@@ -5,21 +5,24 @@
 - `RunInfo`: *whose* run it is — model name and fingerprint, dataset and its hash, dtype,
   device, constant columns; recorded in every row and in its resume key.
 
-`evaluate_perplexity(model, docs, grid, run=run)` takes them; its keyword shorthand
-(`evaluate_perplexity(model, docs, methods=..., lengths=...)`) builds the same two objects, so
-an unknown keyword is a TypeError naming the fields of both.
+`evaluate_perplexity(model, docs, grid, run=run)` takes them (and `evaluate_passkey` /
+`evaluate_retrieval` a `RetrievalGrid` and a `RunInfo`): one calling convention, a grid field
+passed as a keyword is a TypeError naming the object to build (`settings_only`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar, cast
 
 from .grid import Cell, knobs_for, method_factors
 
 PROTOCOLS = ("truncate", "sliding")
 DEFAULT_STRIDE = 256  # the papers' sliding-window stride
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -118,23 +121,27 @@ class RunInfo:
     extra_columns: dict = field(default_factory=dict)
 
 
-def split_keywords(grid: PerplexityGrid | None, run: RunInfo | None,
-                   keywords: dict[str, Any]) -> tuple[PerplexityGrid, RunInfo]:
-    """The typed inputs from `evaluate_perplexity`'s keyword shorthand (keywords override the
-    fields of `grid` / `run` when both are given)."""
-    grid_fields = {f.name for f in dataclasses.fields(PerplexityGrid)}
+def settings_only(grid_type: type) -> Callable[[F], F]:
+    """`fn` takes its settings as typed objects only (a `grid_type` and a `RunInfo`): a call
+    passing their fields as keywords (the removed shorthand, `methods=..., lengths=...`) fails
+    with a TypeError naming the objects to build, before any work."""
+    grid_fields = {f.name for f in dataclasses.fields(grid_type)}
     run_fields = {f.name for f in dataclasses.fields(RunInfo)}
-    unknown = set(keywords) - grid_fields - run_fields
-    if unknown:
-        raise TypeError(f"evaluate_perplexity got unknown keywords {sorted(unknown)}; the grid "
-                        f"takes {sorted(grid_fields)}, the run {sorted(run_fields)}.")
-    g = {k: v for k, v in keywords.items() if k in grid_fields}
-    r = {k: v for k, v in keywords.items() if k in run_fields and v is not None}
-    if grid is None:
-        if "lengths" not in g or "methods" not in g:
-            raise TypeError("evaluate_perplexity needs a PerplexityGrid, or methods= and lengths=.")
-        grid = PerplexityGrid(**g)
-    elif g:
-        grid = dataclasses.replace(grid, **g)
-    run = dataclasses.replace(run, **r) if run is not None else RunInfo(**r)
-    return grid, run
+
+    def wrap(fn: F) -> F:
+        params = inspect.signature(fn).parameters
+        leading = ", ".join(list(params)[:list(params).index("grid")])
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            stray = [k for k in kwargs if k not in params and k in grid_fields | run_fields]
+            if stray:
+                parts = [f"{', '.join(ks)} belong in {t}(...)" for t, ks in
+                         ((grid_type.__name__, [k for k in stray if k in grid_fields]),
+                          ("RunInfo", [k for k in stray if k not in grid_fields])) if ks]
+                raise TypeError(f"{fn.__name__}() has no keyword {', '.join(stray)}: "
+                                f"{'; '.join(parts)}, called as {fn.__name__}({leading}, "
+                                f"{grid_type.__name__}(...), run=RunInfo(...)).")
+            return fn(*args, **kwargs)
+        return cast(F, checked)
+    return wrap
