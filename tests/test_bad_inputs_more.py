@@ -136,9 +136,9 @@ def test_the_evaluations_take_typed_settings_only():
     grid of another task points to evaluate_retrieval; nothing runs (the model is never used)."""
     from hf_posext.evaluation import RetrievalGrid, evaluate_passkey, evaluate_perplexity
     with pytest.raises(TypeError, match=r"methods, lengths belong in PerplexityGrid\(\.\.\.\); device "
-                                        r"belong in RunInfo.*evaluate_perplexity\(model, docs, Perp"):
+                                        r"belongs in RunInfo.*evaluate_perplexity\(model, docs, Perp"):
         evaluate_perplexity(None, [], methods=["none"], lengths=[32], device="cpu")
-    with pytest.raises(TypeError, match=r"seeds belong in RetrievalGrid.*model_name belong in RunInfo"):
+    with pytest.raises(TypeError, match=r"seeds belongs in RetrievalGrid.*model_name belongs in RunInfo"):
         evaluate_passkey(None, None, RetrievalGrid(["none"], [32]), seeds=[0], model_name="m")
     with pytest.raises(TypeError, match="grid must be a PerplexityGrid"):
         evaluate_perplexity(None, [], {"methods": ["none"], "lengths": [32]})

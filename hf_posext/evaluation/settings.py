@@ -136,7 +136,7 @@ def settings_only(grid_type: type) -> Callable[[F], F]:
         def checked(*args: Any, **kwargs: Any) -> Any:
             stray = [k for k in kwargs if k not in params and k in grid_fields | run_fields]
             if stray:
-                parts = [f"{', '.join(ks)} belong in {t}(...)" for t, ks in
+                parts = [f"{', '.join(ks)} {'belongs' if len(ks) == 1 else 'belong'} in {t}(...)" for t, ks in
                          ((grid_type.__name__, [k for k in stray if k in grid_fields]),
                           ("RunInfo", [k for k in stray if k not in grid_fields])) if ks]
                 raise TypeError(f"{fn.__name__}() has no keyword {', '.join(stray)}: "
