@@ -4,7 +4,6 @@ documents tokenised, before the model loads."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -65,22 +64,17 @@ def run(args) -> int:
     """`hf-posext eval`: flags -> grid, documents, store + model, evaluation, report; every
     flag is checked before any document or model loads."""
     ranks = Ranks()
-    grid = eval_grid(args)
-    grid = dataclasses.replace(grid, skip=session.check_inputs(args, ranks, grid.methods, grid.lengths,
-                                                        grid.factors, grid.knobs or {}))
+    grid = session.without_unfit(eval_grid(args), args, ranks)
     source, docs, tokenizer = _eval_documents(args, grid, ranks)
-    view, store = session.open_store(args, "perplexity", ranks)
-    try:
-        model = session.load_checked(args, store, ranks)
-        rows = evaluate_perplexity(
-            model, docs.docs, grid, store=view, ranks=ranks,
-            run=RunInfo(model_name=args.model, dataset=source.label, data_hash=docs.fingerprint,
-                        device=args.device, fingerprint=args.fingerprint),
-            reuse_identical=not args.no_reuse, progress=not args.no_progress and ranks.is_main,
-            text_bytes=scored_bytes(tokenizer, docs.docs))
-    finally:
-        if store is not None:
-            store.close()
+
+    def evaluate(model, view, progress):   # args.fingerprint: the loaded model's (load_checked)
+        run = RunInfo(model_name=args.model, dataset=source.label, data_hash=docs.fingerprint,
+                      device=args.device, fingerprint=args.fingerprint)
+        return evaluate_perplexity(model, docs.docs, grid, run=run, store=view, ranks=ranks,
+                                   progress=progress, reuse_identical=not args.no_reuse,
+                                   text_bytes=scored_bytes(tokenizer, docs.docs))
+
+    store, rows = session.evaluate_in_store(args, "perplexity", ranks, evaluate)
     if ranks.is_main:
         _report_eval(args, grid, source, len(docs.docs), store, session.folder_rows(store.rows, rows))
     return 0

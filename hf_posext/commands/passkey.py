@@ -32,24 +32,17 @@ def run(args) -> int:
     methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
     factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
     depths, seeds = parse_floats01(args.depths, "--depths"), parse_seeds(args.seeds)
-    skip = session.check_inputs(args, ranks, methods, lengths, factors, knobs)
+    grid = session.without_unfit(RetrievalGrid(methods, lengths, depths, seeds=seeds, factors=factors,
+                                               knobs=knobs), args, ranks)
     tokenizer = load_tokenizer_from(args)
     try:
         build_prompt(tokenizer, min(lengths), 0.5, passkey_for_seed(0))
     except ValueError as err:
         raise InputError(f"--lengths: {err}") from None
-    view, store = session.open_store(args, "passkey", ranks)
-    try:
-        model = session.load_checked(args, store, ranks)
-        grid = RetrievalGrid(methods, lengths, depths, seeds=seeds, factors=factors, knobs=knobs,
-                             skip=tuple(skip))
-        rows = evaluate_passkey(model, tokenizer, grid, store=view, ranks=ranks,
-                                run=RunInfo(model_name=args.model, device=args.device,
-                                            fingerprint=args.fingerprint),
-                                progress=not args.no_progress and ranks.is_main)
-    finally:
-        if store is not None:
-            store.close()
+    store, rows = session.evaluate_in_store(args, "passkey", ranks, lambda model, view, progress: (
+        evaluate_passkey(model, tokenizer, grid, store=view, ranks=ranks, progress=progress,
+                         run=RunInfo(model_name=args.model, device=args.device,
+                                     fingerprint=args.fingerprint))))
     if not ranks.is_main:
         return 0
     rows = session.folder_rows(store.rows, rows)

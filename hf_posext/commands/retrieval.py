@@ -13,7 +13,6 @@ Every flag is checked, and the prompts built, before the model loads.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from ..data.embedded import resolve_model
 from ..evaluation.distributed import Ranks
@@ -80,8 +79,7 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     Returns the grid (less the cells `--methods all` leaves out), tokenizer and haystack."""
     if args.dtype == "auto":
         args.dtype = fast_dtype(args.device, gguf=resolve_model(args.model, args.gguf_file)[1] is not None)
-    grid = dataclasses.replace(grid, skip=session.check_inputs(args, ranks, grid.methods, grid.lengths,
-                                                               grid.factors, grid.knobs or {}))
+    grid = session.without_unfit(grid, args, ranks)
     tokenizer = load_tokenizer_from(args)
     try:
         haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths), config=args.dataset_config,
@@ -100,16 +98,10 @@ def run(args, grid: RetrievalGrid | None = None) -> int:
     grid = grid or retrieval_grid(args)
     ranks = Ranks()
     grid, tokenizer, haystack = prepare(args, grid, ranks)
-    view, store = session.open_store(args, args.store_name, ranks)
-    try:
-        model = session.load_checked(args, store, ranks)
-        rows = evaluate_retrieval(model, tokenizer, grid, haystack=haystack, store=view, ranks=ranks,
-                                  run=RunInfo(model_name=args.model, device=args.device,
-                                              fingerprint=args.fingerprint),
-                                  progress=not args.no_progress and ranks.is_main)
-    finally:
-        if store is not None:
-            store.close()
+    store, rows = session.evaluate_in_store(args, args.store_name, ranks, lambda model, view, progress: (
+        evaluate_retrieval(model, tokenizer, grid, haystack=haystack, store=view, ranks=ranks,
+                           progress=progress, run=RunInfo(model_name=args.model, device=args.device,
+                                                          fingerprint=args.fingerprint))))
     if ranks.is_main:
         report(args, grid, store, session.folder_rows(store.rows, rows))
     return 0

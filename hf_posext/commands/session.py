@@ -6,6 +6,7 @@ before the model loads; the model loaded and its identity checked; the rows a re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -134,3 +135,24 @@ def folder_rows(stored: list[dict], rows: list[dict]) -> list[dict]:
     or depths draws them all rather than overwriting a plot with its own cells only."""
     wanted = {series_of(r) for r in rows}
     return [r for r in stored if series_of(r) in wanted]
+
+
+def without_unfit(grid, args, ranks):
+    """`grid` (a PerplexityGrid or RetrievalGrid) after `check_inputs`, less the cells
+    `--methods all` leaves out."""
+    return dataclasses.replace(grid, skip=check_inputs(args, ranks, grid.methods, grid.lengths,
+                                                       grid.factors, grid.knobs or {}))
+
+
+def evaluate_in_store(args, name: str, ranks, evaluate) -> tuple:
+    """The results folder opened (before the model loads), the model loaded and its identity
+    checked, then `evaluate(model, view, progress)`; the folder is closed whatever happens.
+    Returns (the store on rank 0 / None elsewhere, the rows)."""
+    view, store = open_store(args, name, ranks)
+    try:
+        model = load_checked(args, store, ranks)
+        rows = evaluate(model, view, not args.no_progress and ranks.is_main)
+    finally:
+        if store is not None:
+            store.close()
+    return store, rows
