@@ -5,6 +5,7 @@ evaluation's needle wording or held-out text; and its bad inputs, refused before
 
 from __future__ import annotations
 
+import difflib
 import math
 import random
 import re
@@ -16,7 +17,7 @@ import yaml
 
 from _recipekit import char_tokenizer, load_finetune, make_assets, recipe_argv
 from hf_posext.data.documents import Document
-from hf_posext.evaluation import passkey
+from hf_posext.evaluation.retrieval import TASKS, tasks
 from hf_posext.training.packing import packed_sequences
 from hf_posext.training.pose import PoseCollator, span_of
 from hf_posext.training.recipe import prepare_data
@@ -27,9 +28,6 @@ finetune = load_finetune()
 pytestmark = pytest.mark.usefixtures("one_thread")
 WINDOW, TARGET = 256, 4096
 WORDS = ["Horatio", "castle", "green", "silver", "thunder", "market", "night", "Elsinore", "raven"]
-# The evaluation's needles (RULER's as in hf_posext/evaluation/retrieval/tasks.py and the RULER
-# paper, arXiv 2404.06654; TODO: import them once the retrieval suite is merged).
-RULER_NEEDLES = ["One of the special magic numbers for", "special magic number", "VAR "]
 
 
 def wide_tokenizer():
@@ -155,17 +153,82 @@ def test_labels_are_the_answer_only_or_the_whole_window(packed, tok, tmp_path):
 
 
 # --------------------------------------------------------------------------- no evaluation text
+TOKEN = re.compile(r"\w+|[^\w\s]")
+# Tokens of an evaluation wording that may not appear together in a synthetic example: 3 would
+# refuse "What is the", which any question may begin with.
+RUN = 4
+
+
+def _tokens(text: str) -> list[str]:
+    return TOKEN.findall(text.lower())
+
+
+def _grams(tokens, n: int) -> set[tuple]:
+    return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
+
+
+def _template(text: str, others: list[str]) -> tuple:
+    """`text`'s tokens, None where the same text of other seeds differs (a key, value or name)."""
+    toks, fixed = _tokens(text), set(range(len(_tokens(text))))
+    for other in others:
+        blocks = difflib.SequenceMatcher(None, toks, _tokens(other), autojunk=False).get_matching_blocks()
+        fixed &= {a + k for a, _, n in blocks for k in range(n)}
+    return tuple(t if i in fixed else None for i, t in enumerate(toks))
+
+
+def evaluation_wordings() -> list[tuple]:
+    """Every retrieval task's head, needles and question as token templates, from seeded trials
+    of each task in `tasks.TASKS` (the evaluation's single source of its formats, so a new task is
+    covered without editing this test), and the noise haystack's text."""
+    out = [tuple(_tokens(tasks.NOISE))]
+    for task in TASKS.values():
+        first, *others = [task.trial(seed) for seed in range(6)]
+        out.append(_template(first.head, [t.head for t in others]))
+        out.append(_template(first.question, [t.question for t in others]))
+        for j, needle in enumerate(first.needles):
+            out.append(_template(needle, [t.needles[min(j, len(t.needles) - 1)] for t in others]))
+    return list(dict.fromkeys(out))
+
+
+def evaluation_wording_in(text: str, wordings: list[tuple]) -> str | None:
+    """The evaluation wording `text` uses, if any: RUN consecutive fixed tokens of one, or a whole
+    template holding a slot (e.g. `VAR X = 12345.` with any name and value)."""
+    toks = _tokens(text)
+    grams = _grams(toks, RUN)
+    for w in wordings:
+        hit = next((g for g in _grams(w, RUN) if None not in g and g in grams), None)
+        if hit:
+            return " ".join(hit)
+        # a template of slots and punctuation only (", _ .") would match any list: not a wording
+        if None in w and any(t is not None and t[0].isalnum() for t in w):
+            for i in range(len(toks) - len(w) + 1):
+                if all(t is None or t == toks[i + k] for k, t in enumerate(w)):
+                    return " ".join(t or "_" for t in w)
+    return None
+
+
+def test_the_evaluation_wordings_are_read_from_every_task():
+    """The wordings above find each task's own needles and question at an unseen seed (so the
+    check below can fail), and each needle has slots (the keys and values are not wording)."""
+    wordings = evaluation_wordings()
+    for task in TASKS.values():
+        trial = task.trial(1234)
+        for text in (trial.needles[0], trial.question):
+            assert evaluation_wording_in(text, wordings), (task.name, text)
+    assert evaluation_wording_in(tasks.RULER_NEEDLE.format(key="Horatio", value="4242"), wordings)
+    assert evaluation_wording_in("VAR ELSIN = 777.", wordings)              # slots take any name
+    assert not evaluation_wording_in("What is the code for Horatio? The code for Horatio is", wordings)
+
+
 def test_no_synthetic_example_uses_the_evaluation_needles(packed, tok, tmp_path):
-    needle_parts = [part.strip() for part in passkey.NEEDLE.split("{key}") if part.strip(" .\n")]
-    forbidden = [*needle_parts, passkey.QUESTION, passkey.PREFIX.strip(),
-                 *(s.strip() + "." for s in passkey.FILLER.split(".") if s.strip()), *RULER_NEEDLES]
-    assert "The pass key is" in forbidden and "The grass is green." in forbidden
+    wordings = evaluation_wordings()
     for fmt in FORMATS.values():
         for template in (fmt.fact, fmt.question, fmt.answer):
-            assert not any(f.lower() in template.lower() for f in forbidden), template
+            text = template.format(key="Horatio", value="4242")
+            assert evaluation_wording_in(text, wordings) is None, template
     for _, r in _synthetic_rows(_mix(packed, tok, tmp_path, share=1.0)):
-        text = tok.decode(r["input_ids"].tolist()).lower()
-        assert not any(f.lower() in text for f in forbidden)
+        text = tok.decode(r["input_ids"].tolist())
+        assert evaluation_wording_in(text, wordings) is None, text
 
 
 def test_held_out_document_is_not_among_the_training_windows(tmp_path):

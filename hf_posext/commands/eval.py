@@ -10,8 +10,7 @@ from pathlib import Path
 from ..data.documents import is_embedded, looks_like_path
 from ..evaluation.data import TextSource, TokenCache, load_documents, scored_bytes, select_documents
 from ..evaluation.distributed import Ranks
-from ..evaluation.inputs import (InputError, parse_factors, parse_knobs, parse_length, parse_lengths,
-                                 parse_methods, positive_int)
+from ..evaluation.inputs import InputError, parse_length, positive_int
 from ..evaluation.perplexity import evaluate_perplexity
 from ..evaluation.results import plot_nll_by_position, plot_perplexity, print_table
 from ..evaluation.settings import DEFAULT_STRIDE, PROTOCOLS, PerplexityGrid, RunInfo
@@ -82,8 +81,7 @@ def run(args) -> int:
 
 def eval_grid(args) -> PerplexityGrid:
     """The `eval` flags as a validated `PerplexityGrid` (InputError naming the flag)."""
-    methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
-    factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
+    methods, lengths, factors, knobs = session.grid_flags(args)
     protocols = [p.strip() for p in args.protocol.split(",") if p.strip()]
     for p in protocols:
         if p not in PROTOCOLS:

@@ -5,8 +5,7 @@ whole suite: `hf-posext retrieval`)."""
 from __future__ import annotations
 
 from ..evaluation.distributed import Ranks
-from ..evaluation.inputs import (InputError, parse_factors, parse_floats01, parse_knobs, parse_lengths,
-                                 parse_methods, parse_seeds)
+from ..evaluation.inputs import InputError, parse_floats01, parse_seeds
 from ..evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
 from ..evaluation.results import plot_passkey_heatmap, print_table
 from ..evaluation.retrieval.settings import RetrievalGrid
@@ -29,8 +28,7 @@ def add_subcommand(sub) -> None:
 
 def run(args) -> int:
     ranks = Ranks()
-    methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
-    factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
+    methods, lengths, factors, knobs = session.grid_flags(args)
     depths, seeds = parse_floats01(args.depths, "--depths"), parse_seeds(args.seeds)
     grid = session.without_unfit(RetrievalGrid(methods, lengths, depths, seeds=seeds, factors=factors,
                                                knobs=knobs), args, ranks)

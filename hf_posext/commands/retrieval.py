@@ -16,8 +16,7 @@ import argparse
 
 from ..data.embedded import resolve_model
 from ..evaluation.distributed import Ranks
-from ..evaluation.inputs import (InputError, parse_factors, parse_floats01, parse_knobs,
-                                 parse_lengths, parse_methods)
+from ..evaluation.inputs import InputError, parse_floats01
 from ..evaluation.retrieval import TASKS, RetrievalGrid, build_cell, evaluate_retrieval, get_task
 from ..evaluation.retrieval.haystack import NOISE_NAME, load_haystack
 from ..evaluation.retrieval.plots import format_summary, plot_all, summary
@@ -53,8 +52,7 @@ def add_subcommand(sub) -> None:
 
 def retrieval_grid(args, tasks: list[str] | None = None, seeds: list[int] | None = None) -> RetrievalGrid:
     """The flags as a validated `RetrievalGrid` (InputError naming the flag)."""
-    methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
-    factors, knobs = parse_factors(args.factor), parse_knobs(args.knobs, methods)
+    methods, lengths, factors, knobs = session.grid_flags(args)
     depths = parse_floats01(args.depths, "--depths")
     if tasks is None:
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]

@@ -10,13 +10,15 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from ..attention import is_attention_method
 from ..catalog import KNOB_HELP
 from ..data.embedded import DEFAULT_MODEL
 from ..evaluation.identity import (attention_implementation, loaded_fingerprint, model_dtype,
                                    source_fingerprint)
-from ..evaluation.inputs import InputError, check_cells, check_device, check_model_arg
+from ..evaluation.inputs import (InputError, check_cells, check_device, check_model_arg, parse_factors,
+                                 parse_knobs, parse_lengths, parse_methods)
 from ..evaluation.store import ResultsStore, RowsView
 from . import model_args
 
@@ -72,6 +74,21 @@ def add_run_args(p: argparse.ArgumentParser, default_lengths: str) -> None:
                    help="skip cells already in --out's results (else existing results are an error)")
     g.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+class GridFlags(NamedTuple):
+    methods: list[str]
+    lengths: list[int]
+    factors: list
+    knobs: dict
+
+
+def grid_flags(args) -> GridFlags:
+    """The `--methods / --lengths / --factor / --knobs` flags of `add_run_args`, parsed in that
+    order (the first bad one is the error, InputError naming the flag); knobs are checked against
+    every method of the grid."""
+    methods, lengths = parse_methods(args.methods), parse_lengths(args.lengths)
+    return GridFlags(methods, lengths, parse_factors(args.factor), parse_knobs(args.knobs, methods))
 
 
 def check_inputs(args, ranks, methods, lengths, factors, knobs) -> tuple:
