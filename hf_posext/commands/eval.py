@@ -22,7 +22,7 @@ def add_subcommand(sub) -> None:
     ev = sub.add_parser("eval", help="perplexity across context lengths",
                         description="Perplexity of each method × length × factor on one model "
                                     "loaded once; the unpatched model (`none`) is always a row.")
-    session.add_run_args(ev, "2k,4k,8k,16k")
+    session.add_run_args(ev)
     g = ev.add_argument_group("protocol")
     g.add_argument("--protocol", default="truncate",
                    help=f"{' or '.join(PROTOCOLS)} (comma-separated for both). truncate: the first "

@@ -18,7 +18,7 @@ def add_subcommand(sub) -> None:
     pk = sub.add_parser("passkey", help="passkey retrieval accuracy",
                         description="A five-digit key hidden at each depth of filler text, greedy "
                                     "decoding, accuracy over seeds per (method, length, depth).")
-    session.add_run_args(pk, "2k,4k,8k,16k")
+    session.add_run_args(pk)
     g = pk.add_argument_group("passkey")
     g.add_argument("--depths", default="0,0.25,0.5,0.75,1",
                    help="comma-separated depths as fractions (0 = start, 1 = end) or percentages")

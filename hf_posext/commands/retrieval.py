@@ -29,7 +29,7 @@ from .model_args import fast_dtype, load_tokenizer_from
 def add_subcommand(sub) -> None:
     p = sub.add_parser("retrieval", help="RULER-style retrieval accuracy (needle tasks, Wilson intervals)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    session.add_run_args(p, "2k,4k,8k,16k")
+    session.add_run_args(p)
     g = p.add_argument_group("retrieval")
     g.add_argument("--tasks", default="single_needle",
                    help=f"comma-separated tasks: {', '.join(TASKS)}, or all (default single_needle)")

@@ -23,6 +23,7 @@ from ..evaluation.store import ResultsStore, RowsView
 from . import model_args
 
 DEFAULT_METHODS = "none,linear,ntk,dynamic_ntk,yarn"
+DEFAULT_LENGTHS = "2k,4k,8k,16k"
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
@@ -34,7 +35,7 @@ def add_source_args(g) -> None:
     g.add_argument("--column", default="text", help="text column (default text)")
 
 
-def add_run_args(p: argparse.ArgumentParser, default_lengths: str) -> None:
+def add_run_args(p: argparse.ArgumentParser) -> None:
     """The model, grid and output flags every grid command (`eval`, `passkey`, `retrieval`) takes."""
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show the Python traceback of an error (default: one line)")
@@ -58,9 +59,9 @@ def add_run_args(p: argparse.ArgumentParser, default_lengths: str) -> None:
     g.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated methods; `none` (unpatched) is always included; `all` = "
                         f"every method (default {DEFAULT_METHODS})")
-    g.add_argument("--lengths", default=default_lengths,
+    g.add_argument("--lengths", default=DEFAULT_LENGTHS,
                    help=f"comma-separated context lengths in tokens, e.g. 4k,16384 (k = 1024; "
-                        f"default {default_lengths})")
+                        f"default {DEFAULT_LENGTHS})")
     g.add_argument("--knobs", default=None,
                    help="method knobs as NAME=VALUE, comma-separated, for every method run, or "
                         "METHOD:NAME=VALUE for one (e.g. yarn:beta_fast=64); knobs: "
