@@ -13,11 +13,10 @@ Each arm is evaluated on Hamlet, held out of every training run (the recipe chec
     perplexity  `hf-posext eval --methods none` on each arm's checkpoint at 4k/8k/16k: truncate
                 protocol, the model's own sliding 8k baseline, per-position buckets (the
                 table's "past 8k" column)
-    retrieval   the passkey evaluation (hf_posext.evaluation.passkey) at --passkey-lengths x
-                --depths, --seeds seeds per cell, greedy; Wilson 95% intervals from the
-                retrieval suite (hf_posext.evaluation.retrieval.stats) when it is installed.
-    TODO(issue 31): switch retrieval to `hf-posext retrieval` single-needle (RULER's niah_single)
-                once the retrieval suite is merged; the passkey call below is the stand-in.
+    retrieval   the retrieval suite's single-needle task (`hf_posext.evaluation.evaluate_retrieval`,
+                RULER's niah_single: a number in RULER's noise haystack, neither of which the
+                mix's synthetic formats use) at --retrieval-lengths x --depths, --trials seeded
+                trials per cell, greedy, exact match, Wilson 95 % intervals
 
 Resumable: each arm writes into its own folder under --out (default
 benchmarks/results/finetune-retrieval/<arm>/); an arm with a `done.json` is skipped, an
@@ -58,14 +57,16 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--share", type=float, default=0.5, help="mix arm: share of synthetic windows")
     p.add_argument("--min-span", type=float, default=0.5, help="mix arm: data.synthetic.min_span")
     p.add_argument("--lengths", default="4096,8192,16384", help="perplexity lengths")
-    p.add_argument("--passkey-lengths", default="16384",
-                   help="retrieval lengths (2 x L; add 8192 for a within-L control, ~8 min per arm)")
-    p.add_argument("--depths", default="0.2", help="retrieval depths (0 = start of the filler)")
-    p.add_argument("--seeds", type=int, default=20, help="retrieval seeds per cell (keys)")
+    p.add_argument("--retrieval-lengths", default="8192,16384",
+                   help="retrieval lengths (8192: within L, the control; 16384: 2 x L)")
+    # 0.5: at 16k the needle sits ~8k tokens (= L) before a question past L; the prefix up to
+    # the needle is prefilled once per cell (a trial costs ~2/3 of a full prefill; at 0.25 ~9/10)
+    p.add_argument("--depths", default="0.5", help="retrieval depths (0 = start of the haystack)")
+    p.add_argument("--trials", type=int, default=20, help="retrieval trials per cell (seeded needles)")
     p.add_argument("--smoke", action="store_true",
-                   help="tiny run for the tests: 2 steps, window 128, factor 8, lengths 128,512, 3 seeds")
+                   help="tiny run for the tests: 2 steps, window 128, factor 8, lengths 128,512, 3 trials")
     if p.parse_args(argv).smoke:   # the smoke sizes are defaults: a flag given still wins
-        p.set_defaults(steps=2, window=128, factor=8.0, seeds=3, lengths="128,512", passkey_lengths="512",
+        p.set_defaults(steps=2, window=128, factor=8.0, trials=3, lengths="128,512", retrieval_lengths="512",
                        lr=1e-3)
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -74,14 +75,14 @@ def parse(argv=None) -> argparse.Namespace:
         p.error(f"--arms: unknown arm(s) {bad}; choose from {list(ARMS)}")
     if not 0 < args.share <= 1:
         p.error(f"--share must be in (0, 1], got {args.share}")
-    if args.seeds < 1 or args.steps < 1:
-        p.error("--seeds and --steps must be >= 1")
+    if args.trials < 1 or args.steps < 1:
+        p.error("--trials and --steps must be >= 1")
     return args
 
 
 def settings(args, arm: str) -> dict:
     """What an arm's results depend on (stored in done.json; a mismatch is refused)."""
-    keys = ["model", "dataset", "eval_document", "factor", "lengths", "passkey_lengths", "depths", "seeds"]
+    keys = ["model", "dataset", "eval_document", "factor", "lengths", "retrieval_lengths", "depths", "trials"]
     if arm != "free":
         keys += ["window", "steps", "lr"] + (["share", "min_span"] if arm == "mix" else [])
     return {k: getattr(args, k) for k in keys}
@@ -150,30 +151,21 @@ def perplexity(args, arm: str, model: str, folder: Path) -> None:
 
 
 def retrieval(args, arm: str, model_path: str, folder: Path) -> list[dict]:
-    """Passkey accuracy (hf_posext.evaluation.passkey) of the arm's checkpoint as saved (YaRN in
-    its config; `none` = not patched again).
-    TODO(issue 31): replace with `hf-posext retrieval --tasks single_needle` once merged."""
+    """Single-needle retrieval (the retrieval suite) of the arm's checkpoint as saved (YaRN in
+    its config; `none` = not patched again)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from hf_posext.data import embedded
-    from hf_posext.evaluation import ResultsStore, RetrievalGrid, RunInfo, evaluate_passkey
+    from hf_posext.evaluation import ResultsStore, RetrievalGrid, RunInfo, evaluate_retrieval
+    grid = RetrievalGrid(["none"], [int(x) for x in args.retrieval_lengths.split(",")],
+                         [float(x) for x in args.depths.split(",")], tasks=("single_needle",),
+                         trials=args.trials)   # checked before the model loads
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tokenizer = embedded.load_tokenizer(args.model)
-    with ResultsStore(folder / "passkey", "passkey", resume=True) as store:
-        grid = RetrievalGrid(["none"], [int(x) for x in args.passkey_lengths.split(",")],
-                             [float(x) for x in args.depths.split(",")], seeds=list(range(args.seeds)))
-        return evaluate_passkey(model.eval(), tokenizer, grid, store=store, progress=False,
-                                run=RunInfo(model_name=f"{arm}", dtype="float32"))
-
-
-def wilson_text(correct: int, n: int) -> str:
-    try:
-        from hf_posext.evaluation.retrieval.stats import wilson
-    except ImportError:   # the retrieval suite is not merged yet
-        return "n/a"
-    lo, hi = wilson(correct, n)
-    return f"[{lo:.2f}, {hi:.2f}]"
+    with ResultsStore(folder / "retrieval", "retrieval", resume=True) as store:
+        return evaluate_retrieval(model.eval(), tokenizer, grid, store=store, progress=True,
+                                  run=RunInfo(model_name=arm, dtype="float32"))
 
 
 def run_arm(args, arm: str) -> None:
@@ -192,25 +184,89 @@ def run_arm(args, arm: str) -> None:
     done.write_text(json.dumps(wanted, indent=2))
 
 
+LABELS = {"free": "training-free", "docs": "fine-tuned, documents", "mix": "fine-tuned, documents + synthetic"}
+
+
+def stored(folder: Path, name: str) -> list[dict]:
+    return json.loads((folder / name / f"{name}.json").read_text())["rows"]
+
+
+def relabel(rows: list[dict], arm: str) -> list[dict]:
+    """Copies named after the arm for the shared plots (every arm's rows say `none`)."""
+    return [{**r, "method": LABELS[arm], "factor_spec": "auto"} for r in rows if r.get("protocol") != "baseline"]
+
+
+def mean_nll(row: dict, start: int) -> float:
+    """Mean NLL per token over the positions >= start of a row with position buckets."""
+    from hf_posext.evaluation.buckets import nll_from
+    found = nll_from(row, start)
+    if found is None:
+        raise SystemExit(f"a {row['length']}-token row has no position buckets at {start}; rerun its cells")
+    return found[0] / found[1]
+
+
+def arm_line(arm: str, ppl: list[dict], ret: list[dict], free_short: float | None) -> str:
+    """The arm's line of the side-by-side table (markdown)."""
+    from hf_posext.evaluation.retrieval.plots import by_length
+    from hf_posext.evaluation.retrieval.stats import wilson
+    trained = int(ppl[0]["trained_length"])
+    truncate = {int(r["length"]): r for r in ppl if r["protocol"] == "truncate"}
+    longest, short = max(truncate), min(truncate)
+    base = next(r for r in ppl if r["protocol"] == "baseline" and int(r["length"]) == longest)
+    cells = [f"{truncate[n]['perplexity']:.2f}" for n in sorted(truncate)]
+    change = f"{100 * (truncate[short]['perplexity'] / free_short - 1):+.1f} %" if free_short else "—"
+    past = mean_nll(truncate[longest], trained) - mean_nll(base, trained)
+    hits = [f"{k}/{t} = {k / t:.2f} [{wilson(k, t)[0]:.2f}, {wilson(k, t)[1]:.2f}]" for _, k, t in by_length(ret)]
+    return "| " + " | ".join([LABELS[arm], *cells, change, f"{past:+.3f}", *hits]) + " |"
+
+
 def report(args) -> Path:
-    """report.md: each arm's perplexity table (as `hf-posext eval` prints it) and its retrieval
-    cells with Wilson intervals, from the stored results only."""
-    from hf_posext.evaluation.results import format_table
-    lines = ["# Fine-tuning for the extended context: documents vs documents + synthetic mix (issue #31)", "",
-             f"Each arm's checkpoint as saved (YaRN s={args.factor:g} in its config): `none` below means "
-             "not patched again; its sliding baseline reads the same model in windows of the trained "
-             "length." + (" Wilson 95%: n/a until the retrieval suite is merged." if wilson_text(1, 2) == "n/a"
-                          else ""), ""]
-    for arm in ARMS:
-        folder = args.out / arm
-        if not (folder / "done.json").exists():
-            continue
-        rows = json.loads((folder / "perplexity" / "perplexity.json").read_text())["rows"]
-        lines += [f"## {arm}", "", "```", format_table(rows), "```", "",
-                  "| length | depth | correct / seeds | accuracy | Wilson 95% |", "|---|---|---|---|---|"]
-        for r in json.loads((folder / "passkey" / "passkey.json").read_text())["rows"]:
-            n, k = int(r["seeds"]), int(r["correct"])
-            lines.append(f"| {r['length']} | {r['depth']} | {k} / {n} | {k / n:.2f} | {wilson_text(k, n)} |")
+    """report.md and its two plots, from the stored results only: the arms side by side
+    (perplexity; the change at the shortest length against the training-free arm; mean NLL past
+    L minus the arm's own sliding baseline's; retrieval with Wilson 95 % intervals), then each
+    arm's `hf-posext eval` table and retrieval cells with the answers given."""
+    from hf_posext.evaluation.results import format_length, format_table, plot_nll_by_position
+    from hf_posext.evaluation.retrieval.plots import plot_accuracy
+    from hf_posext.evaluation.retrieval.stats import wilson
+    arms = [a for a in ARMS if (args.out / a / "done.json").exists()]
+    if not arms:
+        raise SystemExit(f"no finished arm in {args.out}: nothing to report")
+    data = {a: (stored(args.out / a, "perplexity"), stored(args.out / a, "retrieval")) for a in arms}
+    ppl0, ret0 = data[arms[0]]
+    lengths = sorted({int(r["length"]) for r in ppl0 if r["protocol"] == "truncate"})
+    rlengths = sorted({int(r["length"]) for r in ret0})
+    trained = format_length(int(ppl0[0]["trained_length"]))
+    free_short = next((r["perplexity"] for r in data["free"][0] if r["protocol"] == "truncate"
+                       and int(r["length"]) == lengths[0]), None) if "free" in data else None
+    head = (["arm"] + [f"ppl {format_length(n)}" for n in lengths]
+            + [f"ppl {format_length(lengths[0])} vs training-free",
+               f"NLL past {trained} minus own sliding ({format_length(lengths[-1])})"]
+            + [f"retrieval {format_length(n)} [Wilson 95 %]" for n in rlengths])
+    lines = ["# Fine-tuning for the extended context: three arms (issue #31)", "",
+             f"Each arm's checkpoint as saved (YaRN s={args.factor:g} in its config), on `{args.eval_document}` "
+             f"(held out of training) and the retrieval suite's single-needle task (depths {args.depths}, "
+             f"{args.trials} trials a cell). Made by `python benchmarks/finetune_retrieval.py` (settings in each "
+             "arm's done.json).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [arm_line(a, *data[a], free_short) for a in arms]
+    plot_accuracy([r for a in arms for r in relabel(data[a][1], a)], args.out / "retrieval_arms.png",
+                  f"single needle by arm (YaRN s={args.factor:g}; {args.trials} trials a cell, depths {args.depths})")
+    longest = [r for a in arms for r in relabel(data[a][0], a) if int(r["length"]) == lengths[-1]]
+    base = [r for r in ppl0 if r["protocol"] == "baseline" and int(r["length"]) == lengths[-1]]
+    plot_nll_by_position(longest + base, args.out / "loss_by_position_arms.png",
+                         f"loss by position on {args.eval_document}; dashed: the {LABELS[arms[0]]} arm "
+                         "read in sliding windows of its trained length")
+    lines += ["", "![retrieval by arm](retrieval_arms.png)", "",
+              "![loss by position by arm](loss_by_position_arms.png)", ""]
+    for a in arms:
+        lines += [f"## {a}", "", "```", format_table(data[a][0]), "```", "",
+                  "| length | depth | correct / trials | Wilson 95 % | answers given (first 60 characters) |",
+                  "|---|---|---|---|---|"]
+        for r in data[a][1]:
+            k, n = int(r["correct"]), int(r["trials"])
+            lo, hi = wilson(k, n)
+            lines.append(f"| {r['length']} | {r['depth']} | {k} / {n} | [{lo:.2f}, {hi:.2f}] | "
+                         f"{r['outputs'][:60].replace('|', '/')} |")
         lines.append("")
     path = args.out / "report.md"
     path.write_text("\n".join(lines))

@@ -1,5 +1,6 @@
 """benchmarks/finetune_retrieval.py (issue #31): `--help` does nothing else, and `--smoke` runs the
-three arms end to end on a tiny random model (train, `hf-posext eval`, passkey, report), then
+three arms end to end on a tiny random model (train, `hf-posext eval`, the retrieval suite,
+report), then
 skips every finished arm on a rerun."""
 
 from __future__ import annotations
@@ -59,11 +60,14 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
         folder = out / arm
         rows = json.loads((folder / "perplexity" / "perplexity.json").read_text())["rows"]
         assert {int(r["length"]) for r in rows} == {128, 512}
-        keys = json.loads((folder / "passkey" / "passkey.json").read_text())["rows"]
-        # every arm is evaluated as saved (YaRN s=8 in its config, not patched again)
-        assert [(r["method"], int(r["length"]), int(r["seeds"])) for r in keys] == [("none", 512, 3)]
+        keys = json.loads((folder / "retrieval" / "retrieval.json").read_text())["rows"]
+        # every arm is evaluated as saved (YaRN s=8 in its config, not patched again), on the
+        # retrieval suite's single-needle task
+        assert [(r["method"], r["task"], int(r["length"]), int(r["trials"])) for r in keys] == [
+            ("none", "single_needle", 512, 3)]
         assert {r["method"] for r in rows} >= {"none"} and all(r["trained_length"] == 64 for r in keys)
-        assert json.loads((folder / "done.json").read_text())["seeds"] == 3
+        assert 0 <= keys[0]["ci_low"] <= keys[0]["accuracy"] <= keys[0]["ci_high"] <= 1
+        assert json.loads((folder / "done.json").read_text())["trials"] == 3
     assert not (out / "free" / "train").exists()
     from transformers import AutoConfig
     from hf_posext.rope.compat import get_rope_parameters
@@ -78,16 +82,22 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
     assert docs_cfg["data"]["eval_documents"] == ["held"]
     report = (out / "report.md").read_text()
     assert all(f"## {arm}" in report for arm in script.ARMS)
+    # the side-by-side table: one line per arm, the training-free arm 0 % against itself
+    table = [line for line in report.splitlines() if line.startswith("| training-free")
+             or line.startswith("| fine-tuned")]
+    assert len(table) == 3 and "+0.0 %" in table[0]
+    for name in ("retrieval_arms.png", "loss_by_position_arms.png"):
+        assert (out / name).stat().st_size > 10_000
     stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if p.name != "report.md"}
     capsys.readouterr()
     assert script.main(argv) == 0                                     # resumable: nothing redone
     assert capsys.readouterr().out.count("done, skipped") == 3
     assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
     with pytest.raises(SystemExit, match="other settings"):
-        script.main(argv + ["--depths", "0.5"])
+        script.main(argv + ["--depths", "0.25"])
 
 
 def test_smoke_sizes_are_defaults_a_flag_still_wins():
     script = load_script()
-    assert script.parse(["--smoke"]).seeds == 3 and script.parse(["--smoke", "--seeds", "4"]).seeds == 4
-    assert script.parse([]).seeds >= 20                      # the experiment: >= 20 seeds per cell
+    assert script.parse(["--smoke"]).trials == 3 and script.parse(["--smoke", "--trials", "4"]).trials == 4
+    assert script.parse([]).trials >= 20                     # the experiment: >= 20 trials per cell
