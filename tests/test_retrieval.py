@@ -111,6 +111,7 @@ def test_auto_dtype_without_bf16_flags_measures_nothing(tmp_path, monkeypatch):
     assert fast_dtype("cpu", str(tmp_path / "none")) == "float32"      # no /proc/cpuinfo
     cpu.write_text("flags\t\t: fpu avx512f avx512_bf16\n")
     assert fast_dtype("cuda:0", str(cpu)) == "bfloat16"                # a GPU: no probe either
+    assert fast_dtype("mps", str(cpu)) == "float32"                    # nor elsewhere
 
 
 @pytest.mark.parametrize("float32, bfloat16, chosen", [

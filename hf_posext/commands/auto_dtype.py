@@ -53,16 +53,16 @@ def auto_inputs(model: str, gguf_file: str | None = None, revision: str | None =
     embedded GGUF takes seconds) under llama.cpp's keys (`{arch}.embedding_length`, ...), and
     the GGUF's path. transformers 4.x has no such reader: its GGUFs get the default sizes."""
     path, gguf = resolve_model(model, gguf_file)
+    hub = {"revision": revision} if revision else {}
     if not gguf:
         from transformers import AutoConfig
 
         from ..rope.compat import text_config
-        config = AutoConfig.from_pretrained(path, **({"revision": revision} if revision else {}))
-        return {"shapes": ProbeShapes.of(text_config(config))}
+        return {"shapes": ProbeShapes.of(text_config(AutoConfig.from_pretrained(path, **hub)))}
     local = Path(path) / gguf
     if not local.is_file():   # a Hub id: the file `check_model_arg` already fetched
         from transformers.utils import cached_file
-        local = Path(cached_file(path, gguf, **({"revision": revision} if revision else {})))
+        local = Path(cached_file(path, gguf, **hub))
     try:
         from transformers.integrations.gguf.reader import read_gguf_metadata
     except ImportError:
@@ -154,7 +154,9 @@ def choose_dtype(device: str, cpuinfo: str = "/proc/cpuinfo", gguf: bool = False
         return "float32", "GGUF weights kept packed: transformers' kernels compute in float32"
     if device.startswith(("cuda", "xpu")):
         return "bfloat16", "GPU"
-    if device != "cpu" or not bf16_matmul_cpu(cpuinfo):
+    if device != "cpu":
+        return "float32", f"{device} is neither a CUDA / XPU GPU nor the CPU"
+    if not bf16_matmul_cpu(cpuinfo):
         return "float32", "no bf16 matmul instructions (avx512_bf16 / amx_bf16)"
     t = probe_times(shapes)
     f32, bf16 = t["float32"] * 1e3, t["bfloat16"] * 1e3
