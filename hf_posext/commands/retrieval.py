@@ -79,8 +79,9 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     """Checks, tokenizer and haystack, and every task's shortest prompt: all before the model.
     Returns the grid (less the cells `--methods all` leaves out), tokenizer and haystack."""
     grid = session.without_unfit(grid, args, ranks)   # the model's config checked: readable
-    if args.dtype == "auto":
-        args.dtype = fast_dtype(args.device, **auto_inputs(args.model, args.gguf_file, args.revision))
+    if args.dtype == "auto":   # rank 0 measures, every rank runs its choice (one dtype per run)
+        args.dtype = ranks.broadcast(ranks.run_first(
+            lambda: fast_dtype(args.device, **auto_inputs(args.model, args.gguf_file, args.revision))))
     tokenizer = load_tokenizer_from(args)
     try:
         haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths), config=args.dataset_config,
