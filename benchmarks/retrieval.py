@@ -48,8 +48,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from hf_posext.commands.model_args import fast_dtype
-    from hf_posext.data.embedded import load_model, load_tokenizer, resolve_model
+    from hf_posext.commands.auto_dtype import auto_inputs, fast_dtype
+    from hf_posext.data.embedded import load_model, load_tokenizer
     from hf_posext.evaluation.grid import apply_method, method_factors
     from hf_posext.evaluation.inputs import parse_floats01, parse_lengths, parse_methods
     from hf_posext.evaluation.retrieval import answer_cell, build_cell, get_task, noise_haystack
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
 
     lengths, depths = parse_lengths(args.lengths), parse_floats01(args.depths, "--depths")
     methods, task = parse_methods(args.methods), get_task(args.task)
-    dtype = fast_dtype("cpu", gguf=resolve_model(args.model)[1] is not None) if args.dtype == "auto" else args.dtype
+    dtype = fast_dtype("cpu", **auto_inputs(args.model)) if args.dtype == "auto" else args.dtype
     tokenizer = load_tokenizer(args.model)
     model = load_model(name=args.model, dtype=getattr(torch, dtype)).eval()
     hay, trained = noise_haystack(tokenizer), trained_length(model)

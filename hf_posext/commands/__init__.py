@@ -9,6 +9,7 @@ builds the parser from them and runs the chosen one).
     retrieval.py   `hf-posext retrieval`: the RULER-style retrieval suite (hf_posext/evaluation/retrieval/)
     lm_eval.py     `hf-posext lm-eval`: lm-evaluation-harness with the `hf-posext` model type
     model_args.py  the model and tokenizer a command's flags name (`--model`, `--gguf-file`, ...)
+    auto_dtype.py  `--dtype auto`: bfloat16 where a probe measures it faster (issue 29)
     session.py     what the grid commands share: their flags, the checks before the model loads,
                    the results folder, the loaded model's identity, the rows a report shows
 """

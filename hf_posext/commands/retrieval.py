@@ -5,8 +5,9 @@
     hf-posext retrieval --dataset embedded:shakespeare --trials 50 --depths 0,0.5,1
 
 Every cell runs --trials seeded trials; the table gives accuracy with its Wilson 95 % interval
-and each method's effective length. --dtype auto: bfloat16 on a GPU or on a CPU with bf16
-matmul instructions (avx512_bf16 / amx_bf16), float32 elsewhere; the rows record the dtype run.
+and each method's effective length. --dtype auto: bfloat16 on a GPU, or on a CPU with bf16
+matmul instructions (avx512_bf16 / amx_bf16) where a short probe measures it at least 10 %
+faster than float32; float32 elsewhere; the rows record the dtype run.
 Every flag is checked, and the prompts built, before the model loads.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..data.embedded import resolve_model
 from ..evaluation.distributed import Ranks
 from ..evaluation.inputs import InputError, parse_floats01
 from ..evaluation.retrieval import TASKS, RetrievalGrid, build_cell, evaluate_retrieval, get_task
@@ -23,7 +23,8 @@ from ..evaluation.retrieval.plots import format_summary, plot_all, summary
 from ..evaluation.retrieval.settings import DEFAULT_MARGIN, DEFAULT_TRIALS
 from ..evaluation.settings import RunInfo
 from . import session
-from .model_args import fast_dtype, load_tokenizer_from
+from .auto_dtype import auto_inputs, fast_dtype
+from .model_args import load_tokenizer_from
 
 
 def add_subcommand(sub) -> None:
@@ -75,9 +76,10 @@ def retrieval_grid(args, tasks: list[str] | None = None, seeds: list[int] | None
 def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     """Checks, tokenizer and haystack, and every task's shortest prompt: all before the model.
     Returns the grid (less the cells `--methods all` leaves out), tokenizer and haystack."""
-    if args.dtype == "auto":
-        args.dtype = fast_dtype(args.device, gguf=resolve_model(args.model, args.gguf_file)[1] is not None)
-    grid = session.without_unfit(grid, args, ranks)
+    grid = session.without_unfit(grid, args, ranks)   # the model's config checked: readable
+    if args.dtype == "auto":   # rank 0 measures, every rank runs its choice (one dtype per run)
+        args.dtype = ranks.broadcast(ranks.run_first(
+            lambda: fast_dtype(args.device, **auto_inputs(args.model, args.gguf_file, args.revision))))
     tokenizer = load_tokenizer_from(args)
     try:
         haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths), config=args.dataset_config,
