@@ -101,3 +101,28 @@ def test_smoke_sizes_are_defaults_a_flag_still_wins():
     script = load_script()
     assert script.parse(["--smoke"]).trials == 3 and script.parse(["--smoke", "--trials", "4"]).trials == 4
     assert script.parse([]).trials >= 20                     # the experiment: >= 20 trials per cell
+
+
+RESULTS = ROOT / "benchmarks" / "results" / "finetune-retrieval"
+
+
+@pytest.mark.skipif(not (RESULTS / "report.md").exists(), reason="the experiment's results are not committed")
+def test_committed_report_is_its_rows_and_the_readme_quotes_it(tmp_path):
+    """report.md is what `report` makes of the committed rows (nothing edited by hand), and the
+    README's table of the three arms is report.md's, line for line."""
+    import shutil
+    script = load_script()
+    for arm in script.ARMS:
+        for name in ("perplexity", "retrieval"):
+            (tmp_path / arm / name).mkdir(parents=True)
+            shutil.copy(RESULTS / arm / name / f"{name}.json", tmp_path / arm / name / f"{name}.json")
+        shutil.copy(RESULTS / arm / "done.json", tmp_path / arm / "done.json")
+        assert json.loads((tmp_path / arm / "done.json").read_text()) == script.settings(script.parse([]), arm)
+    made = script.report(script.parse(["--out", str(tmp_path)])).read_text()
+    assert made == (RESULTS / "report.md").read_text()
+    readme = (ROOT / "README.md").read_text().splitlines()
+    lines = made.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| arm |"))
+    table = lines[head:head + 5]                                       # head, rule, 3 arms
+    start = readme.index(table[0])
+    assert readme[start:start + 5] == table
