@@ -10,7 +10,8 @@ table of the package is derived from `UNITS`: `RopeExtensionConfig`'s validation
 of `export` (which read the saved form, not method names), the CLI's `--methods` choices and the
 knob lists of `loading`, `patcher` and `evaluation.inputs`, the CLI's `--knobs` help and the docs'
 knob tables (`catalog.knob_table`). transformers' own `llama3` and `longrope` are units too, without
-math of ours (`compute=None`: passed through, their required knobs named by the patcher). Adding a
+math of ours (`compute=None`: passed through, their required knobs named by the patcher, their
+TRAINED_LENGTH's check and the unit's `check_rotary` applied by it). Adding a
 method, with new knobs, is one entry here (tests/test_units.py adds a toy method and its knob by
 editing only this file).
 
@@ -39,7 +40,8 @@ FINETUNED = flag("finetuned", "dynamic_yarn: the YaRN reference code's fine-tune
 _RAMP = (BETA_FAST, BETA_SLOW)
 
 
-def _given(name: str, kind: type, help: str, check: Callable[[Any, int | None], Any] = lambda v, L: v) -> Knob:
+def _given(name: str, kind: type, help: str,
+           check: Callable[[Any, int | None], Any] = lambda v, L: v) -> Knob:
     """A knob of transformers' own llama3 / longrope: required (the patcher names it when it is
     missing), checked by `check` where hf_posext checks it and then by transformers itself."""
     return Knob(name, kind, REQUIRED, check, help)
@@ -176,7 +178,7 @@ DYNAMIC_YARN = RopeMethod(
 
 # transformers' own types, passed through untouched (no math of ours): their knobs are required
 # (transformers has no default for them; its validators would raise deep inside `patch`, the
-# patcher names them first), `factor` and L optional.
+# patcher names them first), `factor` and L (TRAINED_LENGTH) optional.
 LLAMA3 = RopeMethod("llama3", "llama3", compute=None, knobs=(
     _given("low_freq_factor", float, "llama3: wavelengths above L/low_freq_factor are interpolated (Llama 3.1: 1.0)"),
     _given("high_freq_factor", float, "llama3: wavelengths below L/high_freq_factor are kept (Llama 3.1: 4.0)"),
