@@ -9,6 +9,7 @@ from typing import Any
 from .attention import config as _attention_config
 from .attention.config import ATTENTION_METHODS
 from .rope import config as _rope_config
+from .rope.units import TRAINED_LENGTH
 
 METHODS: tuple[str, ...] = _rope_config.ROPE_METHODS + ATTENTION_METHODS
 
@@ -24,11 +25,11 @@ def canonical_method(method: str) -> str:
 # log-n). `evaluation.knob_names()`, the CLI's `--knobs`, `loading` and the docs' knob tables
 # read this, never a hand list.
 KNOB_HELP: dict[str, str] = {
-    "original_max_position_embeddings": "the trained context L (read from the model by default)",
+    TRAINED_LENGTH.name: TRAINED_LENGTH.help,
     **_rope_config.KNOB_HELP,
     **{k: v for k, v in _attention_config.KNOB_HELP.items() if k not in _rope_config.KNOB_HELP}}
 # The knobs that count tokens, so `--knobs window=4096` stays 4096.
-INTEGRAL_KNOBS: tuple[str, ...] = ("original_max_position_embeddings",
+INTEGRAL_KNOBS: tuple[str, ...] = (TRAINED_LENGTH.name,
                                    *(n for n, k in {**_rope_config.ROPE_KNOBS, **_attention_config.ATTENTION_KNOBS}.items()
                                      if k.kind is int))
 

@@ -30,7 +30,7 @@ from .rope import dynamic
 from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
 from .rope.config import (KNOBS, MAX_FACTOR, PASSTHROUGH, PASSTHROUGH_TYPES, RopeExtensionConfig,
                           _check_number, check_target, method_of_rope_type)
-from .rope.units import PASSTHROUGH_UNITS
+from .rope.units import PASSTHROUGH_UNITS, TRAINED_LENGTH
 from .rope.registry import LONGROPE_ONLY, LONGROPE_REFUSED_V4, check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
@@ -113,45 +113,31 @@ def _attention_factor(factor, target, trained: int) -> float:
     return float(s)
 
 
-def _passthrough_rope(method: str, factor, target, trained: int, base: dict, params: dict) -> dict:
+def _passthrough_rope(method: str, factor, target, trained: int, base: dict, params: dict, dim: int) -> dict:
     """transformers' own `llama3` / `longrope`, with the same guards as our methods: known and
-    required knobs, factor >= 1, target >= the trained length (so max_position_embeddings can
-    never drop below L). The frequencies themselves are transformers' own."""
+    required knobs, the trained length (its knob's check), factor >= 1, target >= the trained
+    length (so max_position_embeddings can never drop below L), then the unit's checks against
+    the rotary dim. The frequencies themselves are transformers' own."""
     unknown = set(params) - PASSTHROUGH_TYPES[method]
     if unknown:
         raise TypeError(f"{method!r} does not take {sorted(unknown)}; it takes "
                         f"{sorted(PASSTHROUGH_TYPES[method])}.")
+    unit = PASSTHROUGH_UNITS[method]
     missing = [k for k in PASSTHROUGH[method][0] if k not in params]
     if missing:
-        helps = "; ".join(f"{k.name}: {k.help}" for k in PASSTHROUGH_UNITS[method].knobs if k.name in missing)
+        helps = "; ".join(f"{k.name}: {k.help}" for k in unit.knobs if k.name in missing)
         raise ValueError(f"{method!r} needs {missing} (transformers' {method} has no defaults for "
                          f"them): {helps}.")
-    L = params.get("original_max_position_embeddings", trained)
-    if isinstance(L, bool) or not isinstance(L, int) or L <= 0:
-        raise ValueError(f"original_max_position_embeddings must be a positive integer (the trained "
-                         f"context length), got {L!r}")
-    rope = {**base, "rope_type": method, **params, "original_max_position_embeddings": L}
+    name = TRAINED_LENGTH.name
+    L = TRAINED_LENGTH.validate(params[name] if name in params else TRAINED_LENGTH.default_at(trained), trained)
+    rope = {**base, "rope_type": method, **params, name: L}
     if factor is not None or target is not None:
         rope["factor"] = _check_number("factor", _resolve_factor(factor, target, L), minimum=1.0,
                                        maximum=MAX_FACTOR)
         check_target(rope["factor"], L)
+    if unit.check_rotary is not None:
+        unit.check_rotary(rope, dim)
     return rope
-
-
-def _check_longrope_lengths(rope: dict, dim: int) -> None:
-    """transformers' longrope divides the inverse frequencies (dim/2 of them, dim = head_dim ×
-    partial_rotary_factor: compat.rotary_dim, as modeling_rope_utils `_compute_longrope_parameters`)
-    by short_factor / long_factor elementwise: another length ends in a raw broadcast error."""
-    for key in ("short_factor", "long_factor"):
-        values = rope.get(key)
-        if not isinstance(values, (list, tuple)) or len(values) != dim // 2:
-            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else repr(values)
-            raise ValueError(f"longrope {key} must be a list of {dim // 2} numbers (one per rotary "
-                             f"frequency: rotary dim {dim} / 2), got {got}.")
-        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))
-               or not math.isfinite(v) or v <= 0]
-        if bad:
-            raise ValueError(f"longrope {key} must hold finite numbers > 0, got {bad[0]!r}.")
 
 
 @dataclass(frozen=True)
@@ -191,10 +177,8 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
         s = _attention_factor(factor, target, trained)
         return Plan(dict(base), round(trained * s), None, attn_spec, theta)
     if isinstance(method, str) and method.lower() in PASSTHROUGH_TYPES:
-        new_rope = _passthrough_rope(method.lower(), factor, target, trained, base, params)
-        if new_rope["rope_type"] == "longrope":
-            _check_longrope_lengths(new_rope, dim)
-        L = new_rope["original_max_position_embeddings"]
+        new_rope = _passthrough_rope(method.lower(), factor, target, trained, base, params, dim)
+        L = new_rope[TRAINED_LENGTH.name]
         return Plan(new_rope, target or round(L * new_rope.get("factor", 1.0)), None, attn_spec, theta)
     spec = _build_spec(method, factor, target, trained, params)
     L = spec.original_max_position_embeddings

@@ -352,7 +352,7 @@ def test_auto_knob_keeps_every_relative_position_trained(method, knobs, target):
     from hf_posext.attention import AttentionExtensionConfig
     name = "leak" if method == "leaky_rerope" else "group_size"
     spec = AttentionExtensionConfig(method, TRAINED, **knobs, **{name: "auto"}, target_length=target)
-    value = spec.leak_value if name == "leak" else spec.group_value
+    value = spec.fitted(name)
     i = torch.arange(target, dtype=torch.float64)[:, None]
     j = torch.arange(target, dtype=torch.float64)[None, :]
     r = lambda v: relative(method, {**knobs, name: v}, i, j).masked_fill(j > i, 0)  # noqa: E731

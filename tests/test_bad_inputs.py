@@ -69,7 +69,8 @@ def test_auto_group_size_is_the_smallest_that_fits():
     floor((T-1)/G) + W - W/G stays within L-1), searched from G = 1 here."""
     from hf_posext.attention.config import AttentionExtensionConfig
     for L, W, T in [(64, 8, 256), (64, 30, 1000), (512, 100, 40_000), (100, 1, 101)]:
-        g = AttentionExtensionConfig("self_extend", L, window=W, group_size="auto", target_length=T).group_value
+        spec = AttentionExtensionConfig("self_extend", L, window=W, group_size="auto", target_length=T)
+        g = spec.fitted("group_size")
         fits = [G for G in range(1, T + 1) if (T - 1) // G + W - W / G <= L - 1]
         assert g == fits[0]
 

@@ -113,8 +113,22 @@ def test_longrope_factor_lists_must_have_one_per_frequency(prf, n):
             hf_posext.patch(make(), "longrope", factor=2, short_factor=[1.0] * bad, long_factor=[1.0] * n)
     with pytest.raises(ValueError, match="finite numbers > 0"):
         hf_posext.patch(make(), "longrope", factor=2, short_factor=[1.0] * n, long_factor=[0.0] * n)
+    with pytest.raises(ValueError, match=f"short_factor must be a list of {n} numbers"):   # length first
+        hf_posext.patch(make(), "longrope", factor=2, short_factor=[0.0] * (n + 1), long_factor=[1.0] * n)
     model = hf_posext.patch(make(), "longrope", factor=2, short_factor=[1.0] * n, long_factor=[2.0] * n)
     assert model.model.rotary_emb.inv_freq.shape[-1] == n
+
+
+@pytest.mark.parametrize("method,knobs", [
+    ("longrope", dict(short_factor=[1.0] * 8, long_factor=[2.0] * 8)),
+    ("llama3", dict(low_freq_factor=1.0, high_freq_factor=4.0))])
+@pytest.mark.parametrize("bad", [0, -64, 64.0, True, None])
+def test_transformers_own_types_refuse_a_bad_trained_length(method, knobs, bad):
+    """transformers' llama3 / longrope read L from their rope dict: a whole number of tokens > 0."""
+    model = tiny_model()
+    with pytest.raises(ValueError, match="original_max_position_embeddings must be a positive integer"):
+        hf_posext.patch(model, method, factor=2, original_max_position_embeddings=bad, **knobs)
+    assert not hf_posext.is_patched(model)
 
 
 # ------------------------------------------------------------------ devices, non-models

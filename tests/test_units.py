@@ -137,18 +137,19 @@ def _run_toy(tmp_path, source: Path, anchor: str, unit: str, listing: tuple[str,
 
 
 # An attention-level toy: ReRoPE under a NEW knob `span` (default L/4, a positive number of
-# tokens), as one unit with its knob.
+# tokens; "auto": T/16, its own fit of the target length T), as one unit with its knob.
 TOY_ATTENTION_UNIT = '''
-SPAN = Knob("span", int, lambda L: L // 4, lambda v, L: tokens("span", v), "toy_window: ReRoPE's window")
+SPAN = Knob("span", int, lambda L: L // 4, lambda v, L: tokens("span", v), "toy_window: ReRoPE's window",
+            auto=lambda spec, L, T: T // 16)
 TOY_WINDOW = AttentionMethod(
     "toy_window", (SPAN,), logn=True,
-    plan=lambda spec: WindowPlan(spec.span, partial(P.rerope_far_query, window=spec.span, leak=None),
-                                 partial(P.rerope_far_key, leak=None)))
+    plan=lambda spec: WindowPlan(spec.fitted("span"), partial(P.rerope_far_query, window=spec.fitted("span"),
+                                                              leak=None), partial(P.rerope_far_key, leak=None)))
 
 '''
 
 TOY_ATTENTION_CHECKS = '''
-import sys, tempfile
+import json, pathlib, sys, tempfile
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 import hf_posext
@@ -201,6 +202,31 @@ with tempfile.TemporaryDirectory() as tmp:
     again = hf_posext.from_pretrained(tmp).eval()       # the knob is saved and read back
     with torch.no_grad():
         assert torch.equal(again(ids).logits, got8)
+# "auto": fitted by the toy unit's own function, T // 16 (T = s·L = 128 at s = 2: span 8)
+assert parse_knobs("toy_window:span=auto", ["toy_window"]) == {"toy_window": {"span": "auto"}}
+assert hf_posext.AttentionExtensionConfig("toy_window", 64, span="auto", target_length=320).fitted("span") == 20
+try:
+    hf_posext.AttentionExtensionConfig("toy_window", 64, span="auto")
+    raise AssertionError("span='auto' without a target length was accepted")
+except ValueError as err:
+    assert "span='auto' fits the knob to the target length" in str(err), err
+try:
+    hf_posext.AttentionExtensionConfig("rerope", 64, window="auto", target_length=128)   # no fit
+    raise AssertionError("window='auto' was accepted")
+except ValueError as err:
+    assert "window must be a positive integer" in str(err), err
+hf_posext.unpatch(base)
+hf_posext.patch(base, "toy_window", 2.0, span="auto")
+with torch.no_grad():
+    gotauto = base(ids).logits
+assert torch.equal(gotauto, want8)
+with tempfile.TemporaryDirectory() as tmp:
+    base.save_pretrained(tmp)
+    block = json.loads((pathlib.Path(tmp) / "config.json").read_text())[hf_posext.attention.CONFIG_KEY]
+    assert block["span"] == "auto" and block["target_length"] == 128, block
+    again = hf_posext.from_pretrained(tmp).eval()       # "auto" and T saved: fitted again on reload
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, want8)
 print("toy ok")
 '''
 

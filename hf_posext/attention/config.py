@@ -1,16 +1,15 @@
 """`AttentionExtensionConfig`: one validated, immutable description of an attention-level method.
 
 Which knobs a method takes, their defaults (the authors' code, docs/attention_methods.md), each
-knob's check and whether log-n scaling is on by default: its unit, units.py. Here: the fields
-they give (`knob_fields`), applied in order, then the "auto" rule and the unit's own check.
+knob's check, how an "auto" knob is fitted and whether log-n scaling is on by default: its unit,
+units.py. Here: the fields they give (`knob_fields`), applied in order, then the "auto" rule and
+the unit's own check.
 
-`leak="auto"` (leaky ReRoPE) and `group_size="auto"` (Self-Extend) fit the knob to the target
-length T = s·L so that the farthest relative position a T-token input produces stays trained
-(<= L − 1). Leaky: w + (T − 1 − w)/k <= L − 1, so k = (T − 1 − w)/(L − 1 − w), at least 1 (up to L
-nothing is compressed). Self-Extend: the smallest integer G >= 1 with ⌊(T − 1)/G⌋ + W − W/G <= L − 1
-(LongLM's README advises a margin, W + (T − W)/G below L/2 … 2L/3; give G yourself for that).
-`patch(model, method, s)` sets T; the saved block keeps "auto" and `target_length`, so a reload
-derives the same value.
+The "auto" rule, one for every knob: a knob whose spec has a fitting function (`Knob.auto`, e.g.
+leaky ReRoPE's `leak`, Self-Extend's `group_size`) also takes "auto"; it then needs the target
+length T = s·L, and `fitted(name)` gives the value its unit's function fits for (this config, L,
+T). `patch(model, method, s)` sets T; the saved block keeps "auto" and `target_length`, so a
+reload derives the same value.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..rope.knobs import MAX_FACTOR, MAX_TARGET_LENGTH, collect, knob_fields, tokens
 from .units import ATTENTION_METHODS, UNITS
 
-# The methods, their knobs (each a spec with its default, check and help), own checks: one unit
-# each (units.py). MAX_FACTOR also keeps the auto group search below at most 2^20 / L steps.
+# The methods, their knobs (each a spec with its default, check, help and "auto" fit), own
+# checks: one unit each (units.py).
 KNOBS: dict[str, tuple[str, ...]] = {n: u.knob_names() for n, u in UNITS.items()}
 ATTENTION_KNOBS = collect((u.knobs for u in UNITS.values()), "attention units")
 # Every knob of an attention method: the units' knobs and log-n (every method's; its default is
@@ -95,27 +94,13 @@ class AttentionExtensionConfig:
         if unit.check is not None:
             unit.check(self, given)
 
-    @property
-    def leak_value(self) -> float | None:
-        """k as the kernel uses it: `auto` -> (T − 1 − w)/(L − 1 − w), at least 1."""
-        if self.leak != "auto":
-            return self.leak
-        L, w, T = self.trained_length, self.window, self.target_length
-        return max(1.0, (T - 1 - w) / (L - 1 - w)) if w < L - 1 else 1.0
-
-    @property
-    def group_value(self) -> int | None:
-        """G as the kernel uses it: `auto` -> the smallest G >= 1 with
-        ⌊(T − 1)/G⌋ + W − W/G <= L − 1 (the farthest grouped position stays trained)."""
-        if self.group_size != "auto":
-            return self.group_size
-        L, W, T = self.trained_length, self.window, self.target_length
-        # ⌊x⌋ > x − 1, so any G meeting the bound has G > (T − 1 − W)/(L − W): start there (the
-        # loop then runs about T/L² <= MAX_FACTOR/L steps, not T/L).
-        G = max(1, (T - 1 - W) // (L - W)) if L > W else 1
-        while (T - 1) // G + W - W / G > L - 1:
-            G += 1
-        return G
+    def fitted(self, name: str) -> Any:
+        """Knob `name` as the kernel uses it: "auto" fitted to the target length by its unit's
+        function (`Knob.auto`, given this config, L and T); any other value as it is."""
+        value = getattr(self, name)
+        if value != "auto":   # (validation keeps "auto" only where the knob has a fit and T is set)
+            return value
+        return ATTENTION_KNOBS[name].auto(self, self.trained_length, self.target_length)
 
     @property
     def knobs(self) -> dict[str, Any]:

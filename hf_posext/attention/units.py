@@ -1,5 +1,6 @@
 """One unit per attention-level method: its knobs (`rope.knobs.Knob` specs: type, the authors'
-default as a function of the trained length L (docs/attention_methods.md), check, help), whether log-n query scaling is on by default, its
+default as a function of the trained length L (docs/attention_methods.md), check, help and, for
+a knob that also takes "auto", its fit to the target length), whether log-n query scaling is on by default, its
 plan (which key parts a query chunk attends to, plans.py), whether its positions depend on a
 token's absolute index (then left padding must be undone), and any check of its own.
 `AttentionExtensionConfig` (its knob fields and checks), the kernel's plan and the padding rule
@@ -54,16 +55,38 @@ def _leak(value: Any, L: int | None) -> float:
     return float(value)
 
 
+# "auto" (the knob's `auto` fit): fitted to the target length T = s·L so that the farthest relative
+# position a T-token input produces stays trained (<= L − 1). `spec`: the validated config.
+def _fit_leak(spec, L: int, T: int) -> float:
+    """Leaky ReRoPE: w + (T − 1 − w)/k <= L − 1, so k = (T − 1 − w)/(L − 1 − w), at least 1 (up
+    to L nothing is compressed)."""
+    w = spec.window
+    return max(1.0, (T - 1 - w) / (L - 1 - w)) if w < L - 1 else 1.0
+
+
+def _fit_group(spec, L: int, T: int) -> int:
+    """Self-Extend: the smallest integer G >= 1 with ⌊(T − 1)/G⌋ + W − W/G <= L − 1 (the farthest
+    grouped position stays trained; LongLM's README advises a margin, W + (T − W)/G below
+    L/2 … 2L/3: give G yourself for that)."""
+    W = spec.window
+    # ⌊x⌋ > x − 1, so any G meeting the bound has G > (T − 1 − W)/(L − W): start there (the loop
+    # then runs about T/L² <= MAX_FACTOR/L steps, not T/L: config.py bounds T by MAX_FACTOR·L).
+    G = max(1, (T - 1 - W) // (L - W)) if L > W else 1
+    while (T - 1) // G + W - W / G > L - 1:
+        G += 1
+    return G
+
+
 # The knobs, each declared once (a unit may give one its own default with `replace`).
 WINDOW = Knob("window", int, lambda L: L // 8, _window,
               "rerope / leaky_rerope: relative positions below it are exact; self_extend: the "
               "neighbour window W. At most L")
 LEAK = Knob("leak", float, 16.0, lambda v, L: _leak(v, L),
             "leaky_rerope's k > 1: beyond the window, relative positions grow with slope 1/k; "
-            "auto: fitted to the target length", auto=True)
+            "auto: fitted to the target length", auto=_fit_leak)
 GROUP_SIZE = Knob("group_size", int, 8, lambda v, L: tokens("group_size", v),
                   "self_extend's G >= 1: distant positions are floor(p / G); auto: fitted to the "
-                  "target length", auto=True)
+                  "target length", auto=_fit_group)
 def _chunk(L: int) -> int:
     return 3 * L // 4
 
@@ -99,7 +122,7 @@ class AttentionMethod:
 
 def _auto_fits(spec, given: dict[str, Any]) -> None:
     """An "auto" knob fits the far positions between the window and L: with the window at L − 1
-    there is no room (attention/config.py's docstring gives the fits)."""
+    there is no room (the fits: `_fit_leak`, `_fit_group`)."""
     L = spec.trained_length
     auto = [k for k, v in given.items() if v == "auto"]
     if auto and spec.target_length > L and spec.window >= L - 1:
@@ -115,9 +138,14 @@ def _chunk_check(spec, given: dict[str, Any]) -> None:
 
 
 def _rerope_plan(spec, leaky: bool):
-    leak = spec.leak_value if leaky else None
+    leak = spec.fitted("leak") if leaky else None
     return WindowPlan(spec.window, partial(P.rerope_far_query, window=spec.window, leak=leak),
                       partial(P.rerope_far_key, leak=leak))
+
+
+def _self_extend_plan(window: int, group_size: int) -> WindowPlan:
+    return WindowPlan(window, partial(P.self_extend_far_query, group_size=group_size, window=window),
+                      partial(P.self_extend_far_key, group_size=group_size))
 
 
 def _string_check(spec, given: dict[str, Any]) -> None:
@@ -170,9 +198,7 @@ LEAKY_REROPE = AttentionMethod("leaky_rerope", (WINDOW, LEAK), logn=True, check=
 SELF_EXTEND = AttentionMethod(
     "self_extend", (replace(WINDOW, default=lambda L: min(1024, L // 2)), GROUP_SIZE), logn=False,
     absolute=True, check=_auto_fits,
-    plan=lambda spec: WindowPlan(
-        spec.window, partial(P.self_extend_far_query, group_size=spec.group_value, window=spec.window),
-        partial(P.self_extend_far_key, group_size=spec.group_value)))
+    plan=lambda spec: _self_extend_plan(spec.window, spec.fitted("group_size")))
 # HKUNLP/ChunkLlama: chunk_size 3L/4, local_window L/16.
 DUAL_CHUNK = AttentionMethod(
     "dual_chunk", (CHUNK_SIZE, LOCAL_WINDOW), logn=False, absolute=True, check=_chunk_check, plan=lambda spec: DualChunkPlan(spec.chunk_size, spec.local_window))

@@ -25,10 +25,10 @@ ALIASES = {"dynamic": "dynamic_ntk", "pi": "linear", "ntk_aware": "ntk"}
 ROPE_KNOBS = collect((u.knobs for u in UNITS.values()), "rope units")
 KNOBS: tuple[str, ...] = tuple(ROPE_KNOBS)
 # transformers' own rope types that hf_posext passes through untouched (their units): type ->
-# (required keys, optional keys).
+# (required keys, optional keys: factor and the unit's other knobs, among them the trained length).
 PASSTHROUGH: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     n: (tuple(k.name for k in u.knobs if k.required),
-        ("factor", "original_max_position_embeddings", *(k.name for k in u.knobs if not k.required)))
+        ("factor", *(k.name for k in u.knobs if not k.required)))
     for n, u in PASSTHROUGH_UNITS.items()}
 PASSTHROUGH_TYPES = {t: set(req + opt) for t, (req, opt) in PASSTHROUGH.items()}
 

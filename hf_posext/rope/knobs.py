@@ -19,7 +19,7 @@ from ..errors import plain_number
 
 # The longest target s·L any method is planned for (int32 positions; no model has a longer
 # cache) and the largest scale (beyond it L·s overflows or rounds to an absurd length: 1e308
-# would reach `round(inf)`). attention/config.py fits its "auto" knobs under the same bounds.
+# would reach `round(inf)`). attention/units.py fits its "auto" knobs under the same bounds.
 MAX_TARGET_LENGTH = 2 ** 31   # positions 0 .. 2^31 - 1
 MAX_FACTOR = 2 ** 20
 
@@ -29,15 +29,16 @@ REQUIRED = object()   # a knob with no default: the method needs it (transformer
 @dataclass(frozen=True)
 class Knob:
     """One knob. `check(value, L)` returns the normalised value or raises (L: the trained
-    length, None where it is not known yet). `auto`: the knob also takes "auto" (fitted to the
-    target length by its method)."""
+    length, None where it is not known yet). `auto(config, L, T)`: the knob also takes "auto",
+    and this function fits it to the target length T (the validated config gives the other
+    knobs); None: it does not."""
 
     name: str
     kind: type                                  # float, int, bool, list
     default: Any                                # a constant, a function of L, or REQUIRED
     check: Callable[[Any, int | None], Any]
     help: str
-    auto: bool = False
+    auto: Callable[[Any, int, int], Any] | None = None
 
     def default_at(self, L: int | None) -> Any:
         """The default at trained length L; a default that is a function of L is None while L
@@ -51,7 +52,7 @@ class Knob:
         return self.default is REQUIRED
 
     def validate(self, value: Any, L: int | None) -> Any:
-        if self.auto and value == "auto":
+        if self.auto is not None and value == "auto":
             return value
         return self.check(value, L)
 

@@ -10,7 +10,8 @@ table of the package is derived from `UNITS`: `RopeExtensionConfig`'s validation
 of `export` (which read the saved form, not method names), the CLI's `--methods` choices and the
 knob lists of `loading`, `patcher` and `evaluation.inputs`, the CLI's `--knobs` help and the docs'
 knob tables (`catalog.knob_table`). transformers' own `llama3` and `longrope` are units too, without
-math of ours (`compute=None`: passed through, their required knobs named by the patcher). Adding a
+math of ours (`compute=None`: passed through, their required knobs named by the patcher, their
+TRAINED_LENGTH's check and the unit's `check_rotary` applied by it). Adding a
 method, with new knobs, is one entry here (tests/test_units.py adds a toy method and its knob by
 editing only this file).
 
@@ -20,6 +21,7 @@ Function arguments: `c` the validated `RopeExtensionConfig`, `d` the rotary dim,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,10 +40,36 @@ FINETUNED = flag("finetuned", "dynamic_yarn: the YaRN reference code's fine-tune
 _RAMP = (BETA_FAST, BETA_SLOW)
 
 
-def _given(name: str, kind: type, help: str) -> Knob:
-    """A knob of transformers' own llama3 / longrope: required, checked by the patcher
-    (`_passthrough_rope`, `_check_longrope_lengths`) and then by transformers itself."""
-    return Knob(name, kind, REQUIRED, lambda v, L: v, help)
+def _given(name: str, kind: type, help: str,
+           check: Callable[[Any, int | None], Any] = lambda v, L: v) -> Knob:
+    """A knob of transformers' own llama3 / longrope: required (the patcher names it when it is
+    missing), checked by `check` where hf_posext checks it and then by transformers itself."""
+    return Knob(name, kind, REQUIRED, check, help)
+
+
+def _trained_length(value: Any, L: int | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"original_max_position_embeddings must be a positive integer (the trained "
+                         f"context length), got {value!r}")
+    return value
+
+
+# transformers' llama3 / longrope read the trained length L from their rope dict; by default the
+# model's (the patcher checks it before the factor, which it scales).
+TRAINED_LENGTH = Knob("original_max_position_embeddings", int, lambda L: L, _trained_length,
+                      "the trained context L (read from the model by default)")
+
+
+def _positive_factors(name: str) -> Callable[[Any, int | None], Any]:
+    """longrope's factor list: each factor finite and > 0 (its length needs the rotary dim:
+    `_longrope_lengths` checks it first)."""
+    def check(values: Any, L: int | None) -> Any:
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))
+               or not math.isfinite(v) or v <= 0]
+        if bad:
+            raise ValueError(f"longrope {name} must hold finite numbers > 0, got {bad[0]!r}.")
+        return values
+    return check
 
 
 @dataclass(frozen=True)
@@ -57,6 +85,8 @@ class RopeMethod:
     compute: Callable[..., methods.Freqs] | None   # None: transformers' own math (llama3, longrope)
     knobs: tuple[Knob, ...] = ()
     check: Callable[[Any], None] | None = None      # the validated config -> raise (knobs together)
+    # transformers' own types: (their rope dict, rotary dim) -> raise (checks needing the head dim)
+    check_rotary: Callable[[dict[str, Any], int], None] | None = None
     rope_keys: Callable[[Any], dict[str, Any]] = lambda c: {}
     dynamic: bool = False
     registered: bool = False
@@ -148,14 +178,34 @@ DYNAMIC_YARN = RopeMethod(
 
 # transformers' own types, passed through untouched (no math of ours): their knobs are required
 # (transformers has no default for them; its validators would raise deep inside `patch`, the
-# patcher names them first), `factor` and L optional.
+# patcher names them first), `factor` and L (TRAINED_LENGTH) optional.
 LLAMA3 = RopeMethod("llama3", "llama3", compute=None, knobs=(
     _given("low_freq_factor", float, "llama3: wavelengths above L/low_freq_factor are interpolated (Llama 3.1: 1.0)"),
-    _given("high_freq_factor", float, "llama3: wavelengths below L/high_freq_factor are kept (Llama 3.1: 4.0)")))
-LONGROPE = RopeMethod("longrope", "longrope", compute=None, knobs=(
-    _given("short_factor", list, "longrope: one rescale factor per rotary frequency, up to L"),
-    _given("long_factor", list, "longrope: one rescale factor per rotary frequency, beyond L"),
-    ATTENTION_FACTOR))
+    _given("high_freq_factor", float, "llama3: wavelengths below L/high_freq_factor are kept (Llama 3.1: 4.0)"),
+    TRAINED_LENGTH))
+_LONGROPE_FACTORS = (
+    _given("short_factor", list, "longrope: one rescale factor per rotary frequency, up to L",
+           _positive_factors("short_factor")),
+    _given("long_factor", list, "longrope: one rescale factor per rotary frequency, beyond L",
+           _positive_factors("long_factor")))
+
+
+def _longrope_lengths(rope: dict[str, Any], dim: int) -> None:
+    """transformers' longrope divides the inverse frequencies (dim/2 of them, dim = head_dim ×
+    partial_rotary_factor: compat.rotary_dim, as modeling_rope_utils `_compute_longrope_parameters`)
+    by short_factor / long_factor elementwise: another length ends in a raw broadcast error. Each
+    list of the right length then gets its knob's own check."""
+    for knob in _LONGROPE_FACTORS:
+        values = rope.get(knob.name)
+        if not isinstance(values, (list, tuple)) or len(values) != dim // 2:
+            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else repr(values)
+            raise ValueError(f"longrope {knob.name} must be a list of {dim // 2} numbers (one per "
+                             f"rotary frequency: rotary dim {dim} / 2), got {got}.")
+        knob.check(values, rope.get(TRAINED_LENGTH.name))
+
+
+LONGROPE = RopeMethod("longrope", "longrope", compute=None, check_rotary=_longrope_lengths,
+                      knobs=(*_LONGROPE_FACTORS, ATTENTION_FACTOR, TRAINED_LENGTH))
 
 ALL_UNITS: dict[str, RopeMethod] = {u.name: u for u in (LINEAR, NTK, DYNAMIC_NTK, NTK_BY_PARTS, YARN,
                                                          DYNAMIC_YARN, LLAMA3, LONGROPE)}
