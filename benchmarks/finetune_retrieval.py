@@ -57,8 +57,12 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--share", type=float, default=0.5, help="mix arm: share of synthetic windows")
     p.add_argument("--min-span", type=float, default=0.5, help="mix arm: data.synthetic.min_span")
     p.add_argument("--lengths", default="4096,8192,16384", help="perplexity lengths")
-    p.add_argument("--retrieval-lengths", default="8192,16384",
-                   help="retrieval lengths (8192: within L, the control; 16384: 2 x L)")
+    # A 16k trial costs ~50 s here: 20 trials at 8k and 16k for three arms did not fit a session
+    # beside the training, so the within-L retrieval control is the training-free arm's (the
+    # fine-tuned arms' cost within L is read from perplexity at 4k / 8k).
+    p.add_argument("--retrieval-lengths", default="16384", help="retrieval lengths of every arm (2 x L)")
+    p.add_argument("--free-lengths", default="8192",
+                   help="extra retrieval lengths of the training-free arm only (within L: the control)")
     # 0.5: at 16k the needle sits ~8k tokens (= L) before a question past L; the prefix up to
     # the needle is prefilled once per cell (a trial costs ~2/3 of a full prefill; at 0.25 ~9/10)
     p.add_argument("--depths", default="0.5", help="retrieval depths (0 = start of the haystack)")
@@ -66,7 +70,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true",
                    help="tiny run for the tests: 2 steps, window 128, factor 8, lengths 128,512, 3 trials")
     if p.parse_args(argv).smoke:   # the smoke sizes are defaults: a flag given still wins
-        p.set_defaults(steps=2, window=128, factor=8.0, trials=3, lengths="128,512", retrieval_lengths="512",
+        p.set_defaults(steps=2, window=128, factor=8.0, trials=3, lengths="128,512", retrieval_lengths="512", free_lengths="384",
                        lr=1e-3)
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -82,10 +86,16 @@ def parse(argv=None) -> argparse.Namespace:
 
 def settings(args, arm: str) -> dict:
     """What an arm's results depend on (stored in done.json; a mismatch is refused)."""
-    keys = ["model", "dataset", "eval_document", "factor", "lengths", "retrieval_lengths", "depths", "trials"]
+    keys = ["model", "dataset", "eval_document", "factor", "lengths", "depths", "trials"]
     if arm != "free":
         keys += ["window", "steps", "lr"] + (["share", "min_span"] if arm == "mix" else [])
-    return {k: getattr(args, k) for k in keys}
+    return {**{k: getattr(args, k) for k in keys},
+            "retrieval_lengths": ",".join(map(str, retrieval_lengths(args, arm)))}
+
+
+def retrieval_lengths(args, arm: str) -> list[int]:
+    extra = args.free_lengths if arm == "free" and args.free_lengths else ""
+    return sorted({int(x) for x in f"{args.retrieval_lengths},{extra}".split(",") if x.strip()})
 
 
 def recipe_argv(args, arm: str, out: Path) -> list[str]:
@@ -158,7 +168,7 @@ def retrieval(args, arm: str, model_path: str, folder: Path) -> list[dict]:
 
     from hf_posext.data import embedded
     from hf_posext.evaluation import ResultsStore, RetrievalGrid, RunInfo, evaluate_retrieval
-    grid = RetrievalGrid(["none"], [int(x) for x in args.retrieval_lengths.split(",")],
+    grid = RetrievalGrid(["none"], retrieval_lengths(args, arm),
                          [float(x) for x in args.depths.split(",")], tasks=("single_needle",),
                          trials=args.trials)   # checked before the model loads
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -205,7 +215,7 @@ def mean_nll(row: dict, start: int) -> float:
     return found[0] / found[1]
 
 
-def arm_line(arm: str, ppl: list[dict], ret: list[dict], free_short: float | None) -> str:
+def arm_line(arm: str, ppl: list[dict], ret: list[dict], free_short: float | None, rlengths: list[int]) -> str:
     """The arm's line of the side-by-side table (markdown)."""
     from hf_posext.evaluation.retrieval.plots import by_length
     from hf_posext.evaluation.retrieval.stats import wilson
@@ -216,7 +226,9 @@ def arm_line(arm: str, ppl: list[dict], ret: list[dict], free_short: float | Non
     cells = [f"{truncate[n]['perplexity']:.2f}" for n in sorted(truncate)]
     change = f"{100 * (truncate[short]['perplexity'] / free_short - 1):+.1f} %" if free_short else "—"
     past = mean_nll(truncate[longest], trained) - mean_nll(base, trained)
-    hits = [f"{k}/{t} = {k / t:.2f} [{wilson(k, t)[0]:.2f}, {wilson(k, t)[1]:.2f}]" for _, k, t in by_length(ret)]
+    found = {n: (k, t) for n, k, t in by_length(ret)}
+    hits = [f"{k}/{t} = {k / t:.2f} [{wilson(k, t)[0]:.2f}, {wilson(k, t)[1]:.2f}]" if n in found else "not run"
+            for n in rlengths for k, t in [found.get(n, (0, 1))]]
     return "| " + " | ".join([LABELS[arm], *cells, change, f"{past:+.3f}", *hits]) + " |"
 
 
@@ -232,9 +244,9 @@ def report(args) -> Path:
     if not arms:
         raise SystemExit(f"no finished arm in {args.out}: nothing to report")
     data = {a: (stored(args.out / a, "perplexity"), stored(args.out / a, "retrieval")) for a in arms}
-    ppl0, ret0 = data[arms[0]]
+    ppl0 = data[arms[0]][0]
     lengths = sorted({int(r["length"]) for r in ppl0 if r["protocol"] == "truncate"})
-    rlengths = sorted({int(r["length"]) for r in ret0})
+    rlengths = sorted({int(r["length"]) for a in arms for r in data[a][1]})
     trained = format_length(int(ppl0[0]["trained_length"]))
     free_short = next((r["perplexity"] for r in data["free"][0] if r["protocol"] == "truncate"
                        and int(r["length"]) == lengths[0]), None) if "free" in data else None
@@ -248,7 +260,7 @@ def report(args) -> Path:
              f"{args.trials} trials a cell). Made by `python benchmarks/finetune_retrieval.py` (settings in each "
              "arm's done.json).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += [arm_line(a, *data[a], free_short) for a in arms]
+    lines += [arm_line(a, *data[a], free_short, rlengths) for a in arms]
     plot_accuracy([r for a in arms for r in relabel(data[a][1], a)], args.out / "retrieval_arms.png",
                   f"single needle by arm (YaRN s={args.factor:g}; {args.trials} trials a cell, depths {args.depths})")
     longest = [r for a in arms for r in relabel(data[a][0], a) if int(r["length"]) == lengths[-1]]

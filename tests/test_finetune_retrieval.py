@@ -63,8 +63,9 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
         keys = json.loads((folder / "retrieval" / "retrieval.json").read_text())["rows"]
         # every arm is evaluated as saved (YaRN s=8 in its config, not patched again), on the
         # retrieval suite's single-needle task
-        assert [(r["method"], r["task"], int(r["length"]), int(r["trials"])) for r in keys] == [
-            ("none", "single_needle", 512, 3)]
+        # the within-L control (--free-lengths) on the training-free arm only
+        assert [(r["method"], r["task"], int(r["length"]), int(r["trials"])) for r in keys] == (
+            [("none", "single_needle", 384, 3)] if arm == "free" else []) + [("none", "single_needle", 512, 3)]
         assert {r["method"] for r in rows} >= {"none"} and all(r["trained_length"] == 64 for r in keys)
         assert 0 <= keys[0]["ci_low"] <= keys[0]["accuracy"] <= keys[0]["ci_high"] <= 1
         assert json.loads((folder / "done.json").read_text())["trials"] == 3
@@ -86,6 +87,7 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
     table = [line for line in report.splitlines() if line.startswith("| training-free")
              or line.startswith("| fine-tuned")]
     assert len(table) == 3 and "+0.0 %" in table[0]
+    assert [line.count("not run") for line in table] == [0, 1, 1]   # 384 on the training-free arm only
     for name in ("retrieval_arms.png", "loss_by_position_arms.png"):
         assert (out / name).stat().st_size > 10_000
     stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if p.name != "report.md"}
