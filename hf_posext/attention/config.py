@@ -38,10 +38,11 @@ class AttentionExtensionConfig:
     Args:
         method: one of ATTENTION_METHODS.
         trained_length: the trained context L (log-n's base, and the scale of the defaults).
-        <knob>: one field per knob of the units (units.py; KNOB_HELP): window, leak,
-            group_size, chunk_size, local_window, shifted_offset, local_value.
         logn: scale each query by max(1, log n / log L) (n = its position + 1).
         target_length: T = s·L; only read by the "auto" knobs (`patch` fills it from the factor).
+
+    Every knob of the units (units.py; KNOB_HELP) is a field too: window, leak, group_size,
+    chunk_size, local_window, shifted_offset, local_value.
     """
 
     method: str

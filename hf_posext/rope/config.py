@@ -83,9 +83,10 @@ class RopeExtensionConfig:
             taken from the current length; `factor` then only records the intended target.
         original_max_position_embeddings: the trained context L. None means "read it from the
             model" (the patcher fills it in).
-        <knob>: one field per knob of the units (rope/units.py), None = the method's default:
-            KNOB_HELP below lists them (beta_fast, beta_slow, mscale_coefficient,
-            attention_factor, finetuned). A knob the method does not use is refused.
+
+    Every knob of the units (rope/units.py) is a field too, None = the method's default:
+    KNOB_HELP below lists them (beta_fast, beta_slow, mscale_coefficient, attention_factor,
+    finetuned). A knob the method does not use is refused.
     """
 
     method: str
