@@ -81,6 +81,12 @@ def parse(argv=None) -> argparse.Namespace:
         p.error(f"--share must be in (0, 1], got {args.share}")
     if args.trials < 1 or args.steps < 1:
         p.error("--trials and --steps must be >= 1")
+    try:   # the retrieval grid checked now, not after hours of training
+        from hf_posext.evaluation import RetrievalGrid
+        RetrievalGrid(["none"], retrieval_lengths(args, "free"), [float(x) for x in args.depths.split(",")],
+                      tasks=("single_needle",), trials=args.trials)
+    except ValueError as error:
+        p.error(f"--retrieval-lengths / --free-lengths / --depths: {error}")
     return args
 
 

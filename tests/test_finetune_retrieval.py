@@ -48,6 +48,14 @@ def test_bad_arm_is_refused():
         load_script().parse(["--arms", "docs,nope"])
 
 
+@pytest.mark.parametrize("argv", [["--depths", "1.5"], ["--depths", "half"], ["--retrieval-lengths", "16k"],
+                                  ["--trials", "0"]])
+def test_bad_retrieval_settings_are_refused_before_training(argv, capsys):
+    with pytest.raises(SystemExit):
+        load_script().parse(argv)
+    assert "--" in capsys.readouterr().err
+
+
 def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
     assets = make_assets(tmp_path / "assets", archs=("llama",))
     rng = random.Random(1)   # a held-out document long enough for 512-token evaluations
