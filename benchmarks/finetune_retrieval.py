@@ -81,10 +81,8 @@ def parse(argv=None) -> argparse.Namespace:
         p.error(f"--share must be in (0, 1], got {args.share}")
     if args.trials < 1 or args.steps < 1:
         p.error("--trials and --steps must be >= 1")
-    try:   # the retrieval grid checked now, not after hours of training
-        from hf_posext.evaluation import RetrievalGrid
-        RetrievalGrid(["none"], retrieval_lengths(args, "free"), [float(x) for x in args.depths.split(",")],
-                      tasks=("single_needle",), trials=args.trials)
+    try:   # the retrieval grid checked now, not after hours of training ("free" has every length)
+        retrieval_grid(args, "free")
     except ValueError as error:
         p.error(f"--retrieval-lengths / --free-lengths / --depths: {error}")
     return args
@@ -97,6 +95,13 @@ def settings(args, arm: str) -> dict:
         keys += ["window", "steps", "lr"] + (["share", "min_span"] if arm == "mix" else [])
     return {**{k: getattr(args, k) for k in keys},
             "retrieval_lengths": ",".join(map(str, retrieval_lengths(args, arm)))}
+
+
+def retrieval_grid(args, arm: str):
+    """The arm's single-needle grid (`RetrievalGrid` validates lengths, depths and trials)."""
+    from hf_posext.evaluation import RetrievalGrid
+    return RetrievalGrid(["none"], retrieval_lengths(args, arm), [float(x) for x in args.depths.split(",")],
+                         tasks=("single_needle",), trials=args.trials)
 
 
 def retrieval_lengths(args, arm: str) -> list[int]:
@@ -173,10 +178,8 @@ def retrieval(args, arm: str, model_path: str, folder: Path) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     from hf_posext.data import embedded
-    from hf_posext.evaluation import ResultsStore, RetrievalGrid, RunInfo, evaluate_retrieval
-    grid = RetrievalGrid(["none"], retrieval_lengths(args, arm),
-                         [float(x) for x in args.depths.split(",")], tasks=("single_needle",),
-                         trials=args.trials)   # checked before the model loads
+    from hf_posext.evaluation import ResultsStore, RunInfo, evaluate_retrieval
+    grid = retrieval_grid(args, arm)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tokenizer = embedded.load_tokenizer(args.model)
     with ResultsStore(folder / "retrieval", "retrieval", resume=True) as store:
