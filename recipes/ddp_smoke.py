@@ -11,6 +11,8 @@ Its checkpoints go to a temporary folder, removed at the end. tests/test_make_ta
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import tempfile
 
 import torch
@@ -42,10 +44,16 @@ def main(steps: int = 3) -> None:
         losses = []
         train_loop(accelerator, model, optimizer, scheduler, sequences, PoseCollator(t.seq_len, 64, 2, t.seed),
                    t, TrainState(), out, on_row=lambda row: losses.append(round(row["loss"], 4)))
-        print(f"rank {accelerator.process_index}: world size {accelerator.num_processes} "
-              f"({accelerator.distributed_type}, backend {accelerator.state.backend}); "
-              f"losses {losses}", flush=True)
-        accelerator.wait_for_everyone()
+        line = (f"rank {accelerator.process_index}: world size {accelerator.num_processes} "
+                f"({accelerator.distributed_type}, backend {accelerator.state.backend}); losses {losses}\n")
+        # The ranks share one stdout pipe: print() may issue the text and its newline as two writes
+        # (unbuffered under PYTHONUNBUFFERED), so two ranks' lines could interleave. One os.write of
+        # the whole line (< PIPE_BUF, atomic on a pipe), one rank at a time, keeps each line whole.
+        for rank in range(accelerator.num_processes):
+            if rank == accelerator.process_index:
+                sys.stdout.flush()
+                os.write(sys.stdout.fileno(), line.encode())
+            accelerator.wait_for_everyone()
         accelerator.end_training()
 
 
