@@ -268,6 +268,7 @@ def test_command_end_to_end_and_resume(model_dir, capsys, tmp_path):
     assert "effective length" in printed and "[" in printed
     assert (out / "retrieval_single_needle.png").exists()
     assert (out / "retrieval_single_needle_dynamic_ntk.png").exists()
+    assert (out / "retrieval_single_needle_heatmaps.png").exists()
     assert cli.main(argv + ["--resume"]) == 0                  # every cell already there
     assert len(json.loads((out / "retrieval.json").read_text())["rows"]) == 4
 
@@ -281,3 +282,30 @@ def test_dtype_help_says_what_auto_means_for_each_command():
              for name in ("retrieval", "eval", "passkey")}
     assert "probe" in helps["retrieval"] and "checkpoint" not in helps["retrieval"], helps
     assert all("checkpoint's own dtype" in helps[n] for n in ("eval", "passkey")), helps
+
+
+def test_heatmap_cells_say_trials_and_the_side_by_side_figure_has_a_panel_per_method(tmp_path, monkeypatch):
+    """A cell of 4 trials reads `3/4`, not 75 %; rows without trial counts (older passkey
+    results) keep the percentage; the trained length is named on its tick; the side-by-side
+    figure draws one panel per series on one scale."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hf_posext.evaluation.results import draw_heatmap
+    from hf_posext.evaluation.retrieval import plots
+    rows = [{"task": "single_needle", "method": m, "factor_spec": "2", "knobs": "", "length": n,
+             "depth": d, "accuracy": k / 4, "correct": k, "trials": 4, "trained_length": 1000}
+            for m in ("none", "yarn") for n, k in ((1000, 3), (2000, 1)) for d in (0.0, 1.0)]
+    fig, ax = plt.subplots()
+    draw_heatmap(ax, rows[:4])
+    assert sorted(t.get_text() for t in ax.texts) == ["1/4", "1/4", "3/4", "3/4"]
+    assert [t.get_text() for t in ax.get_xticklabels()][0].endswith("= L")
+    ax.clear()
+    draw_heatmap(ax, [{k: v for k, v in r.items() if k not in ("correct", "trials")} for r in rows[:4]])
+    assert sorted(t.get_text() for t in ax.texts) == ["25%", "25%", "75%", "75%"]
+    plt.close(fig)
+    panels = []
+    monkeypatch.setattr(plots, "draw_heatmap", lambda ax, part: panels.append(part) or draw_heatmap(ax, part))
+    path = plots.plot_heatmaps(rows, tmp_path / "h.png", "t")
+    assert path.read_bytes()[:4] == b"\x89PNG" and [p[0]["method"] for p in panels] == ["none", "yarn"]

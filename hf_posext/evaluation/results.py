@@ -266,32 +266,14 @@ def plot_nll_by_position(rows: Sequence[dict], path: str | Path, title: str = ""
 
 
 def plot_passkey_heatmap(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
-    """Depth × length heat map of passkey accuracy for one method, in `cividis` (designed to
-    read the same for colour-blind readers and in greyscale), each cell labelled in the colour
-    that contrasts with its background."""
+    """Depth × length heat map of passkey accuracy for one method (draw_heatmap)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lengths = sorted({int(r["length"]) for r in rows})
-    depths = sorted({float(r["depth"]) for r in rows})
-    grid = [[math.nan] * len(lengths) for _ in depths]
-    for r in rows:
-        grid[depths.index(float(r["depth"]))][lengths.index(int(r["length"]))] = r["accuracy"]
+    lengths, depths = {int(r["length"]) for r in rows}, {float(r["depth"]) for r in rows}
     fig, ax = plt.subplots(figsize=(1.3 * len(lengths) + 2.6, 0.6 * len(depths) + 1.8))
-    cmap = plt.get_cmap("cividis")
-    im = ax.imshow(grid, vmin=0, vmax=1, cmap=cmap, aspect="auto")
-    for i in range(len(depths)):
-        for j in range(len(lengths)):
-            if not math.isnan(grid[i][j]):
-                r, g, b, _ = cmap(float(grid[i][j]))   # an int would index the colour table
-                dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
-                ax.text(j, i, f"{grid[i][j]:.0%}", ha="center", va="center", fontsize=11,
-                        color="white" if dark else "black", fontweight="bold")
-    ax.set_xticks(range(len(lengths)), [format_length(n) for n in lengths], fontsize=10)
-    ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=10)
-    ax.set_xlabel("context length (tokens)", fontsize=10)
-    ax.set_ylabel("key depth (0% = start)", fontsize=10)
+    im = draw_heatmap(ax, rows)
     ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
@@ -299,3 +281,36 @@ def plot_passkey_heatmap(rows: Sequence[dict], path: str | Path, title: str = ""
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def draw_heatmap(ax, rows: Sequence[dict]):
+    """Depth × length accuracy on `ax`, in `cividis` (designed to read the same for colour-blind
+    readers and in greyscale), each cell labelled in the colour that contrasts with its
+    background: `k/n` where the rows count trials (a share of 4 trials is not a rate), else %."""
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({int(r["length"]) for r in rows})
+    depths = sorted({float(r["depth"]) for r in rows})
+    grid = [[math.nan] * len(lengths) for _ in depths]
+    labels = [[""] * len(lengths) for _ in depths]
+    for r in rows:
+        i, j = depths.index(float(r["depth"])), lengths.index(int(r["length"]))
+        grid[i][j] = r["accuracy"]
+        labels[i][j] = (f"{r['correct']}/{r['trials']}" if "correct" in r and "trials" in r
+                        else f"{r['accuracy']:.0%}")
+    cmap = plt.get_cmap("cividis")
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap=cmap, aspect="auto")
+    for i in range(len(depths)):
+        for j in range(len(lengths)):
+            if not math.isnan(grid[i][j]):
+                r, g, b, _ = cmap(float(grid[i][j]))   # an int would index the colour table
+                dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
+                ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=11,
+                        color="white" if dark else "black", fontweight="bold")
+    trained = int(rows[0].get("trained_length") or 0)
+    ax.set_xticks(range(len(lengths)), [format_length(n) + (" = L" if n == trained else "") for n in lengths],
+                  fontsize=10)
+    ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=10)
+    ax.set_xlabel("context length (tokens)", fontsize=10)
+    ax.set_ylabel("key depth (0% = start)", fontsize=10)
+    return im

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ..results import _mark_trained, _save_figure, _series_label, format_length, plot_passkey_heatmap
+from ..results import (_mark_trained, _save_figure, _series_label, draw_heatmap, format_length,
+                       plot_passkey_heatmap)
 from ..identity import digest
 from .stats import effective_length, pooled, wilson
 
@@ -91,13 +92,38 @@ def plot_accuracy(rows: Sequence[dict], path: str | Path, title: str = "") -> Pa
     return _save_figure(fig, ax, title, path)
 
 
+def plot_heatmaps(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
+    """The depth × length heat maps of every series side by side, one colour scale: the
+    methods compared at a glance."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = series(rows)
+    lengths, depths = {int(r["length"]) for r in rows}, {float(r["depth"]) for r in rows}
+    fig, axes = plt.subplots(1, len(groups), squeeze=False, sharey=True,
+                             figsize=(len(groups) * (1.1 * len(lengths) + 1.2) + 1.6, 0.55 * len(depths) + 2.0))
+    for ax, part in zip(axes[0], groups.values()):
+        im = draw_heatmap(ax, part)
+        ax.set_title(_series_label(part[0]), fontsize=10)
+        if ax is not axes[0][0]:
+            ax.set_ylabel("")
+    fig.colorbar(im, ax=list(axes[0]), label="accuracy", fraction=0.04)
+    fig.suptitle(title, fontsize=10)
+    path = Path(path)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def plot_all(rows: Sequence[dict], out: Path, caption: str) -> list[Path]:
-    """The accuracy plot per task and a heat map per series: retrieval_<task>.png,
-    retrieval_<task>_<method>[_s<factor>].png."""
+    """Per task: the accuracy plot (retrieval_<task>.png), the heat maps side by side
+    (retrieval_<task>_heatmaps.png) and one per series (retrieval_<task>_<method>[_s<factor>].png)."""
     paths = []
     for task in dict.fromkeys(r["task"] for r in rows):
         part = [r for r in rows if r["task"] == task]
         paths.append(plot_accuracy(part, out / f"retrieval_{task}.png", f"{task}: accuracy\n{caption}"))
+        paths.append(plot_heatmaps(part, out / f"retrieval_{task}_heatmaps.png", f"{task}: accuracy by depth and length — {caption}"))
         for (_, method, spec, knobs), sr in series(part).items():
             suffix = method if spec in ("auto", "1") else f"{method}_s{spec}"
             suffix += f"_{digest(knobs)[:6]}" if knobs else ""
