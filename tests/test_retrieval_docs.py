@@ -2,6 +2,7 @@
 tiny model (lengths scaled to its character tokenizer, 2 trials, the local lm-eval task for
 RULER's, which needs the real tokenizer and 8k prompts), and its Python block as written."""
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -71,3 +72,68 @@ def test_doc_python_block_runs():
     exec(compile(code, "docs/retrieval.md", "exec"), namespace)
     assert {r["task"] for r in namespace["rows"]} == {"multi_key"} and settings.DEFAULT_TRIALS == 20
     assert {(r["task"], r["trials"], r["seeds"]) for r in namespace["passkey"]} == {("single_needle", 2, 2)}
+
+
+REPORT = ROOT / "benchmarks" / "results" / "retrieval-2x"
+
+
+def _report_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("retrieval_report", ROOT / "benchmarks" / "retrieval_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lm_eval_records_are_kept_from_a_real_niah_run(tmp_path, monkeypatch):
+    """lm-eval's own niah_single_1 (offline: RULER's noise haystack, the embedded tokenizer) on a
+    tiny random Llama with that tokenizer's vocabulary; the report script keeps its samples
+    without their prompts and puts them beside the built-in suite's rows."""
+    pytest.importorskip("lm_eval")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_posext.data.embedded import load_tokenizer
+    tok = load_tokenizer()
+    model_dir, tok_dir = tmp_path / "model", tmp_path / "tok"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+                     ).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    tok.save_pretrained(tok_dir)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    argv = ["lm-eval", "--model", "hf-posext", "--model_args",
+            f"pretrained={model_dir},tokenizer={tok_dir},method=yarn,factor=2,max_length=1024,dtype=float32",
+            "--tasks", "niah_single_1", "--metadata", '{"max_seq_lengths":[1024]}', "--limit", "2",
+            "--gen_kwargs", "max_gen_toks=4", "--device", "cpu", "--output_path", str(tmp_path / "lm"),
+            "--log_samples"]
+    assert cli.main(argv) == 0
+    script = _report_script()
+    out = tmp_path / "grid"
+    out.mkdir()
+    kept = json.loads(script.import_lm_eval([tmp_path / "lm"], out).read_text())
+    run = kept["runs"][0]
+    assert run["model_args"]["method"] == "yarn" and len(run["samples"]) == 2
+    for s in run["samples"]:
+        assert s["max_length"] == 1024 and 900 < s["tokens"] <= 1024 and 0 <= s["depth"] <= 1
+        assert re.fullmatch(r"\d{7}", s["target"][0]) and s["score"] in (0.0, 1.0)
+    assert "input" not in json.dumps(run["samples"])              # no prompt kept
+    rows = [{"method": "yarn", "length": 1024, "depth": d, "correct": 1, "trials": 2} for d in (0.0, 1.0)]
+    table = script.side_by_side(rows, kept)
+    assert table[2].startswith("| 1k | 2/4 = 0.50 [") and f"{sum(s['score'] for s in run['samples']):g}/2" in table[2]
+
+
+@pytest.mark.skipif(not (REPORT / "report.md").exists(), reason="the grid's results are not committed")
+def test_committed_retrieval_report_is_its_rows_and_the_readme_quotes_it(tmp_path):
+    """report.md is what the script makes of the committed rows and lm-eval records; the README
+    quotes its summary and its side-by-side table line for line."""
+    import shutil
+    for name in ("retrieval.json", "lm_eval_niah_single_1.json"):
+        if (REPORT / name).exists():
+            shutil.copy(REPORT / name, tmp_path / name)
+    made = _report_script().report(tmp_path).read_text()
+    assert made == (REPORT / "report.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    summary = re.search(r"<!-- retrieval-summary -->\n(```\n.*?```)", made, re.S).group(1)
+    assert summary in readme
+    table = re.search(r"^\| yarn s=2.*?\n\n", made, re.S | re.M)
+    assert table is None or table.group(0).strip() in readme

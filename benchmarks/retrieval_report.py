@@ -1,0 +1,151 @@
+"""The README's retrieval figures, from committed results only: the 2x grid of `hf-posext
+retrieval` (its summary, cost, plots) and lm-evaluation-harness's RULER `niah_single_1` for the
+same model, method and lengths, side by side (issue 29).
+
+    python benchmarks/retrieval_report.py --import-lm-eval /tmp/lm-eval-8192 /tmp/lm-eval-16384
+    python benchmarks/retrieval_report.py          # report.md from the committed rows
+
+`--import-lm-eval` reads the folders lm-eval wrote (`--output_path`, with `--log_samples`) and
+keeps what a reader needs (each sample's length, needle depth, expected and generated answer,
+score; the run's model_args, version and time) in `lm_eval_niah_single_1.json`: the samples'
+prompts (up to 16k tokens each) are not committed. The grid's rows and plots come from the
+command in report.md (`--out` this folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "retrieval-2x"
+LM_EVAL = "lm_eval_niah_single_1.json"
+GRID_COMMAND = ("hf-posext retrieval --methods yarn,dual_chunk --lengths 8k,16k --factor 2 --trials 4 "
+                "--depths 0,0.25,0.5,0.75,1 --dtype auto --out benchmarks/results/retrieval-2x")
+LM_EVAL_COMMAND = ("hf-posext lm-eval --model hf-posext --model_args pretrained=embedded:smollm2-135m,"
+                   "tokenizer=smollm2-tok,method=yarn,factor=2,max_length=16384,dtype=float32 "
+                   "--tasks niah_single_1 --metadata '{\"max_seq_lengths\":[16384]}' --limit 10 "
+                   "--device cpu --output_path lm-eval-16384 --log_samples")
+
+
+def import_lm_eval(folders: list[Path], out: Path) -> Path:
+    """One compact record of lm-eval runs (one per length): samples without their prompts."""
+    runs = []
+    for folder in folders:
+        results = sorted(folder.rglob("results_*.json"))
+        samples = sorted(folder.rglob("samples_niah_single_1_*.jsonl"))
+        if len(results) != 1 or len(samples) != 1:
+            raise SystemExit(f"{folder}: expected one lm-eval results file and one niah_single_1 samples file")
+        meta = json.loads(results[0].read_text())
+        kept = []
+        for line in samples[0].read_text().splitlines():
+            s = json.loads(line)
+            doc, n = s["doc"], str(s["doc"]["max_length"])
+            text = doc["input"]
+            # the needle's depth: where its sentence starts, as a share of the haystack's characters
+            at = text.find("One of the special magic numbers")
+            kept.append({"max_length": int(n), "tokens": doc["length"], "depth": round(at / len(text), 3),
+                         "target": doc["outputs"], "response": " ".join(s["resps"][0][0].split())[:60],
+                         "score": s[n]})
+        runs.append({"model_args": meta["config"]["model_args"], "lm_eval_version": meta["lm_eval_version"],
+                     "limit": meta["config"].get("limit"), "gen_kwargs": meta["configs"]["niah_single_1"]["generation_kwargs"],
+                     "seconds": round(float(meta["total_evaluation_time_seconds"]), 1),
+                     "results": {k: v for k, v in meta["results"]["niah_single_1"].items() if k.endswith(",none")},
+                     "samples": kept})
+    path = out / LM_EVAL
+    path.write_text(json.dumps({"command": LM_EVAL_COMMAND, "runs": runs}, indent=1) + "\n")
+    return path
+
+
+def cost_lines(rows: list[dict]) -> list[str]:
+    """Per method and length: the cells' time, and one prefill per trial estimated from the
+    depth-0 cell (nothing precedes its needle, so each of its trials is a full prefill)."""
+    from hf_posext.evaluation.results import format_length
+    lines = ["| method | length | trials | measured (prefix reused) | one prefill per trial (depth-0 cell's per-trial time × trials) | ratio |",
+             "|---|---|---|---|---|---|"]
+    total = full_total = 0.0
+    for key in dict.fromkeys((r["method"], int(r["length"])) for r in rows):
+        part = [r for r in rows if (r["method"], int(r["length"])) == key]
+        zero = [r for r in part if float(r["depth"]) == 0.0]
+        trials = sum(int(r["trials"]) for r in part)
+        spent = sum(float(r["seconds"]) for r in part)
+        full = float(zero[0]["seconds"]) / int(zero[0]["trials"]) * trials if zero else float("nan")
+        total, full_total = total + spent, full_total + full
+        lines.append(f"| {key[0]} | {format_length(key[1])} | {trials} | {spent / 60:.1f} min | "
+                     f"{full / 60:.1f} min | {spent / full:.2f} |")
+    lines.append(f"| all | | {sum(int(r['trials']) for r in rows)} | **{total / 60:.1f} min** | "
+                 f"{full_total / 60:.1f} min | {total / full_total:.2f} |")
+    return lines
+
+
+def side_by_side(rows: list[dict], lm: dict) -> list[str]:
+    """The built-in single needle (pooled over depths) and lm-eval's niah_single_1, per length."""
+    from hf_posext.evaluation.results import format_length
+    from hf_posext.evaluation.retrieval.stats import wilson
+
+    def cell(k: int, n: int) -> str:
+        low, high = wilson(k, n)
+        return f"{k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}]"
+
+    lines = ["| yarn s=2, embedded SmolLM2-135M | hf-posext retrieval single_needle (5 depths pooled) | "
+             "lm-eval niah_single_1 (RULER) | lm-eval run time |", "|---|---|---|---|"]
+    for run in lm["runs"]:
+        n = run["samples"][0]["max_length"]
+        ours = [r for r in rows if r["method"] == "yarn" and int(r["length"]) == n]
+        k_ours, n_ours = sum(int(r["correct"]) for r in ours), sum(int(r["trials"]) for r in ours)
+        k_lm = sum(s["score"] == 1.0 for s in run["samples"])
+        lines.append(f"| {format_length(n)} | {cell(k_ours, n_ours) if n_ours else 'not run'} | "
+                     f"{cell(k_lm, len(run['samples']))} | {run['seconds'] / 60:.1f} min |")
+    return lines
+
+
+def report(out: Path) -> Path:
+    from hf_posext.evaluation.retrieval.plots import format_summary, summary
+    data = json.loads((out / "retrieval.json").read_text())
+    rows, margin = data["rows"], 0.10
+    lines = ["# Retrieval at 2x: the built-in suite and lm-evaluation-harness (issue 29)", "",
+             "Made by `python benchmarks/retrieval_report.py` from the rows of", "", "```bash",
+             GRID_COMMAND, "```", "",
+             f"(single_needle on RULER's noise haystack, {rows[0]['dtype']}, trained length "
+             f"{rows[0]['trained_length']:,}) and lm-eval's records in `{LM_EVAL}`.", "",
+             "## Accuracy by method and length", "", "<!-- retrieval-summary -->", "```",
+             format_summary(summary(rows, margin), margin), "```", "",
+             "![heat maps](retrieval_single_needle_heatmaps.png)", "",
+             "![accuracy by length](retrieval_single_needle.png)", "",
+             "## Cost", "",
+             "Wall time of each cell as the run recorded it (`seconds`), on the 2 cores of the machine "
+             "that ran it; other work ran beside some cells, so read the ratios, not the minutes.", "",
+             *cost_lines(rows), ""]
+    if (out / LM_EVAL).exists():
+        lm = json.loads((out / LM_EVAL).read_text())
+        lines += ["## Beside lm-evaluation-harness", "", "```bash", lm["command"], "```", "",
+                  "(once per length; `smollm2-tok` = the embedded tokenizer saved with "
+                  "`save_pretrained`, RULER's loader ignores `gguf_file`).", "",
+                  *side_by_side(rows, lm), "",
+                  "| lm-eval length | tokens | needle depth | expected | generated | score |", "|---|---|---|---|---|---|"]
+        lines += [f"| {s['max_length']} | {s['tokens']} | {s['depth']:.2f} | {'/'.join(s['target'])} | "
+                  f"{s['response'].replace('|', '/')} | {s['score']:g} |" for run in lm["runs"] for s in run["samples"]]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=OUT, help="the grid's results folder")
+    p.add_argument("--import-lm-eval", nargs="+", type=Path, default=None, metavar="FOLDER",
+                   help="lm-eval --output_path folders to keep (compactly) before the report")
+    args = p.parse_args(argv)
+    if not (args.out / "retrieval.json").exists():
+        p.error(f"{args.out}: no retrieval.json; run the grid's command first")
+    if args.import_lm_eval:
+        print(f"kept: {import_lm_eval(args.import_lm_eval, args.out)}")
+    print(f"report: {report(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    raise SystemExit(main())
