@@ -26,7 +26,7 @@ GRID_COMMAND = ("hf-posext retrieval --methods yarn,dual_chunk --lengths 8k,16k 
                 "--depths 0,0.25,0.5,0.75,1 --dtype auto --out benchmarks/results/retrieval-2x")
 LM_EVAL_COMMAND = ("hf-posext lm-eval --model hf-posext --model_args pretrained=embedded:smollm2-135m,"
                    "tokenizer=smollm2-tok,method=yarn,factor=2,max_length=16384,dtype=float32 "
-                   "--tasks niah_single_1 --metadata '{\"max_seq_lengths\":[16384]}' --limit 10 "
+                   "--tasks niah_single_1 --metadata '{\"max_seq_lengths\":[16384]}' --limit 6 "
                    "--device cpu --output_path lm-eval-16384 --log_samples")
 
 
