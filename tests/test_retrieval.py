@@ -309,3 +309,25 @@ def test_heatmap_cells_say_trials_and_the_side_by_side_figure_has_a_panel_per_me
     monkeypatch.setattr(plots, "draw_heatmap", lambda ax, part: panels.append(part) or draw_heatmap(ax, part))
     path = plots.plot_heatmaps(rows, tmp_path / "h.png", "t")
     assert path.read_bytes()[:4] == b"\x89PNG" and [p[0]["method"] for p in panels] == ["none", "yarn"]
+
+
+def test_resume_with_dtype_auto_keeps_the_runs_dtype_without_probing(model_dir, capsys, tmp_path, monkeypatch):
+    """The probe's answer depends on the machine's load; a resumed run keeps the dtype it
+    started with (the rows say it) instead of measuring again and refusing its own folder."""
+    out = tmp_path / "r"
+    argv = ["retrieval", "--model", str(model_dir), "--lengths", "700", "--methods", "none", "--depths", "1",
+            "--trials", "1", "--out", str(out), "--no-progress", "--no-plot", "--dtype", "auto"]
+    monkeypatch.setattr(auto_dtype, "bf16_matmul_cpu", lambda cpuinfo="": True)   # the probe's branch
+    monkeypatch.setattr(auto_dtype, "probe_times", probe(1.0, 2.0))          # float32 faster
+    assert cli.main(argv) == 0
+    assert json.loads((out / "retrieval.json").read_text())["rows"][0]["dtype"] == "float32"
+    capsys.readouterr()
+    monkeypatch.setattr(auto_dtype, "probe_times", no_probe)                 # not measured again
+    assert cli.main(argv + ["--resume", "--depths", "0,1"]) == 0
+    err = capsys.readouterr().err
+    assert "--dtype auto: float32 (the run being resumed" in err, err
+    rows = json.loads((out / "retrieval.json").read_text())["rows"]
+    assert len(rows) == 2 and {r["dtype"] for r in rows} == {"float32"}
+    monkeypatch.setattr(auto_dtype, "probe_times", probe(2.0, 1.0))          # a new run: measured
+    assert cli.main(argv + ["--out", str(tmp_path / "fresh")]) == 0
+    assert json.loads((tmp_path / "fresh" / "retrieval.json").read_text())["rows"][0]["dtype"] == "bfloat16"

@@ -14,6 +14,9 @@ Every flag is checked, and the prompts built, before the model loads.
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
 from ..evaluation.distributed import Ranks
 from ..evaluation.inputs import InputError, parse_floats01
@@ -80,8 +83,8 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     Returns the grid (less the cells `--methods all` leaves out), tokenizer and haystack."""
     grid = session.without_unfit(grid, args, ranks)   # the model's config checked: readable
     if args.dtype == "auto":   # rank 0 measures, every rank runs its choice (one dtype per run)
-        args.dtype = ranks.broadcast(ranks.run_first(
-            lambda: fast_dtype(args.device, **auto_inputs(args.model, args.gguf_file, args.revision))))
+        args.dtype = ranks.broadcast(ranks.run_first(lambda: resumed_dtype(args) or fast_dtype(
+            args.device, **auto_inputs(args.model, args.gguf_file, args.revision))))
     tokenizer = load_tokenizer_from(args)
     try:
         haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths), config=args.dataset_config,
@@ -94,6 +97,24 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
         except ValueError as err:
             raise InputError(f"--lengths: {err}") from None
     return grid, tokenizer, haystack
+
+
+def resumed_dtype(args) -> str | None:
+    """`--resume --dtype auto`: the dtype the run being resumed chose. The probe is timed on a
+    machine whose load varies (here it said 1.7x slower quiet, 1.18x faster beside another
+    job), and one run holds one dtype: measuring again could only refuse the folder."""
+    path = Path(args.out or Path("hf_posext_results") / args.command) / f"{args.store_name}.json"
+    if not args.resume or not path.exists():
+        return None
+    try:
+        dtypes = {r.get("dtype") for r in json.loads(path.read_text(encoding="utf-8"))["rows"]}
+    except (ValueError, KeyError, TypeError):
+        return None   # the store reports a damaged file itself, with its fix
+    if len(dtypes) != 1 or None in dtypes:
+        return None
+    chosen = dtypes.pop()
+    print(f"--dtype auto: {chosen} (the run being resumed in {path.parent})", file=sys.stderr, flush=True)
+    return chosen
 
 
 def run(args, grid: RetrievalGrid | None = None) -> int:
