@@ -331,3 +331,26 @@ def test_resume_with_dtype_auto_keeps_the_runs_dtype_without_probing(model_dir, 
     monkeypatch.setattr(auto_dtype, "probe_times", probe(2.0, 1.0))          # a new run: measured
     assert cli.main(argv + ["--out", str(tmp_path / "fresh")]) == 0
     assert json.loads((tmp_path / "fresh" / "retrieval.json").read_text())["rows"][0]["dtype"] == "bfloat16"
+
+
+def test_niah_single_is_lm_eval_rulers_niah_single_1():
+    """The niah_single task against lm-evaluation-harness's own generator of RULER's
+    niah_single_1 (prepare_niah.generate_input_output, the noise haystack): the same head, needle
+    sentence and question, so the suite and `lm_eval --tasks niah_single_1` ask the same thing."""
+    pytest.importorskip("wonderwords")
+    pytest.importorskip("nltk")
+    from lm_eval.tasks.ruler import niah_utils, prepare_niah
+
+    from hf_posext.evaluation.retrieval.tasks import NOISE, get_task
+    text, answers, query = prepare_niah.generate_input_output(
+        3, NOISE.strip(), type_haystack="repeat", num_needle_k=1, type_needle_k="words", num_needle_v=1,
+        type_needle_v="numbers", template=niah_utils.TEMPLATE)
+    ours = get_task("niah_single").trial(7)
+    assert text.startswith(ours.head.strip() + "\n")                     # the singular head
+    needle = ours.needles[0].strip().replace(ours.answers[0], answers[0])
+    key = re.search(r"numbers for (.+) is:", needle).group(1)
+    assert needle.replace(key, query) in text.splitlines()               # the needle sentence
+    theirs = text.splitlines()[-1] + " " + (f"The special magic number for {query} mentioned in the "
+                                            "provided text is")   # prepare_niah's gen_prefix
+    assert ours.question.replace(key, query) == theirs
+    assert re.fullmatch(r"\d{7}", ours.answers[0]) and len(ours.needles) == 1

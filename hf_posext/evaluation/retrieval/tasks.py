@@ -3,7 +3,9 @@
 the answer. Every trial is a function of its seed (`random.Random(seed)`), so a rerun builds the
 same prompts.
 
-- single_needle: the passkey (Mohtashami & Jaggi 2023), RULER's niah_single_1: one five-digit key.
+- single_needle: the passkey (Mohtashami & Jaggi 2023) in niah_single_1's haystack: one five-digit key.
+- niah_single: RULER's niah_single_1 itself (its wording): one key, one seven-digit number; the
+  wording matters to a small model (docs/retrieval.md, "What the grid says").
 - multi_key: the queried needle among `distractors` needles of other keys (niah_multikey_1).
 - multi_value: one key with `values` values, all asked for (niah_multivalue).
 - multi_query: `queries` keys, each asked for (niah_multiquery).
@@ -31,6 +33,10 @@ QUESTION = "What is the pass key? The pass key is"
 # RULER's niah template (synthetic/constants.py), the needle and the query.
 RULER_PREFIX = ("Some special magic numbers are hidden within the following text. Make sure to "
                 "memorize it. I will quiz you about the numbers afterwards.\n")
+# With one number asked (niah_single_1, niah_multikey_1) RULER turns the head singular
+# (prepare_niah.py: "Some" -> "A", "are" -> "is", numbers -> number).
+RULER_PREFIX_ONE = ("A special magic number is hidden within the following text. Make sure to "
+                    "memorize it. I will quiz you about the number afterwards.\n")
 RULER_NEEDLE = "One of the special magic numbers for {key} is: {value}.\n"
 VT_PREFIX = ("Memorize and track the chain(s) of variable assignment hidden in the following "
              "text.\n")
@@ -93,11 +99,16 @@ def _single(rng: random.Random, seed: int) -> Trial:
     return passkey_trial(passkey_for_seed(seed), seed)   # `hf-posext passkey`, seed for seed
 
 
+def _niah_single(rng: random.Random, seed: int) -> Trial:
+    """RULER's niah_single_1 as lm-evaluation-harness builds it: one key, one seven-digit value."""
+    return _multi_key(rng, seed, distractors=0)
+
+
 def _multi_key(rng: random.Random, seed: int, distractors: int = 3) -> Trial:
     keys = rng.sample(WORDS, distractors + 1)
     values = [_number(rng) for _ in keys]
     needles = tuple(RULER_NEEDLE.format(key=k, value=v) for k, v in zip(keys, values))
-    return Trial(seed, RULER_PREFIX, needles, _ruler_question(keys[:1]), (values[0],))
+    return Trial(seed, RULER_PREFIX_ONE, needles, _ruler_question(keys[:1]), (values[0],))
 
 
 def _multi_value(rng: random.Random, seed: int, values: int = 4) -> Trial:
@@ -128,7 +139,8 @@ def _variable_tracking(rng: random.Random, seed: int, hops: int = 4) -> Trial:
 
 
 TASKS = {t.name: t for t in (
-    Task("single_needle", "niah_single_1 (passkey)", False, _single),
+    Task("single_needle", "niah_single_1's haystack, the passkey's wording", False, _single),
+    Task("niah_single", "niah_single_1", False, _niah_single),
     Task("multi_key", "niah_multikey_1", False, _multi_key),
     Task("multi_value", "niah_multivalue", True, _multi_value),
     Task("multi_query", "niah_multiquery", True, _multi_query),
