@@ -81,7 +81,8 @@ def cost_lines(rows: list[dict]) -> list[str]:
 
 
 def side_by_side(rows: list[dict], lm: dict) -> list[str]:
-    """The built-in single needle (pooled over depths) and lm-eval's niah_single_1, per length."""
+    """yarn's accuracy per length: each built-in task (pooled over its depths) and lm-eval's
+    niah_single_1."""
     from hf_posext.evaluation.results import format_length
     from hf_posext.evaluation.retrieval.stats import wilson
 
@@ -89,15 +90,23 @@ def side_by_side(rows: list[dict], lm: dict) -> list[str]:
         low, high = wilson(k, n)
         return f"{k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}]"
 
-    lines = ["| yarn s=2, embedded SmolLM2-135M | hf-posext retrieval single_needle (5 depths pooled) | "
-             "lm-eval niah_single_1 (RULER) | lm-eval run time |", "|---|---|---|---|"]
+    yarn = [r for r in rows if r["method"] == "yarn"]
+    tasks = list(dict.fromkeys(r["task"] for r in yarn))
+    depths = {t: ", ".join(f"{d:g}" for d in sorted({float(r["depth"]) for r in yarn if r["task"] == t}))
+              for t in tasks}
+    lines = ["| yarn s=2, embedded SmolLM2-135M | "
+             + " | ".join(f"hf-posext retrieval `{t}` (depths {depths[t]})" for t in tasks)
+             + " | lm-eval `niah_single_1` (RULER) | lm-eval run time |", "|---" * (len(tasks) + 3) + "|"]
     for run in lm["runs"]:
         n = run["samples"][0]["max_length"]
-        ours = [r for r in rows if r["method"] == "yarn" and int(r["length"]) == n]
-        k_ours, n_ours = sum(int(r["correct"]) for r in ours), sum(int(r["trials"]) for r in ours)
+        ours = []
+        for t in tasks:
+            part = [r for r in yarn if r["task"] == t and int(r["length"]) == n]
+            k, total = sum(int(r["correct"]) for r in part), sum(int(r["trials"]) for r in part)
+            ours.append(cell(k, total) if total else "not run")
         k_lm = sum(s["score"] == 1.0 for s in run["samples"])
-        lines.append(f"| {format_length(n)} | {cell(k_ours, n_ours) if n_ours else 'not run'} | "
-                     f"{cell(k_lm, len(run['samples']))} | {run['seconds'] / 60:.1f} min |")
+        lines.append(f"| {format_length(n)} | " + " | ".join(ours) +
+                     f" | {cell(k_lm, len(run['samples']))} | {run['seconds'] / 60:.1f} min |")
     return lines
 
 

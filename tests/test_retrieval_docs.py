@@ -117,9 +117,13 @@ def test_lm_eval_records_are_kept_from_a_real_niah_run(tmp_path, monkeypatch):
         assert s["max_length"] == 1024 and 900 < s["tokens"] <= 1024 and 0 <= s["depth"] <= 1
         assert re.fullmatch(r"\d{7}", s["target"][0]) and s["score"] in (0.0, 1.0)
     assert "input" not in json.dumps(run["samples"])              # no prompt kept
-    rows = [{"method": "yarn", "length": 1024, "depth": d, "correct": 1, "trials": 2} for d in (0.0, 1.0)]
+    rows = [{"method": "yarn", "task": t, "length": 1024, "depth": d, "correct": 1, "trials": 2}
+            for t in ("single_needle", "niah_single") for d in (0.0, 1.0)]
+    rows[-1]["correct"] = 2
     table = script.side_by_side(rows, kept)
-    assert table[2].startswith("| 1k | 2/4 = 0.50 [") and f"{sum(s['score'] for s in run['samples']):g}/2" in table[2]
+    assert "`single_needle` (depths 0, 1)" in table[0] and table[1].count("---") == 5
+    assert table[2].startswith("| 1k | 2/4 = 0.50 [") and "| 3/4 = 0.75 [" in table[2]
+    assert f"| {sum(s['score'] for s in run['samples']):g}/2 = " in table[2]
 
 
 @pytest.mark.skipif(not (REPORT / "report.md").exists(), reason="the grid's results are not committed")
