@@ -57,12 +57,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--share", type=float, default=0.5, help="mix arm: share of synthetic windows")
     p.add_argument("--min-span", type=float, default=0.5, help="mix arm: data.synthetic.min_span")
     p.add_argument("--lengths", default="4096,8192,16384", help="perplexity lengths")
-    # A 16k trial costs ~50 s here: 20 trials at 8k and 16k for three arms did not fit a session
-    # beside the training, so the within-L retrieval control is the training-free arm's (the
-    # fine-tuned arms' cost within L is read from perplexity at 4k / 8k).
-    p.add_argument("--retrieval-lengths", default="16384", help="retrieval lengths of every arm (2 x L)")
-    p.add_argument("--free-lengths", default="8192",
-                   help="extra retrieval lengths of the training-free arm only (within L: the control)")
+    # 8k (= L, the within-L control) and 16k (2 x L). A finished run given more lengths adds only
+    # their cells (run_arm): the first run had 16k on every arm and 8k on the training-free one.
+    p.add_argument("--retrieval-lengths", default="8192,16384", help="retrieval lengths of every arm")
+    p.add_argument("--free-lengths", default="",
+                   help="extra retrieval lengths of the training-free arm only (default none)")
     # 0.5: at 16k the needle sits ~8k tokens (= L) before a question past L; the prefix up to
     # the needle is prefilled once per cell (a trial costs ~2/3 of a full prefill; at 0.25 ~9/10)
     p.add_argument("--depths", default="0.5", help="retrieval depths (0 = start of the haystack)")
@@ -102,6 +101,13 @@ def retrieval_grid(args, arm: str):
     from hf_posext.evaluation import RetrievalGrid
     return RetrievalGrid(["none"], retrieval_lengths(args, arm), [float(x) for x in args.depths.split(",")],
                          tasks=("single_needle",), trials=args.trials)
+
+
+def added_lengths(have: dict, wanted: dict) -> bool:
+    """True when two arms' settings differ only by retrieval lengths added to the finished ones."""
+    lengths = [set(d["retrieval_lengths"].split(",")) for d in (have, wanted)]
+    rest = [{k: v for k, v in d.items() if k != "retrieval_lengths"} for d in (have, wanted)]
+    return rest[0] == rest[1] and lengths[0] < lengths[1]
 
 
 def retrieval_lengths(args, arm: str) -> list[int]:
@@ -192,9 +198,19 @@ def run_arm(args, arm: str) -> None:
     done = folder / "done.json"
     wanted = settings(args, arm)
     if done.exists():
-        if json.loads(done.read_text()) != wanted:
+        have = json.loads(done.read_text())
+        if have == wanted:
+            print(f"{arm}: done, skipped", flush=True)
+            return
+        if not added_lengths(have, wanted):
             raise SystemExit(f"{folder} holds results made with other settings; pass another --out.")
-        print(f"{arm}: done, skipped", flush=True)
+        # Only retrieval lengths were added: their cells run on the model as saved (the results
+        # store resumes, so the cells already there are kept, not recomputed).
+        print(f"{arm}: adding retrieval lengths {wanted['retrieval_lengths']} "
+              f"(had {have['retrieval_lengths']})", flush=True)
+        retrieval(args, arm, str(extended_copy(args, folder) if arm == "free" else train(args, arm, folder)),
+                  folder)
+        done.write_text(json.dumps(wanted, indent=2))
         return
     folder.mkdir(parents=True, exist_ok=True)
     model = str(extended_copy(args, folder) if arm == "free" else train(args, arm, folder))

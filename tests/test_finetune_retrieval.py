@@ -105,6 +105,29 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
     assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
     with pytest.raises(SystemExit, match="other settings"):
         script.main(argv + ["--depths", "0.25"])
+    # More retrieval lengths on a finished run: only the new cells run, on the models as saved.
+    before = {arm: stored_rows(out / arm) for arm in script.ARMS}
+    weights = {arm: (out / arm / "train" / "final" / "model.safetensors").stat().st_mtime_ns for arm in ("docs", "mix")}
+    capsys.readouterr()
+    assert script.main(argv + ["--retrieval-lengths", "384,512", "--free-lengths", ""]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("done, skipped") == 1 and printed.count("adding retrieval lengths 384,512") == 2
+    for arm in script.ARMS:
+        after = stored_rows(out / arm)
+        assert sorted(after) == [384, 512] and after[512] == before[arm][512]   # kept, not recomputed
+        if arm != "free":
+            assert after[384]["trials"] == 3 and (out / arm / "train" / "final" / "model.safetensors"
+                                                  ).stat().st_mtime_ns == weights[arm]
+    table = [line for line in (out / "report.md").read_text().splitlines()
+             if line.startswith(("| training-free", "| fine-tuned"))]
+    assert [line.count("not run") for line in table] == [0, 0, 0]
+    with pytest.raises(SystemExit, match="other settings"):   # a length dropped is not "added"
+        script.main(argv + ["--retrieval-lengths", "384", "--free-lengths", ""])
+
+
+def stored_rows(folder) -> dict:
+    rows = json.loads((folder / "retrieval" / "retrieval.json").read_text())["rows"]
+    return {int(r["length"]): {k: r[k] for k in ("trials", "correct", "outputs")} for r in rows}
 
 
 def test_smoke_sizes_are_defaults_a_flag_still_wins():

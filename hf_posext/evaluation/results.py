@@ -188,8 +188,10 @@ def _mark_trained(ax, rows: Sequence[dict], label: bool = True) -> None:
     for t in {int(r["trained_length"]) for r in rows if r.get("trained_length")}:
         ax.axvline(t, color="grey", linestyle=":", linewidth=1)
         if label:
-            ax.text(t, 0.98, f" trained {format_length(t)}", transform=ax.get_xaxis_transform(),
-                    va="top", color="grey", fontsize=9)
+            # just above the axes (the titles leave room): inside, a curve at the top would
+            # strike the name out, or the name hide a point
+            ax.text(t, 1.005, f"trained {format_length(t)}", transform=ax.get_xaxis_transform(),
+                    va="bottom", ha="center", color="grey", fontsize=8)
 
 
 def _save_figure(fig, ax, title: str, path: str | Path) -> Path:
@@ -197,7 +199,7 @@ def _save_figure(fig, ax, title: str, path: str | Path) -> Path:
     dataset would otherwise run off the figure), the legend outside on the right, saved."""
     import matplotlib.pyplot as plt
 
-    ax.set_title("\n".join(textwrap.fill(line, 70) for line in title.splitlines()), fontsize=10)
+    ax.set_title("\n".join(textwrap.fill(line, 70) for line in title.splitlines()), fontsize=10, pad=14)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     path = Path(path)
