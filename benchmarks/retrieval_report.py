@@ -24,6 +24,8 @@ OUT = ROOT / "benchmarks" / "results" / "retrieval-2x"
 LM_EVAL = "lm_eval_niah_single_1.json"
 GRID_COMMAND = ("hf-posext retrieval --methods yarn,dual_chunk --lengths 8k,16k --factor 2 --trials 4 "
                 "--depths 0,0.25,0.5,0.75,1 --dtype auto --out benchmarks/results/retrieval-2x")
+NIAH_COMMAND = ("hf-posext retrieval --tasks niah_single --methods yarn --lengths 8k,16k --factor 2 --trials 4 "
+                "--depths 0.5,1 --dtype auto --out benchmarks/results/retrieval-2x --resume")
 LM_EVAL_COMMAND = ("hf-posext lm-eval --model hf-posext --model_args pretrained=embedded:smollm2-135m,"
                    "tokenizer=smollm2-tok,method=yarn,factor=2,max_length=16384,dtype=float32 "
                    "--tasks niah_single_1 --metadata '{\"max_seq_lengths\":[16384]}' --limit 6 "
@@ -111,22 +113,26 @@ def side_by_side(rows: list[dict], lm: dict) -> list[str]:
 
 
 def report(out: Path) -> Path:
-    from hf_posext.evaluation.retrieval.plots import format_summary, summary
+    from hf_posext.evaluation.retrieval.plots import format_summary, plot_all, summary
     data = json.loads((out / "retrieval.json").read_text())
     rows, margin = data["rows"], 0.10
+    # the plots `hf-posext retrieval` draws, drawn again from every row of the folder (both runs)
+    plot_all(rows, out, f"{rows[0]['model']} ({rows[0]['dtype']}), {rows[0]['dataset']} haystack, "
+                        f"{rows[0]['trials']} trial(s) per cell")
     lines = ["# Retrieval at 2x: the built-in suite and lm-evaluation-harness (issue 29)", "",
              "Made by `python benchmarks/retrieval_report.py` from the rows of", "", "```bash",
-             GRID_COMMAND, "```", "",
-             f"(single_needle on RULER's noise haystack, {rows[0]['dtype']}, trained length "
+             GRID_COMMAND, NIAH_COMMAND, "```", "",
+             f"(single_needle, then niah_single, on RULER's noise haystack, {rows[0]['dtype']}, trained length "
              f"{rows[0]['trained_length']:,}) and lm-eval's records in `{LM_EVAL}`.", "",
              "## Accuracy by method and length", "", "<!-- retrieval-summary -->", "```",
              format_summary(summary(rows, margin), margin), "```", "",
-             "![heat maps](retrieval_single_needle_heatmaps.png)", "",
-             "![accuracy by length](retrieval_single_needle.png)", "",
+             *[f"![{t}: heat maps](retrieval_{t}_heatmaps.png)\n\n![{t}: accuracy by length](retrieval_{t}.png)\n"
+               for t in dict.fromkeys(r["task"] for r in rows)],
              "## Cost", "",
-             "Wall time of each cell as the run recorded it (`seconds`), on the 2 cores of the machine "
+             "The single_needle grid (the target's). Wall time of each cell as the run recorded it "
+             "(`seconds`), on the 2 cores of the machine "
              "that ran it; other work ran beside some cells, so read the ratios, not the minutes.", "",
-             *cost_lines(rows), ""]
+             *cost_lines([r for r in rows if r["task"] == "single_needle"]), ""]
     if (out / LM_EVAL).exists():
         lm = json.loads((out / LM_EVAL).read_text())
         lines += ["## Beside lm-evaluation-harness", "", "```bash", lm["command"], "```", "",

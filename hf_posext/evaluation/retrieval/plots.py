@@ -109,7 +109,8 @@ def plot_heatmaps(rows: Sequence[dict], path: str | Path, title: str = "") -> Pa
         if ax is not axes[0][0]:
             ax.set_ylabel("")
     fig.colorbar(im, ax=list(axes[0]), label="accuracy", fraction=0.04)
-    fig.suptitle(title, fontsize=10)
+    # above the figure (bbox_inches="tight" keeps it): inside, a short figure's panel titles collide
+    fig.suptitle(title, fontsize=10, y=1.0, va="bottom")
     path = Path(path)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
