@@ -243,7 +243,7 @@ def mean_nll(row: dict, start: int) -> float:
 def arm_line(arm: str, ppl: list[dict], ret: list[dict], free_short: float | None, rlengths: list[int]) -> str:
     """The arm's line of the side-by-side table (markdown)."""
     from hf_posext.evaluation.retrieval.plots import by_length
-    from hf_posext.evaluation.retrieval.stats import wilson
+    from hf_posext.evaluation.retrieval.stats import rate_text
     trained = int(ppl[0]["trained_length"])
     truncate = {int(r["length"]): r for r in ppl if r["protocol"] == "truncate"}
     longest, short = max(truncate), min(truncate)
@@ -252,8 +252,7 @@ def arm_line(arm: str, ppl: list[dict], ret: list[dict], free_short: float | Non
     change = f"{100 * (truncate[short]['perplexity'] / free_short - 1):+.1f} %" if free_short else "—"
     past = mean_nll(truncate[longest], trained) - mean_nll(base, trained)
     found = {n: (k, t) for n, k, t in by_length(ret)}
-    hits = [f"{k}/{t} = {k / t:.2f} [{wilson(k, t)[0]:.2f}, {wilson(k, t)[1]:.2f}]" if n in found else "not run"
-            for n in rlengths for k, t in [found.get(n, (0, 1))]]
+    hits = [rate_text(*found[n]) if n in found else "not run" for n in rlengths]
     return "| " + " | ".join([LABELS[arm], *cells, change, f"{past:+.3f}", *hits]) + " |"
 
 

@@ -86,11 +86,7 @@ def side_by_side(rows: list[dict], lm: dict) -> list[str]:
     """yarn's accuracy per length: each built-in task (pooled over its depths) and lm-eval's
     niah_single_1."""
     from hf_posext.evaluation.results import format_length
-    from hf_posext.evaluation.retrieval.stats import wilson
-
-    def cell(k: int, n: int) -> str:
-        low, high = wilson(k, n)
-        return f"{k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}]"
+    from hf_posext.evaluation.retrieval.stats import pooled, rate_text
 
     yarn = [r for r in rows if r["method"] == "yarn"]
     tasks = list(dict.fromkeys(r["task"] for r in yarn))
@@ -103,12 +99,11 @@ def side_by_side(rows: list[dict], lm: dict) -> list[str]:
         n = run["samples"][0]["max_length"]
         ours = []
         for t in tasks:
-            part = [r for r in yarn if r["task"] == t and int(r["length"]) == n]
-            k, total = sum(int(r["correct"]) for r in part), sum(int(r["trials"]) for r in part)
-            ours.append(cell(k, total) if total else "not run")
+            k, total = pooled([r for r in yarn if r["task"] == t and int(r["length"]) == n])
+            ours.append(rate_text(k, total) if total else "not run")
         k_lm = sum(s["score"] == 1.0 for s in run["samples"])
         lines.append(f"| {format_length(n)} | " + " | ".join(ours) +
-                     f" | {cell(k_lm, len(run['samples']))} | {run['seconds'] / 60:.1f} min |")
+                     f" | {rate_text(k_lm, len(run['samples']))} | {run['seconds'] / 60:.1f} min |")
     return lines
 
 

@@ -57,6 +57,12 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     return max(0.0, mid - half), min(1.0, mid + half)
 
 
+def rate_text(k: int, n: int) -> str:
+    """`k/n = p̂ [low, high]` (Wilson 95 %), the form the reports' tables print."""
+    low, high = wilson(k, n)
+    return f"{k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}]"
+
+
 def pooled(rows: Sequence[dict]) -> tuple[int, int]:
     """(correct, trials) summed over rows (e.g. the depths of one length)."""
     return sum(int(r["correct"]) for r in rows), sum(int(r["trials"]) for r in rows)
