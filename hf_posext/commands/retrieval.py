@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ..evaluation.distributed import Ranks
 from ..evaluation.inputs import InputError, parse_floats01
@@ -103,7 +102,7 @@ def resumed_dtype(args) -> str | None:
     """`--resume --dtype auto`: the dtype the run being resumed chose. The probe is timed on a
     machine whose load varies (here it said 1.7x slower quiet, 1.18x faster beside another
     job), and one run holds one dtype: measuring again could only refuse the folder."""
-    path = Path(args.out or Path("hf_posext_results") / args.command) / f"{args.store_name}.json"
+    path = session.results_dir(args) / f"{args.store_name}.json"
     if not args.resume or not path.exists():
         return None
     try:

@@ -107,11 +107,16 @@ def check_inputs(args, ranks, methods, lengths, factors, knobs) -> tuple:
     return check_cells(config, methods, lengths, factors, knobs, every) if config is not None else ()
 
 
+def results_dir(args) -> Path:
+    """`--out`, or hf_posext_results/<command>."""
+    return Path(args.out or os.path.join("hf_posext_results", args.command))
+
+
 def open_store(args, name: str, ranks):
     """Rank 0 opens (locks, checks, repairs) the results folder before the model loads and
     refuses to resume into another run's results; the other ranks get its rows.
     Returns (what the grid reads and writes, the store itself on rank 0 / None elsewhere)."""
-    out = Path(args.out or os.path.join("hf_posext_results", args.command))
+    out = results_dir(args)
     args.fingerprint = source_fingerprint(args.model, args.gguf_file, args.revision)
     early = {"model_fingerprint": args.fingerprint, "device": args.device,
              "dtype": None if args.dtype == "auto" else args.dtype}
