@@ -2,6 +2,7 @@
 the grid on a stub that answers some trials right, the command end to end with resume, the
 document haystack, `--dtype auto`, and bad inputs failing in one line before the model loads."""
 
+import dataclasses
 import json
 import re
 
@@ -80,6 +81,40 @@ def test_grid_rows_on_a_stub(tmp_path):
         assert (r["correct"], r["trials"], r["accuracy"]) == (2, 4, 0.5)
         assert r["ci_low"] < 0.5 < r["ci_high"] and "no idea" in r["outputs"]
         assert r["dtype"] == "float32" and r["answers"].count("/") == (3 * 4 if r["task"] == "multi_query" else 0)
+
+
+def test_a_task_added_or_reworded_leaves_the_other_tasks_stored_cells(tmp_path, monkeypatch):
+    """The data hash is the cell's own task's: adding a task to TASKS (as niah_single was) must
+    not re-identify the stored cells of the others, while rewording a task must."""
+    from hf_posext.evaluation.retrieval import tasks as tasks_mod
+    from hf_posext.evaluation.store import ResultsStore
+    tok, model = char_tokenizer(), tiny_model()
+    computed = []
+
+    def answer(model, tokenizer, cell, reuse_prefix):
+        computed.append(cell.trials[0].question)
+        return ["no idea"] * len(cell.trials)
+
+    grid = RetrievalGrid(["yarn"], [700], depths=[0.5], tasks=["single_needle", "multi_key"], trials=2)
+
+    def run():
+        computed.clear()
+        with ResultsStore(tmp_path, "retrieval", resume=True) as store:
+            rows = evaluate_retrieval(model, tok, grid, store=store, answer_fn=answer, progress=False)
+        return len(computed), {r["task"]: r["data_hash"] for r in rows}
+
+    n, first = run()
+    assert n == 4 and first["single_needle"] != first["multi_key"]
+    extra = dataclasses.replace(TASKS["multi_key"], name="toy", make=lambda rng, seed: tasks_mod.Trial(
+        seed, "A new head.", ("The toy is 5.",), "What is the toy?", ("5",)))
+    monkeypatch.setitem(TASKS, "toy", extra)                   # a task added: nothing recomputed
+    assert run() == (0, first)
+    reworded = dataclasses.replace(TASKS["multi_key"], make=lambda rng, seed: dataclasses.replace(
+        tasks_mod._multi_key(rng, seed), head="Reworded head."))
+    monkeypatch.setitem(TASKS, "multi_key", reworded)          # a task reworded: its cells only
+    n, after = run()
+    assert n == 2 and after["single_needle"] == first["single_needle"]
+    assert after["multi_key"] != first["multi_key"]
 
 
 def test_document_haystack_cuts_at_line_ends(tmp_path):

@@ -108,11 +108,13 @@ def attention_implementation(model) -> str:
                or getattr(model.config, "_attn_implementation", None))
 
 
-def run_identity(model, *, fingerprint: str | None, device, data_hash: str, **extra) -> dict:
-    """The identity every cell of a run shares (`extra`: the protocol's run-wide settings)."""
+def run_identity(model, *, fingerprint: str | None, device, data_hash: str | None, **extra) -> dict:
+    """The identity every cell of a run shares (`extra`: the protocol's run-wide settings).
+    data_hash None: the protocol puts a data hash in each cell instead (retrieval: per task)."""
     return {"model_fingerprint": fingerprint or weights_fingerprint(model),
             "dtype": model_dtype(model), "device": str(torch.device(device)),
-            "attn_implementation": attention_implementation(model), "data_hash": data_hash,
+            "attn_implementation": attention_implementation(model),
+            **({"data_hash": data_hash} if data_hash is not None else {}),
             "versions": f"hf_posext {__version__}, transformers {transformers.__version__}, "
                         f"torch {torch.__version__}", **extra}
 

@@ -4,6 +4,7 @@ trials answered by `decode.answer_cell` and scored by `stats`."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 from ...patcher import trained_length
@@ -24,11 +25,12 @@ RESULT_FIELDS = ("prompt_tokens", "prefix_tokens", "max_new_tokens", "correct", 
                  "score", "answers", "outputs")
 
 
-def data_hash(tokenizer, haystack: Haystack) -> str:
-    """The prompts are a function of the tokenizer, the haystack, the task templates (seed 0 of
-    each task stands for them) and the cell (in its key)."""
-    samples = [TASKS[t].trial(0) for t in sorted(TASKS)]
-    text = repr((tokenizer_fingerprint(tokenizer), haystack.fingerprint, samples))
+def data_hash(tokenizer, haystack: Haystack, task: str) -> str:
+    """A cell's prompts are a function of the tokenizer, the haystack, its task's template (seed
+    0 stands for it) and the cell (in its key). Only the cell's own task counts: a task added
+    to (or reworded in) TASKS leaves every other task's cells, and their stored rows, as they
+    were (hashing every template re-identified every folder when niah_single was added)."""
+    text = repr((tokenizer_fingerprint(tokenizer), haystack.fingerprint, TASKS[task].trial(0)))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -51,7 +53,10 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
     haystack = haystack or load_haystack(tokenizer, grid.haystack, max(grid.lengths))
     answer_fn = answer_fn or answer_cell
     trained = trained_length(model)
-    cells = grid.cells(trained)
+    hashes = {t: run.data_hash or data_hash(tokenizer, haystack, t) for t in grid.tasks}
+    # the data hash rides in each cell (its key and its row), not in the run identity: it is per task
+    cells = [dataclasses.replace(c, extra={**c.extra, "data_hash": hashes[c.extra["task"]]})
+             for c in grid.cells(trained)]
     memo: dict[tuple, CellPrompts] = {}
 
     def prompts(cell: Cell) -> CellPrompts:
@@ -77,8 +82,7 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
                 "prefix_tokens": len(cp.prefix), "reuse_prefix": grid.reuse_prefix,
                 "peak_rss_mb": round(peak.peak_mb, 1)}
 
-    identity = run_identity(model, fingerprint=run.fingerprint, device=run.device,
-                            data_hash=run.data_hash or data_hash(tokenizer, haystack))
+    identity = run_identity(model, fingerprint=run.fingerprint, device=run.device, data_hash=None)
     base_row = {"model": run.model_name, "trained_length": trained, "dataset": haystack.label,
                 **run.extra_columns}
     return run_grid(model, cells, identity=identity, base_row=base_row, compute=compute,
