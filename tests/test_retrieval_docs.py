@@ -85,10 +85,9 @@ def _report_script():
     return module
 
 
-def test_lm_eval_records_are_kept_from_a_real_niah_run(tmp_path, monkeypatch):
-    """lm-eval's own niah_single_1 (offline: RULER's noise haystack, the embedded tokenizer) on a
-    tiny random Llama with that tokenizer's vocabulary; the report script keeps its samples
-    without their prompts and puts them beside the built-in suite's rows."""
+def _real_ruler_run(tmp_path: Path, monkeypatch, tasks: str, limit: int) -> Path:
+    """lm-eval's own RULER tasks, offline, on a tiny random Llama with the embedded tokenizer's
+    vocabulary (RULER builds its prompts with the real tokenizer); returns --output_path."""
     pytest.importorskip("lm_eval")
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -103,10 +102,17 @@ def test_lm_eval_records_are_kept_from_a_real_niah_run(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     argv = ["lm-eval", "--model", "hf-posext", "--model_args",
             f"pretrained={model_dir},tokenizer={tok_dir},method=yarn,factor=2,max_length=1024,dtype=float32",
-            "--tasks", "niah_single_1", "--metadata", '{"max_seq_lengths":[1024]}', "--limit", "2",
+            "--tasks", tasks, "--metadata", '{"max_seq_lengths":[1024]}', "--limit", str(limit),
             "--gen_kwargs", "max_gen_toks=4", "--device", "cpu", "--output_path", str(tmp_path / "lm"),
             "--log_samples"]
     assert cli.main(argv) == 0
+    return tmp_path / "lm"
+
+
+def test_lm_eval_records_are_kept_from_a_real_niah_run(tmp_path, monkeypatch):
+    """lm-eval's own niah_single_1 (offline: RULER's noise haystack); the report script keeps its
+    samples without their prompts and puts them beside the built-in suite's rows."""
+    _real_ruler_run(tmp_path, monkeypatch, "niah_single_1", 2)
     script = _report_script()
     out = tmp_path / "grid"
     out.mkdir()
@@ -126,12 +132,43 @@ def test_lm_eval_records_are_kept_from_a_real_niah_run(tmp_path, monkeypatch):
     assert f"| {sum(s['score'] for s in run['samples']):g}/2 = " in table[2]
 
 
+def test_lm_eval_records_of_the_other_offline_ruler_tasks(tmp_path, monkeypatch):
+    """Every RULER task the report says needs no network runs offline under lm-eval (here on a
+    tiny model); the report script keeps each task's samples without prompts, and its table puts
+    each beside the built-in counterpart's rows (a dash where there is none)."""
+    script = _report_script()
+    lm = _real_ruler_run(tmp_path, monkeypatch, ",".join(script.RULER_TASKS), 1)
+    out = tmp_path / "grid"
+    out.mkdir()
+    kept = json.loads(script.import_lm_eval_ruler([lm], out).read_text())
+    run = kept["runs"][0]
+    assert set(run["tasks"]) == set(script.RULER_TASKS) and "input" not in json.dumps(run)
+    for task in run["tasks"].values():
+        (s,) = task["samples"]
+        assert s["max_length"] == 1024 and 0 < s["tokens"] <= 1024 and s["target"] and 0 <= s["score"] <= 1
+    rows = [{"method": "yarn", "task": "variable_tracking", "length": 1024, "score": 0.6, "correct": 1, "trials": 2},
+            {"method": "yarn", "task": "variable_tracking", "length": 1024, "score": 0.2, "correct": 0, "trials": 3},
+            {"method": "none", "task": "multi_key", "length": 1024, "score": 1.0, "correct": 2, "trials": 2}]
+    table = script.ruler_lines(rows, kept)
+    assert table[0].count("1k") == 2 and len(table) == 2 + len(script.RULER_TASKS)
+    vt = next(line for line in table if line.startswith("| `ruler_vt`"))
+    assert vt.endswith("| `variable_tracking` | 0.36 (1/5 whole) |")        # (1.2 + 0.6) / 5
+    assert next(line for line in table if "`niah_multikey_2`" in line).endswith("| not run |")   # yarn only
+    assert next(line for line in table if "`ruler_cwe`" in line).endswith("| none | — |")
+    with pytest.raises(SystemExit, match="ran no"):
+        script.import_lm_eval_ruler([_only_niah(tmp_path, monkeypatch)], out)
+
+
+def _only_niah(tmp_path: Path, monkeypatch) -> Path:
+    return _real_ruler_run(tmp_path / "niah", monkeypatch, "niah_single_1", 1)
+
+
 @pytest.mark.skipif(not (REPORT / "report.md").exists(), reason="the grid's results are not committed")
 def test_committed_retrieval_report_is_its_rows_and_the_readme_quotes_it(tmp_path):
     """report.md is what the script makes of the committed rows and lm-eval records; the README
-    quotes its summary and its side-by-side table line for line."""
+    quotes its summary and its side-by-side tables line for line."""
     import shutil
-    for name in ("retrieval.json", "lm_eval_niah_single_1.json"):
+    for name in ("retrieval.json", "lm_eval_niah_single_1.json", "lm_eval_ruler.json"):
         if (REPORT / name).exists():
             shutil.copy(REPORT / name, tmp_path / name)
     made = _report_script().report(tmp_path).read_text()
@@ -139,5 +176,6 @@ def test_committed_retrieval_report_is_its_rows_and_the_readme_quotes_it(tmp_pat
     readme = (ROOT / "README.md").read_text()
     summary = re.search(r"<!-- retrieval-summary -->\n(```\n.*?```)", made, re.S).group(1)
     assert summary in readme
-    table = re.search(r"^\| yarn s=2.*?\n\n", made, re.S | re.M)
-    assert table is None or table.group(0).strip() in readme
+    for head in (r"\| yarn s=2", r"\| lm-eval task \(RULER\)"):
+        table = re.search(rf"^{head}.*?\n\n", made, re.S | re.M)
+        assert table is None or table.group(0).strip() in readme
