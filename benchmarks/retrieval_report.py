@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "retrieval-2x"
 LM_EVAL = "lm_eval_niah_single_1.json"
 RULER = "lm_eval_ruler.json"
+GRID_TASKS = ("single_needle", "niah_single")   # the grid's tasks: the summary, plots and niah table
 GRID_COMMAND = ("hf-posext retrieval --methods yarn,dual_chunk --lengths 8k,16k --factor 2 --trials 4 "
                 "--depths 0,0.25,0.5,0.75,1 --dtype auto --out benchmarks/results/retrieval-2x")
 NIAH_COMMAND = ("hf-posext retrieval --tasks niah_single --methods yarn --lengths 8k,16k --factor 2 --trials 4 "
@@ -185,9 +186,10 @@ def ruler_lines(rows: list[dict], ruler: dict) -> list[str]:
 def report(out: Path) -> Path:
     from hf_posext.evaluation.retrieval.plots import format_summary, plot_all, summary
     data = json.loads((out / "retrieval.json").read_text())
-    rows, margin = data["rows"], 0.10
+    every, margin = data["rows"], 0.10
+    rows = [r for r in every if r["task"] in GRID_TASKS]   # the counterparts of RULER's others: below
     # the plots `hf-posext retrieval` draws, drawn again from every row of the folder (both runs)
-    plot_all(rows, out, f"{rows[0]['model']} ({rows[0]['dtype']}), {rows[0]['dataset']} haystack, "
+    plot_all(every, out, f"{rows[0]['model']} ({rows[0]['dtype']}), {rows[0]['dataset']} haystack, "
                         f"{rows[0]['trials']} trial(s) per cell")
     lines = ["# Retrieval at 2x: the built-in suite and lm-evaluation-harness (issue 29)", "",
              "Made by `python benchmarks/retrieval_report.py` from the rows of", "", "```bash",
@@ -219,8 +221,12 @@ def report(out: Path) -> Path:
                   "(lm-eval once per length, as above; the built-in counterparts with yarn at depth 0.5, "
                   "on RULER's noise haystack.) Score: RULER's, the share of the expected answers a "
                   "sample's output holds, averaged; whole: the samples holding every answer.", "",
-                  *ruler_lines(rows, ruler), "",
-                  "| lm-eval task | length | expected | generated | score |", "|---|---|---|---|---|"]
+                  *ruler_lines(every, ruler), ""]
+        others = [r for r in every if r["task"] not in GRID_TASKS]
+        if others:
+            lines += ["The built-in counterparts, the unpatched model beside yarn:", "", "```",
+                      format_summary(summary(others, margin), margin), "```", ""]
+        lines += ["| lm-eval task | length | expected | generated | score |", "|---|---|---|---|---|"]
         lines += [f"| {t} | {x['max_length']} | {'/'.join(x['target'])[:40]} | {x['response'].replace('|', '/')} | "
                   f"{x['score']:.2f} |" for run in ruler["runs"] for t in RULER_TASKS
                   for x in run["tasks"][t]["samples"]]
