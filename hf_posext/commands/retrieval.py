@@ -14,12 +14,14 @@ Every flag is checked, and the prompts built, before the model loads.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
 from ..evaluation.distributed import Ranks
 from ..evaluation.inputs import InputError, parse_floats01
 from ..evaluation.retrieval import TASKS, RetrievalGrid, build_cell, evaluate_retrieval, get_task
+from ..evaluation.retrieval.blocks import merge_blocks
 from ..evaluation.retrieval.haystack import NOISE_NAME, load_haystack
 from ..evaluation.retrieval.plots import format_summary, plot_all, summary
 from ..evaluation.retrieval.settings import DEFAULT_MARGIN, DEFAULT_TRIALS
@@ -42,7 +44,9 @@ def add_subcommand(sub) -> None:
                    help="where the queried needle sits: fractions (0 = start, 1 = end) or percentages")
     g.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
                    help=f"seeded trials per cell (default {DEFAULT_TRIALS})")
-    g.add_argument("--seed", type=int, default=0, help="first trial seed (default 0)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="first trial seed (default 0). Trials come in blocks: after --trials 4, "
+                        "--seed 4 --trials 16 --resume adds 16 to each cell (20 in tables and plots)")
     g.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help="effective length: accuracy may fall this far below the unpatched model's "
                         f"within the trained length (default {DEFAULT_MARGIN})")
@@ -125,13 +129,17 @@ def run(args, grid: RetrievalGrid | None = None) -> int:
                            progress=progress, run=RunInfo(model_name=args.model, device=args.device,
                                                           fingerprint=args.fingerprint))))
     if ranks.is_main:
-        report(args, grid, store, session.folder_rows(store.rows, rows))
+        # every block of trials of this run's series (any seeds), each cell's blocks as one row
+        rows = merge_blocks(session.folder_rows(store.rows, rows,
+                                                key=functools.partial(session.series_of, seeds=False)))
+        report(args, grid, store, rows)
     return 0
 
 
 def report(args, grid: RetrievalGrid, store, rows: list[dict]) -> None:
+    trials = sorted({int(r["trials"]) for r in rows})   # blocks merged: a cell may have more
     caption = (f"{args.model} ({rows[0]['dtype']}), {rows[0]['dataset']} haystack, "
-               f"{grid.trials} trial(s) per cell")
+               f"{trials[0] if len(trials) == 1 else f'{trials[0]}–{trials[-1]}'} trial(s) per cell")
     print(f"retrieval accuracy — {caption}")
     print(format_summary(summary(rows, grid.margin), grid.margin))
     if not args.no_plot:

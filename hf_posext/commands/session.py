@@ -150,17 +150,18 @@ def load_checked(args, store, ranks):
     return model
 
 
-def series_of(row: dict) -> tuple:
+def series_of(row: dict, seeds: bool = True) -> tuple:
+    """A row's series; seeds=False: every block of trials of it (retrieval's `--seed`)."""
     return (row["method"], row.get("factor_spec"), row.get("knobs", ""), row["protocol"],
-            row.get("seeds_list"), row.get("data_hash"))
+            row.get("data_hash")) + ((row.get("seeds_list"),) if seeds else ())
 
 
-def folder_rows(stored: list[dict], rows: list[dict]) -> list[dict]:
+def folder_rows(stored: list[dict], rows: list[dict], key=series_of) -> list[dict]:
     """What the table and plots show: every row in the folder of the series this run asked for
-    (same method, factor, knobs, protocol, seeds and data), so a resumed run with other lengths
-    or depths draws them all rather than overwriting a plot with its own cells only."""
-    wanted = {series_of(r) for r in rows}
-    return [r for r in stored if series_of(r) in wanted]
+    (same `key`: method, factor, knobs, protocol, seeds and data), so a resumed run with other
+    lengths or depths draws them all rather than overwriting a plot with its own cells only."""
+    wanted = {key(r) for r in rows}
+    return [r for r in stored if key(r) in wanted]
 
 
 def without_unfit(grid, args, ranks):

@@ -285,14 +285,15 @@ def _row(job: Job, *, base_row: dict, identity: dict, result: dict, copied: Sequ
     values = {k: result[k] for k in copied if k in result} if copied is not None else result
     source = f"{result['method']} s={result['factor']:g}" if copied is not None else ""
     return {**base_row, "method": cell.method, "factor": cell.factor,
-            "factor_spec": cell.factor_spec, "knobs": _knob_text(cell.knobs),
+            "factor_spec": cell.factor_spec, "knobs": knob_text(cell.knobs),
             "length": cell.length, "protocol": cell.protocol, **cell.extra, **values,
             "seconds": round(seconds, 3), **identity, "signature": job.signature,
             "same_as": source, "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "key": job.key}
 
 
-def _knob_text(knobs: Mapping) -> str:
+def knob_text(knobs: Mapping) -> str:
+    """Knobs as the rows write them: `name=value,...`, sorted."""
     def text(v):
         if isinstance(v, bool):                  # before int: True is an int
             return str(v).lower()

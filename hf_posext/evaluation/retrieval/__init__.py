@@ -6,6 +6,7 @@ Wilson intervals and an effective length per method (docs/retrieval.md).
     prompt.py    a cell's shared prefix and suffixes     decode.py    prefix-cached greedy answers
     stats.py     scoring, Wilson, effective length       settings.py  RetrievalGrid
     run.py       evaluate_retrieval (on grid.run_grid)   plots.py     plots and summary table
+    blocks.py    trials added in blocks of seeds: checked, merged
 """
 
 from .decode import answer_cell

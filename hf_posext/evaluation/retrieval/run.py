@@ -9,11 +9,12 @@ import hashlib
 
 from ...patcher import trained_length
 from ..data import tokenizer_fingerprint
-from ..grid import Cell, run_grid
+from ..grid import Cell, knob_text, run_grid
 from ..identity import model_dtype, run_identity
 from ..inputs import check_device
 from ..loss import PeakMemory
 from ..settings import RunInfo
+from .blocks import check_blocks
 from .decode import answer_cell
 from .haystack import Haystack, load_haystack
 from .prompt import CellPrompts, build_cell
@@ -83,6 +84,10 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
                 "peak_rss_mb": round(peak.peak_mb, 1)}
 
     identity = run_identity(model, fingerprint=run.fingerprint, device=run.device, data_hash=None)
+    # trials added in blocks (--seed after a stored block) must not overlap one: refused now
+    check_blocks(store.rows if store is not None else [],
+                 [{"method": c.method, "factor": c.factor, "knobs": knob_text(c.knobs), "length": c.length,
+                   **c.extra, **identity} for c in cells])
     base_row = {"model": run.model_name, "trained_length": trained, "dataset": haystack.label,
                 **run.extra_columns}
     return run_grid(model, cells, identity=identity, base_row=base_row, compute=compute,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..grid import Cell, knobs_for, method_factors
+from .blocks import seeds_text
 from .haystack import NOISE_NAME
 from .tasks import get_task
 
@@ -76,11 +77,9 @@ class RetrievalGrid:
     def cells(self, trained: int) -> list[Cell]:
         """Cells in run order: by length (short first), task, method (`none` first), depth."""
         seeds = self.trial_seeds()
-        seeds_text = ",".join(map(str, seeds)) if len(seeds) <= 8 or seeds != list(
-            range(seeds[0], seeds[0] + len(seeds))) else f"{seeds[0]}..{seeds[-1]}"
         return [Cell(method, spec, s, length, "retrieval", knobs_for(method, self.knobs or {}),
                      {"task": task, "haystack": self.haystack, "depth": float(d),
-                      "trials": len(seeds), "seeds_list": seeds_text})
+                      "trials": len(seeds), "seeds_list": seeds_text(seeds)})
                 for length in sorted(set(self.lengths)) for task in self.tasks
                 for method, spec, s in method_factors(self.methods, self.factors, length, trained)
                 if (method, length, s) not in set(self.skip)
