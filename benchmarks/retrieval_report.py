@@ -31,6 +31,8 @@ GRID_COMMAND = ("hf-posext retrieval --methods yarn,dual_chunk --lengths 8k,16k 
                 "--depths 0,0.25,0.5,0.75,1 --dtype auto --out benchmarks/results/retrieval-2x")
 NIAH_COMMAND = ("hf-posext retrieval --tasks niah_single --methods yarn --lengths 8k,16k --factor 2 --trials 4 "
                 "--depths 0.5,1 --dtype auto --out benchmarks/results/retrieval-2x --resume")
+# a second block of trials for the same cells: 16 more, seeds 4..19 (20 a cell in the tables)
+NIAH_MORE_COMMAND = NIAH_COMMAND.replace("--trials 4", "--seed 4 --trials 16")
 LM_EVAL_COMMAND = ("hf-posext lm-eval --model hf-posext --model_args pretrained=embedded:smollm2-135m,"
                    "tokenizer=smollm2-tok,method=yarn,factor=2,max_length=16384,dtype=float32 "
                    "--tasks niah_single_1 --metadata '{\"max_seq_lengths\":[16384]}' --limit 6 "
@@ -183,18 +185,23 @@ def ruler_lines(rows: list[dict], ruler: dict) -> list[str]:
     return lines
 
 
+def _has_block(rows: list[dict], task: str) -> bool:
+    return any(int(r.get("blocks", 1)) > 1 for r in rows if r["task"] == task)
+
+
 def report(out: Path) -> Path:
-    from hf_posext.evaluation.retrieval.blocks import merge_blocks
+    from hf_posext.evaluation.retrieval.blocks import merge_blocks, trials_text
     from hf_posext.evaluation.retrieval.plots import format_summary, plot_all, summary
     data = json.loads((out / "retrieval.json").read_text())
     every, margin = merge_blocks(data["rows"]), 0.10   # a cell's blocks of trials as one row
     rows = [r for r in every if r["task"] in GRID_TASKS]   # the counterparts of RULER's others: below
     # the plots `hf-posext retrieval` draws, drawn again from every row of the folder (both runs)
     plot_all(every, out, f"{rows[0]['model']} ({rows[0]['dtype']}), {rows[0]['dataset']} haystack, "
-                        f"{rows[0]['trials']} trial(s) per cell")
+                        f"{trials_text(every)}")
     lines = ["# Retrieval at 2x: the built-in suite and lm-evaluation-harness (issue 29)", "",
              "Made by `python benchmarks/retrieval_report.py` from the rows of", "", "```bash",
-             GRID_COMMAND, NIAH_COMMAND, "```", "",
+             GRID_COMMAND, NIAH_COMMAND, *([NIAH_MORE_COMMAND] if _has_block(rows, "niah_single") else []),
+             "```", "",
              f"(single_needle, then niah_single, on RULER's noise haystack, {rows[0]['dtype']}, trained length "
              f"{rows[0]['trained_length']:,}) and lm-eval's records in `{LM_EVAL}`.", "",
              "## Accuracy by method and length", "", "<!-- retrieval-summary -->", "```",

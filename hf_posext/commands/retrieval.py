@@ -21,7 +21,7 @@ import sys
 from ..evaluation.distributed import Ranks
 from ..evaluation.inputs import InputError, parse_floats01
 from ..evaluation.retrieval import TASKS, RetrievalGrid, build_cell, evaluate_retrieval, get_task
-from ..evaluation.retrieval.blocks import merge_blocks
+from ..evaluation.retrieval.blocks import merge_blocks, trials_text
 from ..evaluation.retrieval.haystack import NOISE_NAME, load_haystack
 from ..evaluation.retrieval.plots import format_summary, plot_all, summary
 from ..evaluation.retrieval.settings import DEFAULT_MARGIN, DEFAULT_TRIALS
@@ -137,9 +137,7 @@ def run(args, grid: RetrievalGrid | None = None) -> int:
 
 
 def report(args, grid: RetrievalGrid, store, rows: list[dict]) -> None:
-    trials = sorted({int(r["trials"]) for r in rows})   # blocks merged: a cell may have more
-    caption = (f"{args.model} ({rows[0]['dtype']}), {rows[0]['dataset']} haystack, "
-               f"{trials[0] if len(trials) == 1 else f'{trials[0]}–{trials[-1]}'} trial(s) per cell")
+    caption = f"{args.model} ({rows[0]['dtype']}), {rows[0]['dataset']} haystack, {trials_text(rows)}"
     print(f"retrieval accuracy — {caption}")
     print(format_summary(summary(rows, grid.margin), grid.margin))
     if not args.no_plot:

@@ -95,3 +95,9 @@ def merge_blocks(rows: Sequence[dict]) -> list[dict]:
                     "answers": " ".join(str(r["answers"]) for r in chosen),
                     "outputs": " | ".join(str(r["outputs"]) for r in chosen), "blocks": len(chosen)})
     return out
+
+
+def trials_text(rows: Sequence[dict]) -> str:
+    """`4 trial(s) per cell`, or `4–20 trial(s) per cell` when blocks made some cells larger."""
+    trials = sorted({int(r["trials"]) for r in rows})
+    return f"{trials[0] if len(trials) == 1 else f'{trials[0]}–{trials[-1]}'} trial(s) per cell"
