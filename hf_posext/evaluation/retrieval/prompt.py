@@ -3,9 +3,11 @@ to the depth (the `prefix`, prefilled once, `decode.py`); each trial's `suffix` 
 needles, the rest of the haystack and its question.
 
 Layout: head + blocks[:before] | needle 0 + ... + question, where the haystack has k blocks (as
-many as fit beside the longest trial's needles and question), before = round(depth · k), needle
-0 (the queried one) goes before block `before` and needle i of m before block
-before + round(i · (k - before) / m): spread evenly to the end.
+many as fit beside the longest trial's needles, question and answer: the prompt and the tokens
+generated stay within the cell's length, as RULER sizes its inputs by max_seq_length minus
+tokens_to_generate), before = round(depth · k), needle 0 (the queried one) goes before block
+`before` and needle i of m before block before + round(i · (k - before) / m): spread evenly to
+the end.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from dataclasses import dataclass
 
 from .haystack import Haystack
 from .tasks import Task, Trial, answer_text
+
+# The layout's version, part of every cell's data hash (run.data_hash): a change to how prompts
+# are laid out re-identifies the cells it changes instead of resuming rows made the old way.
+# 2: the answer's tokens are reserved within the length (1 let them run past it).
+LAYOUT = 2
 
 
 @dataclass
@@ -38,13 +45,20 @@ def _ids(tokenizer, text: str, special: bool = False) -> list[int]:
 
 
 def min_tokens(tokenizer, trials: list[Trial], haystack: Haystack) -> int:
-    """The shortest length that holds one haystack block with every trial's needles."""
+    """The shortest length that holds one haystack block with every trial's needles and answer."""
     return (len(_ids(tokenizer, trials[0].head, True)) + max(map(len, haystack.blocks))
-            + max(_needles_question(tokenizer, t) for t in trials))
+            + max(_beside_haystack(tokenizer, t) for t in trials))
 
 
-def _needles_question(tokenizer, trial: Trial) -> int:
-    return sum(len(_ids(tokenizer, n)) for n in trial.needles) + len(_ids(tokenizer, trial.question))
+def _answer_tokens(tokenizer, trial: Trial) -> int:
+    """Generation stops at the answer's length: its tokens, one spare for a merge at the seam."""
+    return len(_ids(tokenizer, answer_text(trial))) + 1
+
+
+def _beside_haystack(tokenizer, trial: Trial) -> int:
+    """A trial's tokens besides the head and the haystack: needles, question, answer."""
+    return (sum(len(_ids(tokenizer, n)) for n in trial.needles) + len(_ids(tokenizer, trial.question))
+            + _answer_tokens(tokenizer, trial))
 
 
 def build_cell(tokenizer, task: Task, haystack: Haystack, length: int, depth: float,
@@ -60,7 +74,7 @@ def place(tokenizer, trials: list[Trial], haystack: Haystack, length: int, depth
           what: str, needed) -> CellPrompts:
     """The prompts of `trials` (one head) at `length` and `depth` (the layout above)."""
     head = _ids(tokenizer, trials[0].head, special=True)
-    reserve = max(_needles_question(tokenizer, t) for t in trials)
+    reserve = max(_beside_haystack(tokenizer, t) for t in trials)
     blocks = haystack.take(length - len(head) - reserve)
     if not blocks:
         raise ValueError(f"length {length} is too short for a {what} prompt (needs at least "
@@ -81,6 +95,5 @@ def place(tokenizer, trials: list[Trial], haystack: Haystack, length: int, depth
             if j < k:
                 suffix += blocks[j]
         suffixes.append(suffix + _ids(tokenizer, trial.question))
-        # generation stops at the answer's length: its tokens, one spare for a merge at the seam
-        max_new.append(len(_ids(tokenizer, answer_text(trial))) + 1)
+        max_new.append(_answer_tokens(tokenizer, trial))
     return CellPrompts(prefix, suffixes, trials, max_new)

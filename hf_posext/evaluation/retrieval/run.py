@@ -17,7 +17,7 @@ from ..settings import RunInfo
 from .blocks import check_blocks
 from .decode import answer_cell
 from .haystack import Haystack, load_haystack
-from .prompt import CellPrompts, build_cell
+from .prompt import LAYOUT, CellPrompts, build_cell
 from .settings import RetrievalGrid
 from .stats import score_trial, wilson
 from .tasks import TASKS, get_task
@@ -28,10 +28,10 @@ RESULT_FIELDS = ("prompt_tokens", "prefix_tokens", "max_new_tokens", "correct", 
 
 def data_hash(tokenizer, haystack: Haystack, task: str) -> str:
     """A cell's prompts are a function of the tokenizer, the haystack, its task's template (seed
-    0 stands for it) and the cell (in its key). Only the cell's own task counts: a task added
+    0 stands for it), the layout (`prompt.LAYOUT`) and the cell (in its key). Only the cell's own task counts: a task added
     to (or reworded in) TASKS leaves every other task's cells, and their stored rows, as they
     were (hashing every template re-identified every folder when niah_single was added)."""
-    text = repr((tokenizer_fingerprint(tokenizer), haystack.fingerprint, TASKS[task].trial(0)))
+    text = repr((tokenizer_fingerprint(tokenizer), haystack.fingerprint, TASKS[task].trial(0), LAYOUT))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
