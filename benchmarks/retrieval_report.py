@@ -189,6 +189,13 @@ def _has_block(rows: list[dict], task: str) -> bool:
     return any(int(r.get("blocks", 1)) > 1 for r in rows if r["task"] == task)
 
 
+def _past_length(rows: list[dict]) -> str:
+    """How far a cell's longest prompt plus its answer budget ran past its length."""
+    over, task, n = max((int(r["prompt_tokens"]) + int(r["max_new_tokens"]) - int(r["length"]), r["task"],
+                         int(r["length"])) for r in rows)
+    return f"{over} tokens, {task} at {n:,}"
+
+
 def report(out: Path) -> Path:
     from hf_posext.evaluation.retrieval.blocks import merge_blocks, trials_text
     from hf_posext.evaluation.retrieval.plots import format_summary, plot_all, summary
@@ -204,6 +211,10 @@ def report(out: Path) -> Path:
              "```", "",
              f"(single_needle, then niah_single, on RULER's noise haystack, {rows[0]['dtype']}, trained length "
              f"{rows[0]['trained_length']:,}) and lm-eval's records in `{LM_EVAL}`.", "",
+             "These rows were made with the retrieval suite's first prompt layout, which let the answer's "
+             f"generated tokens run past the cell's length (here by at most {_past_length(every)}). The layout "
+             "now reserves them within the length, as RULER does, and the layout is part of each cell's data "
+             "hash, so the commands above, run again, compute every cell anew.", "",
              "## Accuracy by method and length", "", "<!-- retrieval-summary -->", "```",
              format_summary(summary(rows, margin), margin), "```", "",
              *[f"![{t}: heat maps](retrieval_{t}_heatmaps.png)\n\n![{t}: accuracy by length](retrieval_{t}.png)\n"

@@ -57,3 +57,5 @@ def test_effective_length_is_relative_to_the_models_own_accuracy():
     assert effective_length(_rows("x", {4: 0.1}), none, 8, 0.1)[0] is None
     # no length within L: no reference, no effective length
     assert effective_length(good, _rows("none", {16: 0.5}), 8, 0.1) == (None, None)
+    # a model that cannot do the task within L: no bar to hold, no effective length
+    assert effective_length(good, _rows("none", {4: 0.0, 8: 0.1}), 8, 0.1) == (None, pytest.approx(0.05))

@@ -57,7 +57,8 @@ def format_summary(lines: list[dict], margin: float) -> str:
     text.append(f"accuracy over depths [Wilson 95 % interval]; effective length: the longest "
                 f"length up to which accuracy stays >= the unpatched model's within "
                 f"{format_length(lines[0]['trained_length'])} ({note or 'no length within L'}) "
-                f"minus {margin:.2f}")
+                f"minus {margin:.2f}; — where it fails at the shortest length, or where that reference is "
+                f"at most {margin:.2f} (the model cannot do the task within L, so the bar says nothing)")
     return "\n".join(text)
 
 

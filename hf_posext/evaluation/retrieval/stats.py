@@ -76,7 +76,9 @@ def effective_length(method_rows: Sequence[dict], reference_rows: Sequence[dict]
     trained length L (what the model itself does where it was trained). The effective length is
     the longest grid length N such that at every grid length <= N the method's accuracy, pooled
     over depths, is at least reference - margin; None when it already fails at the shortest
-    length, or when the grid has no length <= L to take the reference from.
+    length, when the grid has no length <= L to take the reference from, or when the reference
+    is at most the margin: a model that cannot do the task within L sets a bar at or below zero,
+    which every length passes, so the task says nothing about how far the method carries it.
 
     RULER (§4) instead uses one fixed threshold for every model, Llama-2-7B's 85.6 % at 4k. A
     fixed bar says nothing about a small model whose own in-context accuracy is below it (every
@@ -87,6 +89,8 @@ def effective_length(method_rows: Sequence[dict], reference_rows: Sequence[dict]
         return None, None
     k, n = pooled(ref_rows)
     reference = k / n
+    if reference <= margin:
+        return None, reference
     by_length: dict[int, list[dict]] = {}
     for r in method_rows:
         by_length.setdefault(int(r["length"]), []).append(r)
