@@ -115,6 +115,17 @@ def test_a_later_run_with_more_lengths_and_depths_resumes_the_cells_already_ther
     assert len(rows) == 4 and first[0] in rows
 
 
+def test_a_passkey_run_with_more_seeds_is_a_new_cell_not_a_refused_block(tmp_path):
+    """The passkey's tables show each seed list as its own series, so `--seeds 2` after `--seeds
+    1` (overlapping) runs as a new cell; the retrieval suite would refuse it (blocks.py)."""
+    model = _stub(True)
+    for seeds in ([0], [0, 1]):
+        with ResultsStore(tmp_path, "passkey", resume=True) as store:
+            rows = evaluate_passkey(model, model.tok, RetrievalGrid([], [400], depths=[0.5], seeds=seeds),
+                                    store=store, progress=False)
+    assert [r["seeds_list"] for r in rows] == ["0,1"] and len(model.seen) == 1 + 2
+
+
 def test_the_data_hash_follows_the_prompt_pieces():
     tok = char_tokenizer()
     model = _stub(True)

@@ -72,4 +72,5 @@ def evaluate_passkey(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | No
     run = run or RunInfo()
     run = dataclasses.replace(run, extra_columns={**run.extra_columns, "seeds": len(grid.trial_seeds())})
     return evaluate_retrieval(model, tokenizer, grid, run=run, store=store, ranks=ranks,
-                              reuse_identical=reuse_identical, progress=progress, answer_fn=adapted)
+                              reuse_identical=reuse_identical, progress=progress, answer_fn=adapted,
+                              seed_blocks=False)   # its tables show each seed list as its own series

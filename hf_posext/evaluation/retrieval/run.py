@@ -38,14 +38,17 @@ def data_hash(tokenizer, haystack: Haystack, task: str) -> str:
 def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | None = None,
                        haystack: Haystack | None = None, store=None, ranks=None,
                        reuse_identical: bool = True, progress: bool = True,
-                       answer_fn=None) -> list[dict]:
+                       answer_fn=None, seed_blocks: bool = True) -> list[dict]:
     """One row per (length, task, method, factor, depth): `correct` of `trials`, `accuracy`
     with its Wilson 95 % interval (`ci_low`, `ci_high`), RULER's mean `score`, and every
     trial's expected and generated answer (`answers`, `outputs`).
 
     haystack: default the grid's (`load_haystack`; a document source is read now).
     answer_fn(model, tokenizer, CellPrompts, reuse_prefix) -> answer texts: default greedy
-    decoding with the shared prefix prefilled once (`decode.answer_cell`)."""
+    decoding with the shared prefix prefilled once (`decode.answer_cell`).
+    seed_blocks: the stored rows of a cell are blocks of trials its tables pool (`blocks.py`), so
+    seeds overlapping a stored block are refused; False where each seed list is its own series
+    (the passkey's tables: a run with more seeds is a new cell, not a second block)."""
     run = run or RunInfo()
     check_device(run.device, "device=")
     if run.dtype not in (None, "", "auto") and model_dtype(model) != run.dtype:
@@ -85,7 +88,7 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
 
     identity = run_identity(model, fingerprint=run.fingerprint, device=run.device, data_hash=None)
     # trials added in blocks (--seed after a stored block) must not overlap one: refused now
-    check_blocks(store.rows if store is not None else [],
+    check_blocks(store.rows if store is not None and seed_blocks else [],
                  [{"method": c.method, "factor": c.factor, "knobs": knob_text(c.knobs), "length": c.length,
                    **c.extra, **identity} for c in cells])
     base_row = {"model": run.model_name, "trained_length": trained, "dataset": haystack.label,
