@@ -17,7 +17,7 @@ import time
 import torch
 
 import hf_posext
-from hf_posext import embedded
+from hf_posext.data import embedded
 from hf_posext.evaluation.loss import decoder_and_head
 
 # method -> knobs (the demo's, README; `auto` fitted to each length)

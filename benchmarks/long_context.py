@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 import hf_posext
-from hf_posext import embedded
+from hf_posext.data import embedded
 from hf_posext.data.documents import load_documents
 from hf_posext.evaluation.loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
 from hf_posext.evaluation.perplexity import sliding_windows

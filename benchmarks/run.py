@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import hf_posext
-from hf_posext import embedded
+from hf_posext.data import embedded
 from hf_posext.evaluation.loss import PeakMemory, causal_targets, chunked_nll
 
 HERE = Path(__file__).resolve().parent

@@ -160,6 +160,8 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
     config before loading weights. `model_type` picks the saved form (`LONGROPE_ONLY`)."""
     base, trained = _base_rope(rope, max_pos)
     trained = saved_trained or trained
+    if isinstance(method, attention.AttentionExtensionConfig):
+        method, factor, target, params = _from_attention_config(method, factor, target, params, trained)
     # numpy / torch scalars as plain numbers (messages, and config.json must stay JSON)
     factor, target = plain_number(factor), plain_number(target)
     params = {k: [plain_number(x) for x in (v.tolist() if hasattr(v, "tolist") else v)]
@@ -200,6 +202,19 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
         # which the construction-time frequencies hold: L here, s·L in fine-tuned mode.
         return Plan(new_rope, L, spec, attn_spec, theta)
     return Plan(new_rope, target or round(L * spec.factor), spec, attn_spec, theta)
+
+
+def _from_attention_config(config, factor, target, params, trained: int):
+    """`patch(model, AttentionExtensionConfig(...))`, as `patch(model, RopeExtensionConfig(...))`
+    works for rope methods: the config's method, knobs and target length become the arguments."""
+    if factor is not None or target is not None or params:
+        raise ValueError("Pass either an AttentionExtensionConfig or method/factor/params, not both.")
+    if config.trained_length != trained:
+        raise ConfigError(f"The AttentionExtensionConfig says trained_length={config.trained_length}, but "
+                          f"this model was trained at {trained} tokens: build it with "
+                          f"trained_length={trained}.")
+    knobs = {k: v for k, v in config.knobs.items() if k != "target_length"}
+    return config.method, None, config.target_length, knobs
 
 
 def plan_for_config(config, method, factor=None, target=None, params=None) -> Plan:

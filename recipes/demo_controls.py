@@ -35,7 +35,8 @@ def main(args: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hf_posext import embedded, patch
+    from hf_posext import patch
+    from hf_posext.data import embedded
     from hf_posext.evaluation import truncate_nll
 
     tok = embedded.load_tokenizer()

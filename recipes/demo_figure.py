@@ -28,7 +28,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(redraw: bool = False) -> None:
     import torch
 
-    from hf_posext import embedded
+    from hf_posext.data import embedded
     from hf_posext.evaluation import PerplexityGrid, ResultsStore, RunInfo, evaluate_perplexity
     from hf_posext.training.recipe_eval import SERIES, draw_results
 

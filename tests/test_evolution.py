@@ -13,7 +13,7 @@ from test_search import TARGET, doc  # noqa: F401  (the module-scoped tuning doc
 import hf_posext
 from hf_posext import cli
 from hf_posext.commands import search as search_cmd
-from hf_posext.search import SEED_METHODS, Evolution, SearchOptions, run_search, save_best, search
+from hf_posext.search import SEED_METHODS, Evolution, SearchOptions, run_search, save_best, search_factors
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 KNOBS = dict(population=6, parents=2, sigma=1.0, p_mutate=0.5)
@@ -63,7 +63,7 @@ def test_evolution_resumes_to_the_same_candidates(doc, tmp_path):  # noqa: F811
                        if r["kind"] == "candidate"]
     assert pick(rows) == pick(_rows(once))                     # generation 2 drawn again alike
     with pytest.raises(ValueError, match="is the log of another search"):
-        search(tiny_model(), [doc], TARGET, twice, max_steps=1, proxy_length=TARGET // 2,
+        search_factors(tiny_model(), [doc], TARGET, twice, max_steps=1, proxy_length=TARGET // 2,
                progress=False)
 
 

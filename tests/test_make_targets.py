@@ -110,7 +110,7 @@ def test_bench_long(tmp_path):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hf_posext import embedded
+    from hf_posext.data import embedded
 
     tok = embedded.load_tokenizer()
     model_dir, root = tmp_path / "model", tmp_path / "root"

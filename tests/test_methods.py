@@ -10,7 +10,8 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posext
-from hf_posext import methods
+from hf_posext.rope import methods
+from hf_posext.rope.registry import compute
 from hf_posext.rope.compat import IS_V5
 
 GRID = [(d, b, s) for d in (16, 64, 128) for b in (10_000.0, 100_000.0, 500_000.0) for s in (1.0, 2.0, 4.0, 16.0)]
@@ -138,18 +139,18 @@ def test_dynamic_yarn_is_yarn_at_current_scale(seq_len):
 @pytest.mark.parametrize("method", hf_posext.ROPE_METHODS)
 def test_every_method_is_identity_at_factor_one(method):
     spec = hf_posext.RopeExtensionConfig(method, 1.0, L)
-    inv, scale = hf_posext.compute(spec, 64, 1e4, seq_len=L)
+    inv, scale = compute(spec, 64, 1e4, seq_len=L)
     assert torch.equal(inv, methods.default_inv_freq(64, 1e4)) and scale == 1.0
 
 
 def test_compute_dispatch_matches_functions_and_float32():
     spec = hf_posext.RopeExtensionConfig("yarn", 8.0, 2048, beta_fast=64, beta_slow=2)
-    inv, scale = hf_posext.compute(spec, 96, 5e5)
+    inv, scale = compute(spec, 96, 5e5)
     ref_inv, ref_scale = methods.yarn(96, 5e5, 8.0, 2048, 64.0, 2.0)
     assert inv.dtype == torch.float32 and torch.equal(inv, ref_inv) and scale == ref_scale
     # the dynamic update passes seq_len as a 0-d tensor
     spec = hf_posext.RopeExtensionConfig("dynamic_yarn", 4.0, 2048)
-    inv, _ = hf_posext.compute(spec, 96, 5e5, seq_len=torch.tensor(5000))
+    inv, _ = compute(spec, 96, 5e5, seq_len=torch.tensor(5000))
     torch.testing.assert_close(inv, methods.dynamic_yarn(96, 5e5, 2048, 5000)[0])
 
 

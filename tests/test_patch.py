@@ -9,7 +9,7 @@ import torch
 from conftest import TRAINED, tiny_model
 
 import hf_posext
-from hf_posext import methods
+from hf_posext.rope import methods
 from hf_posext.rope.compat import fill_head_dim, get_rope_parameters, set_rope_parameters
 
 

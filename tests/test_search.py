@@ -21,7 +21,7 @@ import hf_posext
 from hf_posext import cli
 from hf_posext.commands import search as search_cmd
 from hf_posext.portability import config_audit
-from hf_posext.search import SEED_METHODS, SearchResult, save_best, search
+from hf_posext.search import SEED_METHODS, SearchResult, save_best, search_factors
 from hf_posext.search.objective import proxy_chunks
 from hf_posext.search.space import Factors, Installed
 from hf_posext.rope.longrope import factors_of, rope_powers
@@ -41,14 +41,16 @@ def doc():
 
 
 def test_the_public_search_is_the_gradient_search():
-    """`hf_posext.search` (README) stays the keyword function, though hf_posext/search/ is a
-    package of the same name: the package is still read by `from hf_posext.search import`."""
+    """`hf_posext.search_factors` (README) is the keyword function; `hf_posext.search` is the
+    package of that name, not shadowed by it (issue #36), and read by `from hf_posext.search import`."""
+    import inspect
+    import types
+
     from hf_posext.search import Gradient, gradient
 
-    import inspect
-
-    assert hf_posext.search is gradient.search and callable(hf_posext.search)
-    knobs = inspect.signature(hf_posext.search).parameters   # its defaults are the strategy's
+    assert hf_posext.search_factors is gradient.search_factors
+    assert isinstance(hf_posext.search, types.ModuleType)
+    knobs = inspect.signature(hf_posext.search_factors).parameters   # its defaults are the strategy's
     assert (Gradient().lr, Gradient().max_steps) == (knobs["lr"].default, knobs["max_steps"].default)
 
 
@@ -60,7 +62,7 @@ def test_proxy_spans_cover_the_target_at_true_positions():
 
 def test_search_improves_over_its_seed_and_saves_a_plain_longrope(doc, tmp_path):
     model = tiny_model()
-    result = search(model, [doc], TARGET, tmp_path / "log.jsonl", max_steps=6, lr=0.2,
+    result = search_factors(model, [doc], TARGET, tmp_path / "log.jsonl", max_steps=6, lr=0.2,
                     proxy_length=TARGET // 2, progress=False)
     rows = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
     seeds = {r["method"]: r["nll"] for r in rows if r["kind"] == "seed"}
@@ -138,9 +140,9 @@ def test_a_seed_saved_with_identity_short_factors_is_a_longrope(tmp_path):
 
 def test_search_resumes_from_its_log(doc, tmp_path):
     log = tmp_path / "log.jsonl"
-    search(tiny_model(), [doc], TARGET, log, max_steps=2, lr=0.2, proxy_length=TARGET // 2, progress=False)
+    search_factors(tiny_model(), [doc], TARGET, log, max_steps=2, lr=0.2, proxy_length=TARGET // 2, progress=False)
     first = [json.loads(line) for line in open(log)]
-    search(tiny_model(), [doc], TARGET, log, max_steps=4, lr=0.2, proxy_length=TARGET // 2, progress=False)
+    search_factors(tiny_model(), [doc], TARGET, log, max_steps=4, lr=0.2, proxy_length=TARGET // 2, progress=False)
     rows = [json.loads(line) for line in open(log)]
     assert rows[:len(first)] == first                      # nothing rewritten
     kinds = [r["kind"] for r in rows]
@@ -150,12 +152,12 @@ def test_search_resumes_from_its_log(doc, tmp_path):
     # step 3 starts where step 2 left off
     assert steps[2]["factors"] == pytest.approx(steps[1]["next_factors"], rel=1e-6)
     with pytest.raises(ValueError, match="is the log of another search"):
-        search(tiny_model(), [doc], TARGET, log, max_steps=5, lr=0.1, proxy_length=TARGET // 2, progress=False)
+        search_factors(tiny_model(), [doc], TARGET, log, max_steps=5, lr=0.1, proxy_length=TARGET // 2, progress=False)
 
 
 def test_search_refuses_an_extended_model(doc, tmp_path):
     with pytest.raises(ValueError, match="search starts from a model with plain RoPE"):
-        search(hf_posext.patch(tiny_model(), "yarn", 2.0), [doc], TARGET, tmp_path / "log.jsonl")
+        search_factors(hf_posext.patch(tiny_model(), "yarn", 2.0), [doc], TARGET, tmp_path / "log.jsonl")
 
 
 @pytest.mark.parametrize("argv,message", [

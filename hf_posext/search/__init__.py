@@ -5,20 +5,20 @@ target length with the weights frozen; `hf-posext search` is its command line.
     run.py        one search run, for every algorithm: checks, budget, log and resume,
                   baseline, seeds, progress, the final full-length check (`run_search`)
     strategy.py   what an algorithm is to the run: a `Strategy` proposes, the run scores
-    gradient.py   `Gradient`: Adam on the log-factors, one backward per step; `search`
-                  (`hf_posext.search`) runs it
+    gradient.py   `Gradient`: Adam on the log-factors, one backward per step;
+                  `search_factors` (`hf_posext.search_factors`) runs it
     evolution.py  `Evolution`: LongRoPE's evolutionary search, one forward per candidate
     space.py      the searched factors, the rotary module computing cos/sin from them, the seeds
     objective.py  the proxy objective: mean NLL over spans at their true positions
     log.py        the JSON-lines log and the settings a resumed run must share
     saving.py     `save_best`: the best point as a checkpoint in its most portable exact form
 
-`hf_posext.search` is the gradient search function (the public API), not this package:
-`from hf_posext.search import run_search, Evolution` reads the package.
+The public API's entry point is `hf_posext.search_factors` (named so that it does not shadow
+this package): `from hf_posext.search import run_search, Evolution` reads the package.
 """
 
 from .evolution import Evolution
-from .gradient import Gradient, search
+from .gradient import Gradient, search_factors
 from .log import SearchLog, SearchSettings
 from .run import SearchOptions, SearchResult, run_search
 from .saving import SHORT_FACTORS, save_best
@@ -27,4 +27,4 @@ from .strategy import Point, Strategy
 
 __all__ = ["Evolution", "Gradient", "Point", "SEED_METHODS", "SHORT_FACTORS", "SearchLog",
            "SearchOptions", "SearchResult", "SearchSettings", "Strategy", "run_search", "save_best",
-           "search"]
+           "search_factors"]

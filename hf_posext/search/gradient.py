@@ -1,4 +1,4 @@
-"""The gradient search (`hf_posext.search`, `hf-posext search --algorithm gradient`): Adam on
+"""The gradient search (`hf_posext.search_factors`, `hf-posext search --algorithm gradient`): Adam on
 (log f, log attention factor) with the weights frozen. The loss is differentiable in inv'_i (cos
 and sin of position × inv'_i), so one backward gives every direction at once. Early rejection
 (LongRoPE's cost cut, arXiv 2402.13753 §3.2): a step whose objective is worse than the best goes
@@ -99,11 +99,11 @@ class Gradient:
             model.eval()
 
 
-def search(model, docs: Sequence[np.ndarray], target_length: int, log_path: str | Path, *,
-           budget_minutes: float = 60.0, proxy_length: int | None = None, lr: float = 0.05,
-           max_steps: int | None = None, data: str = "", final_check: bool = True,
-           progress: bool = True) -> SearchResult:
-    """`hf_posext.search`: the gradient search of `model` (plain RoPE, weights untouched) on the
+def search_factors(model, docs: Sequence[np.ndarray], target_length: int, log_path: str | Path, *,
+                   budget_minutes: float = 60.0, proxy_length: int | None = None, lr: float = 0.05,
+                   max_steps: int | None = None, data: str = "", final_check: bool = True,
+                   progress: bool = True) -> SearchResult:
+    """`hf_posext.search_factors`: the gradient search of `model` (plain RoPE, weights untouched) on the
     token arrays `docs` (each at least `target_length` + 1 tokens), logging to `log_path` and
     resuming from it; `run_search` with `Gradient(lr, max_steps)` (run.py, the knobs there).
     With `final_check` False the result's `nll` is the proxy objective, not a full-length figure."""
