@@ -18,7 +18,7 @@ FINETUNE_ARGS ?=
 DDP_ARGS ?=
 BIN = $(VENV)/bin
 
-.PHONY: install test docs test-tf4 demo demo-finetune ddp-smoke gpu-smoke bench bench-long portability-table clean \
+.PHONY: install test test-slow test-all docs test-tf4 demo demo-finetune ddp-smoke gpu-smoke bench bench-long portability-table clean \
 	engine-venvs test-engines engine-table
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -39,8 +39,17 @@ lint: install
 	$(BIN)/ruff check hf_posext recipes benchmarks tests
 	$(BIN)/mypy
 
+# The test tiers (pyproject's markers; docs/ci.md): `make test` is the fast unit tier, every
+# module's core paths on tiny models, minutes on 2 cores; `slow` marks a test by its cost (the
+# real 135M model, subprocesses and launches, notebooks, make targets, long grids), run by
+# `make test-slow`; `make test-all` is both, and what CI runs. The engines tier: make test-engines.
 test: install
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m "not slow and not engines" $(PYTEST_ARGS)
+
+test-slow: install
+	$(BIN)/pytest -q -m "slow and not engines" $(PYTEST_ARGS)
+
+test-all: test test-slow
 
 # The documentation site from docs/ (mkdocs.yml): warnings are errors, so a broken link or a
 # renamed function in the API page fails; offline (no theme fonts, no plugin that downloads);
@@ -52,7 +61,7 @@ docs: install
 # executing the notebooks (documentation, about 4 of CI's minutes) and running the Makefile targets
 # (tests/test_make_targets.py, ~5 min: they check the targets' recipes, which `make test` runs once).
 test-tf4:
-	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6" PYTEST_ARGS="--durations=25 -k 'not test_notebook_runs and not test_make_targets'"
+	$(MAKE) test-all VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6" PYTEST_ARGS="--durations=25 -k 'not test_notebook_runs and not test_make_targets'"
 
 # The quick demo (docs/results.md, "Long-context evaluation: the demo"): two plays at a fixed s = 2, the
 # unpatched model, YaRN and DualChunk against the unpatched model with a sliding 8k window; 4k

@@ -166,14 +166,14 @@ def _only_niah(tmp_path: Path, monkeypatch) -> Path:
 @pytest.mark.skipif(not (REPORT / "report.md").exists(), reason="the grid's results are not committed")
 def test_committed_retrieval_report_is_its_rows_and_the_readme_quotes_it(tmp_path):
     """report.md is what the script makes of the committed rows and lm-eval records; the README
-    quotes its summary and its side-by-side tables line for line."""
+    page (docs/retrieval.md) quotes its summary and its side-by-side tables line for line."""
     import shutil
     for name in ("retrieval.json", "lm_eval_niah_single_1.json", "lm_eval_ruler.json"):
         if (REPORT / name).exists():
             shutil.copy(REPORT / name, tmp_path / name)
     made = _report_script().report(tmp_path).read_text()
     assert made == (REPORT / "report.md").read_text()
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "retrieval.md").read_text()
     summary = re.search(r"<!-- retrieval-summary -->\n(```\n.*?```)", made, re.S).group(1)
     assert summary in readme
     for head in (r"\| yarn s=2", r"\| lm-eval task \(RULER\)"):
