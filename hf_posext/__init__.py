@@ -19,7 +19,7 @@ live in the subpackages (`hf_posext.rope`, `.attention`, `.evaluation`, `.search
 `hf_posext.errors`), documented in docs/architecture.md.
 """
 
-from . import attention, errors
+from . import attention
 from ._version import __version__
 from .adapters import save_adapter
 from .attention import ATTENTION_METHODS, AttentionExtensionConfig

@@ -30,6 +30,7 @@ from .rope import dynamic
 from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
 from .rope.config import (KNOBS, MAX_FACTOR, PASSTHROUGH, PASSTHROUGH_TYPES, RopeExtensionConfig,
                           _check_number, check_target, method_of_rope_type)
+from .rope.knobs import FACTOR
 from .rope.units import PASSTHROUGH_UNITS, TRAINED_LENGTH
 from .rope.registry import LONGROPE_ONLY, LONGROPE_REFUSED_V4, check_supported, rotary_modules
 
@@ -107,8 +108,7 @@ def _build_spec(method, factor, target, trained: int, params: dict[str, Any]) ->
 def _attention_factor(factor, target, trained: int) -> float:
     """An attention method's factor only records the target length (s·L); it is optional."""
     s = 1.0 if factor is None and target is None else _resolve_factor(factor, target, trained)
-    if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s < 1:
-        raise ValueError(f"factor must be a number >= 1 (target length / trained length), got {s!r}")
+    s = FACTOR.check(s, trained)
     check_target(s, trained)
     return float(s)
 

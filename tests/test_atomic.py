@@ -130,8 +130,8 @@ def _hand_written(tmp_path, rope: dict):
 @pytest.mark.parametrize("rope_type", ["ntk", "ntk_by_parts", "dynamic_yarn"])
 @pytest.mark.parametrize("factor,match", [
     (None, r"rope_type '\w+' is missing the required key 'factor'"),
-    ("2", r"rope config key 'factor' \(rope_type '\w+'\) must be a number, got '2'"),
-    (0.5, r"rope config key 'factor' \(rope_type '\w+'\) must be >= 1"),
+    ("2", r"rope config key 'factor' \(rope_type '\w+'\): factor must be a number, got '2'"),
+    (0.5, r"rope config key 'factor' \(rope_type '\w+'\): factor must be >= 1"),
 ])
 def test_hand_written_config_with_missing_or_mistyped_factor(tmp_path, rope_type, factor, match):
     """Used to load silently as plain RoPE (no factor) or raise a TypeError from deep inside."""

@@ -227,7 +227,7 @@ def test_eval_knob_above_trained_length_fails_before_loading(assets, tmp_path, c
 
 
 def test_eval_factor_past_any_length_is_a_usage_error(assets, tmp_path, capsys, no_load):
-    assert "--factor: 1e308 is past" in _cli_error(capsys, _eval(assets, tmp_path, "--factor", "1e308"))
+    assert "--factor: factor=1e+308 is past" in _cli_error(capsys, _eval(assets, tmp_path, "--factor", "1e308"))
 
 
 def test_eval_string_beyond_its_reach_fails_before_loading(assets, tmp_path, capsys, no_load):

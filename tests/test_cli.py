@@ -97,7 +97,7 @@ def test_methods_and_knobs_come_from_the_config(monkeypatch):
     (["eval", "--lengths=4k,-4k"], "--lengths: '-4k' must be a positive"),
     (["eval", "--lengths", "four"], "--lengths: 'four' is not a length"),
     (["eval", "--methods", "yarn,rope2"], "--methods: unknown method 'rope2'"),
-    (["eval", "--factor", "0.5"], "--factor: 0.5 must be a finite scale >= 1"),
+    (["eval", "--factor", "0.5"], "--factor: factor must be >= 1.0, got 0.5"),
     (["eval", "--protocol", "chunked"], "--protocol: unknown protocol 'chunked'"),
     (["eval", "--protocol", "sliding", "--lengths", "128", "--stride", "512"], "--stride 512 is longer"),
     (["eval", "--stride", "0"], "--stride must be a positive integer"),

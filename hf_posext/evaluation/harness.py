@@ -23,6 +23,7 @@ from lm_eval.models.huggingface import HFLM
 from ..data.embedded import resolve_model
 from ..generation import fixed_rope_scale
 from ..patcher import patch, trained_length
+from ..rope.knobs import factor_spec
 from .grid import canonical, check_knobs, knob_names, resolve_factor
 
 MODEL_TYPE = "hf-posext"
@@ -35,13 +36,10 @@ def split_model_args(kwargs: dict) -> tuple[str, str, dict, dict]:
     method = canonical(str(rest.pop("method", "none")))
     factor = str(rest.pop("factor", "auto"))
     knobs = {k: rest.pop(k) for k in knob_names() if k in rest}
-    if factor != "auto":
-        try:
-            ok = float(factor) >= 1.0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(f"factor={factor} is not a scale >= 1 (or auto).")
+    try:
+        factor_spec(factor)   # the one factor check (rope/knobs.py); the text is kept for the grid
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"model_args factor={factor}: {err}.") from None
     if method == "none" and (knobs or factor != "auto"):
         raise ValueError("model_args give a factor or knobs but no method=; name the method "
                          "(e.g. method=yarn).")

@@ -18,7 +18,7 @@ from ..data.embedded import resolve_model
 from ..errors import BeyondReach, ConfigError
 from ..loading import check_config_early
 from ..patcher import plan_for_config, trained_length
-from ..rope.config import MAX_FACTOR
+from ..rope.knobs import factor_spec
 from .grid import canonical, check_knobs, integral_knobs, knob_names, knobs_for, method_factors
 
 
@@ -97,21 +97,13 @@ def parse_knobs(text: str | None, methods: list[str]) -> dict:
 
 
 def parse_factors(text: str) -> list:
+    """--factor: "auto" and/or scales, each checked by the one factor spec (rope/knobs.py)."""
     out: list[float | str] = []
     for item in [t.strip() for t in text.split(",") if t.strip()]:
-        if item.lower() == "auto":
-            out.append("auto")
-            continue
         try:
-            value = float(item)
-        except ValueError:
-            raise InputError(f"--factor: {item!r} is neither a number nor auto.") from None
-        if not value >= 1.0 or value == float("inf"):
-            raise InputError(f"--factor: {item} must be a finite scale >= 1 (or auto).")
-        if value > MAX_FACTOR:
-            raise InputError(f"--factor: {item} is past {MAX_FACTOR:,} (the target length must stay "
-                             "a countable int32 position); ask for a smaller factor.")
-        out.append(value)
+            out.append(factor_spec(item))
+        except (TypeError, ValueError) as err:
+            raise InputError(f"--factor: {err}.") from None
     if not out:
         raise InputError("--factor is empty; give auto or numbers such as 2,4.")
     return out

@@ -13,13 +13,13 @@ layout `evaluate` modules return.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import torch
 
 from ..data.embedded import load_model, load_tokenizer
 from ..errors import ConfigError
+from ..rope.knobs import factor_spec
 from .data import TokenCache, scored_bytes, select_documents
 from .grid import canonical, check_knobs
 from .perplexity import evaluate_perplexity
@@ -38,10 +38,13 @@ def check_inputs(texts: Any, lengths: Any, methods: Any, factors: Any, knobs: An
     if isinstance(lengths, (int, str)) or not lengths or not all(
             isinstance(n, int) and not isinstance(n, bool) and n >= 2 for n in lengths):
         raise ConfigError(f"lengths must be a list of integers >= 2 (tokens), got {lengths!r}.")
-    if isinstance(factors, str) or not factors or not all(
-            f == "auto" or (isinstance(f, (int, float)) and not isinstance(f, bool)
-                            and math.isfinite(f) and f >= 1) for f in factors):
+    if isinstance(factors, str) or not factors or not isinstance(factors, Sequence):
         raise ConfigError(f"factors must be a list of numbers >= 1 and/or 'auto', got {factors!r}.")
+    for f in factors:
+        try:
+            factor_spec(f)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"factors must be a list of numbers >= 1 and/or 'auto': {err}.") from None
     if isinstance(methods, str):
         raise ConfigError(f"methods must be a list of names, e.g. [{methods!r}].")
     try:

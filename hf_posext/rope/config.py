@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import plain_number
-from .knobs import MAX_FACTOR, MAX_TARGET_LENGTH, collect, knob_fields
+from .knobs import FACTOR, MAX_FACTOR, MAX_TARGET_LENGTH, collect, knob_fields
 from .knobs import number as _check_number
 from .units import PASSTHROUGH_UNITS, ROPE_METHODS, UNITS
 
@@ -103,7 +103,7 @@ class RopeExtensionConfig:
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the only writes happen here, after each check
         set_(self, "method", canonical_method(self.method))
-        set_(self, "factor", _check_number("factor", self.factor, minimum=1.0, maximum=MAX_FACTOR))
+        set_(self, "factor", FACTOR.check(self.factor, None))
         if self.original_max_position_embeddings is not None:
             L = plain_number(self.original_max_position_embeddings)
             if isinstance(L, bool) or not isinstance(L, (int, float)) or not math.isfinite(L) \
@@ -196,8 +196,10 @@ class RopeExtensionConfig:
         if "factor" not in rope:
             raise ValueError(f"The rope config of rope_type {rope_type!r} is missing the required "
                              "key 'factor' (the scale s >= 1, e.g. \"factor\": 4.0).")
-        factor = _check_number(f"rope config key 'factor' (rope_type {rope_type!r})",
-                               rope.pop("factor"), minimum=1.0, maximum=MAX_FACTOR)
+        try:
+            factor = FACTOR.check(rope.pop("factor"), None)
+        except (TypeError, ValueError) as err:   # name the key it came from
+            raise type(err)(f"rope config key 'factor' (rope_type {rope_type!r}): {err}") from None
         L = rope.pop("original_max_position_embeddings", None)
         if L is None and max_position_embeddings is not None:
             L = UNITS[method].trained_length_from(max_position_embeddings, factor)

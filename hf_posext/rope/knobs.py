@@ -86,6 +86,30 @@ def tokens(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def _scale(value: Any, L: int | None) -> float:
+    """s = target length / trained length: a finite number in [1, MAX_FACTOR]."""
+    return number("factor", value, minimum=1.0, maximum=MAX_FACTOR)
+
+
+# The scale every method takes, declared once like the units' knobs: RopeExtensionConfig, patch,
+# the grids, the CLI's --factor and lm-eval's factor= all check it here (issue #36).
+FACTOR = Knob("factor", float, 1.0, _scale, "the scale s = target length / trained length (>= 1)")
+AUTO = "auto"   # a grid's factor that is s = max(1, length / trained length) at each length
+
+
+def factor_spec(value: Any) -> float | str:
+    """A grid's factor as given in Python, on the command line or in lm-eval's model_args: "auto",
+    or a scale FACTOR accepts (text such as "2" is read as a number)."""
+    if isinstance(value, str):
+        if value.strip().lower() == AUTO:
+            return AUTO
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"factor {value!r} is neither a number nor auto") from None
+    return FACTOR.check(value, None)
+
+
 def switch(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
