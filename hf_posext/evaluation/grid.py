@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from .. import catalog as _catalog   # read at call time: methods registered later count too
 from ..errors import BeyondReach
 from ..attention import is_attention_method, split
-from ..rope.config import RopeExtensionConfig
+from ..rope.config import MAX_TARGET_LENGTH, RopeExtensionConfig
 from ..patcher import is_patched, patch, unpatch
 from .distributed import Ranks
 from .identity import computation_signature, config_state, digest
@@ -51,6 +51,11 @@ def normalize_methods(methods: Iterable[str]) -> list[str]:
     return out
 
 
+# Before a model loads its L is unknown: knobs are checked for names and types against the
+# longest trained length any target can hold (a knob <= L check waits for the model's L).
+_ANY_TRAINED = MAX_TARGET_LENGTH // 2
+
+
 def check_knobs(methods: Sequence[str], knobs: Mapping[str, Mapping[str, float]]) -> None:
     """`knobs` maps a method name (or "*" for every extended method of the grid) to its knobs.
     Each (method, knobs) pair is validated by `RopeExtensionConfig` itself, before any model
@@ -70,9 +75,9 @@ def check_knobs(methods: Sequence[str], knobs: Mapping[str, Mapping[str, float]]
         try:
             if is_attention_method(method):
                 # names and types; window <= L is checked against the model's L when patched
-                split(method, knobs_for(method, knobs), 2 ** 30, 2 ** 31)
+                split(method, knobs_for(method, knobs), _ANY_TRAINED, MAX_TARGET_LENGTH)
             else:
-                split(method, knobs_for(method, knobs), 2 ** 30)   # refuses attention knobs but logn
+                split(method, knobs_for(method, knobs), _ANY_TRAINED)   # refuses attention knobs but logn
                 RopeExtensionConfig(method, 2.0, **{k: v for k, v in knobs_for(method, knobs).items()
                                                     if k != "logn"})
         except BeyondReach:

@@ -35,6 +35,7 @@ re-derived, never run here):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..attention.config import AttentionExtensionConfig
@@ -44,9 +45,9 @@ SGLANG_MODEL_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 
 
 def _spec(attention: dict[str, Any]) -> AttentionExtensionConfig:
-    fields = {k: v for k, v in attention.items()
-              if k in ("method", "trained_length", "chunk_size", "local_window", "logn")}
-    return AttentionExtensionConfig(**fields)
+    # the saved block's fields the config class declares (its knobs come from the units)
+    names = {f.name for f in dataclasses.fields(AttentionExtensionConfig)}
+    return AttentionExtensionConfig(**{k: v for k, v in attention.items() if k in names})
 
 
 def why_not(cfg: dict[str, Any], target) -> str | None:

@@ -92,8 +92,7 @@ def _extended(cfg: dict[str, Any], method: str, factor: float, knobs: dict[str, 
     L = int(cfg["max_position_embeddings"])
     if method == "dual_chunk":
         spec = AttentionExtensionConfig(method, trained_length=L, **knobs)
-        attention = {"method": method, **{k: getattr(spec, k) for k in
-                                          ("trained_length", "chunk_size", "local_window", "logn")}}
+        attention = spec.to_dict()   # the block `patch` saves (attention/install.py)
         return {**cfg, "max_position_embeddings": round(L * factor), ATTENTION_KEY: attention,
                 "attn_implementation": "hf_posext"}
     spec = RopeExtensionConfig(method=method, factor=factor, original_max_position_embeddings=L, **knobs)
