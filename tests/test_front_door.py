@@ -35,6 +35,14 @@ def test_evaluation_entry_points_take_one_shape():
         assert inspect.signature(fn).parameters["run"].kind is inspect.Parameter.KEYWORD_ONLY, fn
 
 
+@pytest.mark.parametrize("fn, grid", [(hf_posext.evaluate_perplexity, "PerplexityGrid"),
+                                      (hf_posext.evaluate_retrieval, "RetrievalGrid")])
+def test_grid_fields_as_keywords_are_refused_naming_the_grid(fn, grid):
+    """One guard on every entry point: `methods=` and `lengths=` belong in the grid object."""
+    with pytest.raises(TypeError, match=grid):
+        fn(tiny_model(), None, methods=["yarn"], lengths=[128])
+
+
 def logits(model, ids):
     with torch.no_grad():
         return model(ids).logits

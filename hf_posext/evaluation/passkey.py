@@ -58,8 +58,9 @@ def evaluate_passkey(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | No
         `RetrievalGrid(["yarn"], [4096, 8192], depths=[0, 0.5, 1], seeds=[0, 1, 2])`; the other
         tasks and haystacks: `evaluate_retrieval`. run: whose run it is (`RunInfo`: model
         name, fingerprint, dtype, device).
-    answer_fn(model, tokenizer, input_ids) -> decoded answer text; defaults to greedy decoding
-    with the shared prefix prefilled once per cell (`retrieval.decode`)."""
+    answer_fn: as `evaluate_retrieval`'s (one contract): answer_fn(model, tokenizer,
+    CellPrompts, reuse_prefix) -> the answer text of every trial of the cell; default greedy
+    decoding with the shared prefix prefilled once per cell (`retrieval.decode`)."""
     if not isinstance(grid, RetrievalGrid):
         raise TypeError(f"grid must be a RetrievalGrid(methods=..., lengths=..., depths=..., "
                         f"seeds=...), got {type(grid).__name__}.")
@@ -67,10 +68,8 @@ def evaluate_passkey(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | No
         raise ValueError(f"evaluate_passkey runs the single_needle task on the {NOISE_NAME} "
                          f"haystack, got tasks={list(grid.tasks)}, haystack={grid.haystack!r}; "
                          "use evaluate_retrieval for the others.")
-    adapted = None if answer_fn is None else (
-        lambda m, tok, cell, reuse: [answer_fn(m, tok, cell.prompt(i)) for i in range(len(cell.trials))])
     run = run or RunInfo()
     run = dataclasses.replace(run, extra_columns={**run.extra_columns, "seeds": len(grid.trial_seeds())})
     return evaluate_retrieval(model, tokenizer, grid, run=run, store=store, ranks=ranks,
-                              reuse_identical=reuse_identical, progress=progress, answer_fn=adapted,
+                              reuse_identical=reuse_identical, progress=progress, answer_fn=answer_fn,
                               seed_blocks=False)   # its tables show each seed list as its own series

@@ -13,7 +13,7 @@ from ..grid import Cell, knob_text, run_grid
 from ..identity import model_dtype, run_identity
 from ..inputs import check_device
 from ..loss import PeakMemory
-from ..settings import RunInfo
+from ..settings import RunInfo, settings_only
 from .blocks import check_blocks
 from .decode import answer_cell
 from .haystack import Haystack, load_haystack
@@ -35,6 +35,7 @@ def data_hash(tokenizer, haystack: Haystack, task: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+@settings_only(RetrievalGrid)   # the guard every evaluation entry point shares
 def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | None = None,
                        haystack: Haystack | None = None, store=None, ranks=None,
                        reuse_identical: bool = True, progress: bool = True,
