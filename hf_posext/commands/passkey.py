@@ -5,7 +5,7 @@ whole suite: `hf-posext retrieval`)."""
 from __future__ import annotations
 
 from ..evaluation.distributed import Ranks
-from ..evaluation.inputs import InputError, parse_floats01, parse_seeds
+from ..evaluation.inputs import InputError, parse_seeds
 from ..evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
 from ..evaluation.results import plot_passkey_heatmap, print_table
 from ..evaluation.retrieval.settings import RetrievalGrid
@@ -20,8 +20,7 @@ def add_subcommand(sub) -> None:
                                     "decoding, accuracy over seeds per (method, length, depth).")
     session.add_run_args(pk)
     g = pk.add_argument_group("passkey")
-    g.add_argument("--depths", default="0,0.25,0.5,0.75,1",
-                   help="comma-separated depths as fractions (0 = start, 1 = end) or percentages")
+    session.add_depths_arg(g)
     g.add_argument("--seeds", default="5", help="number of seeds (5 -> 0..4) or a list (default 5)")
     pk.set_defaults(run=run)
 
@@ -29,7 +28,7 @@ def add_subcommand(sub) -> None:
 def run(args) -> int:
     ranks = Ranks()
     methods, lengths, factors, knobs = session.grid_flags(args)
-    depths, seeds = parse_floats01(args.depths, "--depths"), parse_seeds(args.seeds)
+    depths, seeds = session.depths_flag(args), parse_seeds(args.seeds)
     grid = session.without_unfit(RetrievalGrid(methods, lengths, depths, seeds=seeds, factors=factors,
                                                knobs=knobs), args, ranks)
     tokenizer = load_tokenizer_from(args)

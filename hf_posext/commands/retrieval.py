@@ -19,7 +19,7 @@ import json
 import sys
 
 from ..evaluation.distributed import Ranks
-from ..evaluation.inputs import InputError, parse_floats01
+from ..evaluation.inputs import InputError
 from ..evaluation.retrieval import TASKS, RetrievalGrid, build_cell, evaluate_retrieval, get_task
 from ..evaluation.retrieval.blocks import merge_blocks, trials_text
 from ..evaluation.retrieval.haystack import NOISE_NAME, load_haystack
@@ -40,8 +40,7 @@ def add_subcommand(sub) -> None:
     g = p.add_argument_group("retrieval")
     g.add_argument("--tasks", default="single_needle",
                    help=f"comma-separated tasks: {', '.join(TASKS)}, or all (default single_needle)")
-    g.add_argument("--depths", default="0,0.25,0.5,0.75,1",
-                   help="where the queried needle sits: fractions (0 = start, 1 = end) or percentages")
+    session.add_depths_arg(g)
     g.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
                    help=f"seeded trials per cell (default {DEFAULT_TRIALS})")
     g.add_argument("--seed", type=int, default=0,
@@ -62,7 +61,7 @@ def add_subcommand(sub) -> None:
 def retrieval_grid(args, tasks: list[str] | None = None, seeds: list[int] | None = None) -> RetrievalGrid:
     """The flags as a validated `RetrievalGrid` (InputError naming the flag)."""
     methods, lengths, factors, knobs = session.grid_flags(args)
-    depths = parse_floats01(args.depths, "--depths")
+    depths = session.depths_flag(args)
     if tasks is None:
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         tasks = list(TASKS) if tasks == ["all"] else tasks

@@ -17,8 +17,9 @@ from ..catalog import KNOB_HELP
 from ..data.embedded import DEFAULT_MODEL
 from ..evaluation.identity import (attention_implementation, loaded_fingerprint, model_dtype,
                                    source_fingerprint)
-from ..evaluation.inputs import (InputError, check_cells, check_device, check_model_arg, parse_factors,
+from ..evaluation.inputs import (InputError, check_cells, check_device, check_model_arg, parse_factors, parse_floats01,
                                  parse_knobs, parse_lengths, parse_methods)
+from ..evaluation.retrieval.settings import DEPTHS
 from ..evaluation.store import ResultsStore, RowsView
 from . import model_args
 
@@ -85,6 +86,17 @@ class GridFlags(NamedTuple):
     lengths: list[int]
     factors: list
     knobs: dict
+
+
+def add_depths_arg(g) -> None:
+    """--depths, for every command that places a needle (passkey, retrieval): declared once."""
+    g.add_argument("--depths", default=",".join(f"{d:g}" for d in DEPTHS),
+                   help="where the queried needle sits: fractions (0 = start, 1 = end) or "
+                        "percentages, comma-separated")
+
+
+def depths_flag(args) -> list[float]:
+    return parse_floats01(args.depths, "--depths")
 
 
 def grid_flags(args) -> GridFlags:
