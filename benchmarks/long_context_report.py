@@ -23,6 +23,11 @@ def _rows(folder: Path, name: str) -> list[dict]:
     return json.loads(path.read_text())["rows"] if path.exists() else []
 
 
+def demo_table(rows: list[dict], lengths: tuple[int, ...] = LENGTHS) -> str:
+    """tests/test_readme.py reads the demo table here until it imports ratio_table itself."""
+    return ratio_table(rows, lengths)
+
+
 def plot_ratios(rows: list[dict], path: Path, title: str) -> Path | None:
     """Ratio to the sliding baseline vs length, one line per method, the baseline at 1 and the
     issue's targets marked; the unpatched model (ratio 2 and more) is left out and named."""
