@@ -1,7 +1,8 @@
 """benchmarks/results/long_context.md from the benchmark's own rows (results/long_context.json:
 tune and cost) and the `hf-posext eval` / `passkey` results folders it wrote (demo, code,
-passkey). Every figure is computed here from the rows, never typed in; `demo_table` is also the
-demo table quoted in docs/results.md (tests/test_readme.py keeps the two equal)."""
+passkey). Every figure is computed here from the rows, never typed in; the demo table
+(hf_posext.evaluation.results.ratio_table) is also quoted in docs/results.md (tests/test_readme.py
+keeps the two equal)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from hf_posext.evaluation.perplexity import annotate
-from hf_posext.evaluation.results import format_length, pivot
+from hf_posext.evaluation.results import format_length, knobs_label as _label, pivot, ratio_table, sliding_ratios
 
 HERE = Path(__file__).resolve().parent
 EVAL_DIR = HERE / "results" / "eval"
@@ -23,54 +23,6 @@ def _rows(folder: Path, name: str) -> list[dict]:
     return json.loads(path.read_text())["rows"] if path.exists() else []
 
 
-def _label(r: dict) -> str:
-    if r["protocol"] == "baseline":
-        return "none, sliding 8k window (stride 2k)"
-    # rows written before booleans were spelled out read logn=0 / logn=1
-    text = r.get("knobs", "").replace("logn=0", "logn=false").replace("logn=1", "logn=true")
-    knobs = f" ({text.replace(',', ', ')})" if text else ""
-    return ("none (unpatched)" if r["method"] == "none" else r["method"]) + knobs
-
-
-def _cells(rows: list[dict]) -> tuple[list[str], dict]:
-    labels, _, cells = pivot(rows, label_of=_label)
-    return labels, cells
-
-
-def _with_ratios(rows: list[dict]) -> list[dict]:
-    """Copies of the rows with `ratio` = `ratio_to_sliding`, derived by the grid's own
-    `annotate` (rows of a run still going have none stored yet)."""
-    rows = [dict(r) for r in rows]
-    annotate(rows)
-    return [{**r, "ratio": r["ratio_to_sliding"]} if r.get("ratio_to_sliding") is not None else r
-            for r in rows]
-
-
-def demo_table(rows: list[dict], lengths: tuple[int, ...] = LENGTHS) -> str:
-    """Method × length perplexity, then the ratio to the sliding baseline at each length (bold:
-    the best ratio at each length)."""
-    labels, cells = _cells(_with_ratios(rows))
-    labels.sort(key=lambda label: label.startswith("none, sliding"))   # the baseline last
-    best = {n: min((round(c["ratio"], 3) for (_, m), c in cells.items() if m == n and "ratio" in c),
-                   default=None) for n in lengths}
-    names = [format_length(n) for n in lengths]
-    out = ["| method | " + " | ".join(f"{name} (s = {n // 8192})" for name, n in zip(names, lengths))
-           + f" | ratio to sliding @{names[0]} | " + " | ".join(f"@{name}" for name in names[1:]) + " |",
-           "|---|" + "---|" * (2 * len(lengths))]
-    for label in labels:
-        line = [label]
-        for n in lengths:
-            c = cells.get((label, n))
-            line.append("" if c is None else f"{c['perplexity']:.3g}" if c["perplexity"] >= 1000
-                        else f"{c['perplexity']:.2f}")
-        for n in lengths:
-            ratio = cells.get((label, n), {}).get("ratio")
-            line.append("" if ratio is None else f"**{ratio:.3f}**" if round(ratio, 3) == best[n]
-                        else f"{ratio:.3f}")
-        out.append("| " + " | ".join(line) + " |")
-    return "\n".join(out)
-
-
 def plot_ratios(rows: list[dict], path: Path, title: str) -> Path | None:
     """Ratio to the sliding baseline vs length, one line per method, the baseline at 1 and the
     issue's targets marked; the unpatched model (ratio 2 and more) is left out and named."""
@@ -78,7 +30,7 @@ def plot_ratios(rows: list[dict], path: Path, title: str) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels, cells = _cells(_with_ratios(rows))
+    labels, _, cells = pivot(sliding_ratios(rows), label_of=_label)
     lines = [(label, [(n, cells[(label, n)]["ratio"]) for n in LENGTHS if "ratio" in cells.get((label, n), {})])
              for label in labels if not label.startswith("none")]
     lines = [(label, pts) for label, pts in lines if pts]
@@ -114,7 +66,7 @@ def plot_ratios(rows: list[dict], path: Path, title: str) -> Path | None:
 def _targets(rows: list[dict], text: str) -> list[str]:
     out = []
     for n, target in TARGETS.items():
-        cand = [r for r in _with_ratios(rows) if int(r["length"]) == n and "ratio" in r]
+        cand = [r for r in sliding_ratios(rows) if int(r["length"]) == n and "ratio" in r]
         if not cand:
             out.append(f"| {text} | {n:,} | not run | | ≤ {target:.2f} | |")
             continue
@@ -206,7 +158,7 @@ def _string_section(eval_dir: Path) -> list[str]:
     return ["## STRING beside the others: Hamlet at 8k, 16k, 32k (float32)", "",
             " and ".join(commands) + ", run in a folder holding a copy of the demo's rows "
             "(long-context/, reused by --resume).", "",
-            demo_table(rows, (8192, 16384, 32768)) if rows else "Not run.", "", *_inside_l(rows), "",
+            ratio_table(rows, (8192, 16384, 32768)) if rows else "Not run.", "", *_inside_l(rows), "",
             "The 16k and 32k rows were measured before `patch` refused a target past STRING's reach "
             "L + S − W (10,767 tokens here: the shifted distances N − 1 − S + W pass L beyond it); "
             "the same command now stops with that error, and `--methods all` skips those cells "
@@ -233,9 +185,9 @@ def write_report(src: Path, dst: Path, eval_dir: Path = EVAL_DIR) -> str:
     passkey = [r for d in sorted(eval_dir.glob("long-context-passkey*")) for r in _rows(d, "passkey")]
     out += _targets(demo, "Hamlet") + _targets(code, "source code") + _passkey_targets(passkey)
     out += ["", "## Demo: Hamlet (float32; `python benchmarks/long_context.py demo`)", "",
-            demo_table(demo) if demo else "Not run.", "",
+            ratio_table(demo, LENGTHS) if demo else "Not run.", "",
             "## Source code: torch 2.13.0 `_refs/__init__.py` (float32; `python benchmarks/long_context.py code`)", "",
-            demo_table(code) if code else "Not run.", "",
+            ratio_table(code, LENGTHS) if code else "Not run.", "",
             *_string_section(eval_dir), "",
             "## Knobs tried on the tune text (King Lear, first 16,384 tokens, float32; never an evaluation text)", "",
             *_tune(bench), "",

@@ -5,9 +5,9 @@ skips every finished arm on a rerun."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
+import runpy
 import subprocess
 import sys
 
@@ -18,6 +18,7 @@ from _recipekit import CHARS, ROOT, SUBPROCESS_ENV, make_assets
 pytestmark = pytest.mark.usefixtures("one_thread")
 SCRIPT = ROOT / "benchmarks" / "finetune_retrieval.py"
 SCRIPT_NAME = "benchmarks/" + "finetune_retrieval.py"   # as the README names it
+ARMS = ("free", "docs", "mix")                            # as the script's docstring names them
 
 
 def readme_args() -> list[str]:
@@ -29,11 +30,14 @@ def readme_args() -> list[str]:
     return shlex.split(line)[5:]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("finetune_retrieval", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def run_script(monkeypatch, argv: list[str]):
+    """`python benchmarks/finetune_retrieval.py ARGV` as a user runs it, in this process: its exit
+    status (0, 2 for a usage error) or the message it stopped with."""
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *argv])
+    monkeypatch.setattr(sys, "path", list(sys.path))     # the script puts the checkout first
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    return stop.value.code
 
 
 def test_help_does_nothing_else(tmp_path):
@@ -43,28 +47,24 @@ def test_help_does_nothing_else(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_bad_arm_is_refused():
-    with pytest.raises(SystemExit):
-        load_script().parse(["--arms", "docs,nope"])
+@pytest.mark.parametrize("argv,flag", [(["--arms", "docs,nope"], "--arms"), (["--depths", "1.5"], "--depths"),
+                                       (["--depths", "half"], "--depths"),
+                                       (["--retrieval-lengths", "16k"], "--retrieval-lengths"),
+                                       (["--trials", "0"], "--trials")])
+def test_bad_settings_are_refused_before_training(argv, flag, tmp_path, capsys, monkeypatch):
+    assert run_script(monkeypatch, argv + ["--out", str(tmp_path / "out")]) == 2
+    assert flag in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("argv", [["--depths", "1.5"], ["--depths", "half"], ["--retrieval-lengths", "16k"],
-                                  ["--trials", "0"]])
-def test_bad_retrieval_settings_are_refused_before_training(argv, capsys):
-    with pytest.raises(SystemExit):
-        load_script().parse(argv)
-    assert "--" in capsys.readouterr().err
-
-
-def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
+def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys, monkeypatch):
     assets = make_assets(tmp_path / "assets", archs=("llama",))
     rng = random.Random(1)   # a held-out document long enough for 512-token evaluations
     (assets / "docs" / "held.txt").write_text("".join(rng.choice(CHARS) for _ in range(900)))
-    script, out = load_script(), tmp_path / "out"
+    out = tmp_path / "out"
     argv = readme_args() + ["--smoke", "--model", str(assets / "llama"), "--dataset", str(assets / "docs"),
                             "--eval-document", "held", "--out", str(out)]   # the README's command, tiny
-    assert script.main(argv) == 0
-    for arm in script.ARMS:
+    assert run_script(monkeypatch, argv) == 0
+    for arm in ARMS:
         folder = out / arm
         rows = json.loads((folder / "perplexity" / "perplexity.json").read_text())["rows"]
         assert {int(r["length"]) for r in rows} == {128, 512}
@@ -90,7 +90,7 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
     assert mix_cfg["training"]["max_steps"] == docs_cfg["training"]["max_steps"] == 2
     assert docs_cfg["data"]["eval_documents"] == ["held"]
     report = (out / "report.md").read_text()
-    assert all(f"## {arm}" in report for arm in script.ARMS)
+    assert all(f"## {arm}" in report for arm in ARMS)
     # the side-by-side table: one line per arm, the training-free arm 0 % against itself
     table = [line for line in report.splitlines() if line.startswith("| training-free")
              or line.startswith("| fine-tuned")]
@@ -100,19 +100,20 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
         assert (out / name).stat().st_size > 10_000
     stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if p.name != "report.md"}
     capsys.readouterr()
-    assert script.main(argv) == 0                                     # resumable: nothing redone
+    assert run_script(monkeypatch, argv) == 0                        # resumable: nothing redone
     assert capsys.readouterr().out.count("done, skipped") == 3
     assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
-    with pytest.raises(SystemExit, match="other settings"):
-        script.main(argv + ["--depths", "0.25"])
+    assert "other settings" in run_script(monkeypatch, argv + ["--depths", "0.25"])
+    # the smoke sizes are defaults (3 trials above): a flag given still wins, so these differ
+    assert "other settings" in run_script(monkeypatch, argv + ["--trials", "4"])
     # More retrieval lengths on a finished run: only the new cells run, on the models as saved.
-    before = {arm: stored_rows(out / arm) for arm in script.ARMS}
+    before = {arm: stored_rows(out / arm) for arm in ARMS}
     weights = {arm: (out / arm / "train" / "final" / "model.safetensors").stat().st_mtime_ns for arm in ("docs", "mix")}
     capsys.readouterr()
-    assert script.main(argv + ["--retrieval-lengths", "384,512", "--free-lengths", ""]) == 0
+    assert run_script(monkeypatch, argv + ["--retrieval-lengths", "384,512", "--free-lengths", ""]) == 0
     printed = capsys.readouterr().out
     assert printed.count("done, skipped") == 1 and printed.count("adding retrieval lengths 384,512") == 2
-    for arm in script.ARMS:
+    for arm in ARMS:
         after = stored_rows(out / arm)
         assert sorted(after) == [384, 512] and after[512] == before[arm][512]   # kept, not recomputed
         if arm != "free":
@@ -121,8 +122,8 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys):
     table = [line for line in (out / "report.md").read_text().splitlines()
              if line.startswith(("| training-free", "| fine-tuned"))]
     assert [line.count("not run") for line in table] == [0, 0, 0]
-    with pytest.raises(SystemExit, match="other settings"):   # a length dropped is not "added"
-        script.main(argv + ["--retrieval-lengths", "384", "--free-lengths", ""])
+    # a length dropped is not "added"
+    assert "other settings" in run_script(monkeypatch, argv + ["--retrieval-lengths", "384", "--free-lengths", ""])
 
 
 def stored_rows(folder) -> dict:
@@ -130,28 +131,25 @@ def stored_rows(folder) -> dict:
     return {int(r["length"]): {k: r[k] for k in ("trials", "correct", "outputs")} for r in rows}
 
 
-def test_smoke_sizes_are_defaults_a_flag_still_wins():
-    script = load_script()
-    assert script.parse(["--smoke"]).trials == 3 and script.parse(["--smoke", "--trials", "4"]).trials == 4
-    assert script.parse([]).trials >= 20                     # the experiment: >= 20 trials per cell
-
-
 RESULTS = ROOT / "benchmarks" / "results" / "finetune-retrieval"
 
 
 @pytest.mark.skipif(not (RESULTS / "report.md").exists(), reason="the experiment's results are not committed")
-def test_committed_report_is_its_rows_and_the_readme_quotes_it(tmp_path):
-    """report.md is what `report` makes of the committed rows (nothing edited by hand), and the
-    table of the three arms in docs/finetuning.md is report.md's, line for line."""
+def test_committed_report_is_its_rows_and_the_readme_quotes_it(tmp_path, capsys, monkeypatch):
+    """report.md is what the script makes of the committed rows (nothing edited by hand): run with
+    its defaults on a copy, it finds every arm done with those settings (>= 20 trials a cell),
+    skips them and writes the report; docs/finetuning.md's table of the three arms is report.md's,
+    line for line."""
     import shutil
-    script = load_script()
-    for arm in script.ARMS:
+    for arm in ARMS:
         for name in ("perplexity", "retrieval"):
             (tmp_path / arm / name).mkdir(parents=True)
             shutil.copy(RESULTS / arm / name / f"{name}.json", tmp_path / arm / name / f"{name}.json")
         shutil.copy(RESULTS / arm / "done.json", tmp_path / arm / "done.json")
-        assert json.loads((tmp_path / arm / "done.json").read_text()) == script.settings(script.parse([]), arm)
-    made = script.report(script.parse(["--out", str(tmp_path)])).read_text()
+        assert json.loads((tmp_path / arm / "done.json").read_text())["trials"] >= 20
+    assert run_script(monkeypatch, ["--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("done, skipped") == len(ARMS)
+    made = (tmp_path / "report.md").read_text()
     assert made == (RESULTS / "report.md").read_text()
     readme = (ROOT / "docs" / "finetuning.md").read_text().splitlines()
     lines = made.splitlines()

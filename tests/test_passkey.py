@@ -9,10 +9,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_posext
 from _evalkit import TINY, char_tokenizer
-from hf_posext.evaluation.passkey import (FILLER, build_prompt, evaluate_passkey, first_number,
+from hf_posext.evaluation.passkey import (build_prompt, evaluate_passkey, first_number,
                                           passkey_for_seed)
 from hf_posext.evaluation.results import plot_passkey_heatmap
 from hf_posext.evaluation.retrieval.settings import RetrievalGrid
+from hf_posext.evaluation.retrieval.tasks import NOISE
 from hf_posext.evaluation.store import ResultsStore
 
 
@@ -42,7 +43,7 @@ def test_prompt_length_depth_and_key():
     tok = char_tokenizer()
     for depth in (0.0, 0.5, 1.0):
         p = build_prompt(tok, 2000, depth, 12345)
-        assert 2000 - len(FILLER) < len(p.input_ids) <= 2000
+        assert 2000 - len(NOISE) < len(p.input_ids) <= 2000
         text = tok.decode(p.input_ids)
         assert text.count("12345") == 2 and text.endswith("The pass key is")
         frac = p.needle_start / len(p.input_ids)

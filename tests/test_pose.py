@@ -7,9 +7,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hf_posext.data.documents import Document
 from hf_posext.training import data as datalib
 from hf_posext.training.optim import build_scheduler, grad_norm
 from hf_posext.training.pose import PoseCollator, example_generator, sample_pose_position_ids
+from hf_posext.training.recipe_config import DataConfig
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -134,7 +136,7 @@ def test_collator_batch_lets_the_second_chunk_attend_to_the_first():
 
 # ------------------------------------------------------------------------------------------ data
 def test_split_holdout_by_name_and_count_never_overlaps():
-    docs = [datalib.Document(f"d{i}", f"text {i}") for i in range(5)]
+    docs = [Document(f"d{i}", f"text {i}") for i in range(5)]
     train, held = datalib.split_holdout(docs, ["d1", "d3"])
     assert [d.name for d in held] == ["d1", "d3"] and [d.name for d in train] == ["d0", "d2", "d4"]
     train, held = datalib.split_holdout(docs, 2)
@@ -143,7 +145,7 @@ def test_split_holdout_by_name_and_count_never_overlaps():
         datalib.split_holdout(docs, ["nope"])
     with pytest.raises(ValueError, match="0 < holdout < 5"):
         datalib.split_holdout(docs, 5)
-    dup = docs + [datalib.Document("copy", "text 1")]
+    dup = docs + [Document("copy", "text 1")]
     with pytest.raises(ValueError, match="also appear in the training set"):
         datalib.split_holdout(dup, ["d1"])
 
@@ -151,15 +153,15 @@ def test_split_holdout_by_name_and_count_never_overlaps():
 def test_load_local_documents_and_missing_column(tmp_path):
     (tmp_path / "a.txt").write_text("alpha text")
     (tmp_path / "b.md").write_text("beta text")
-    docs = datalib.load_documents(str(tmp_path))
+    docs = datalib.recipe_documents(DataConfig(str(tmp_path)))
     assert [(d.name, d.text) for d in docs] == [("a", "alpha text"), ("b", "beta text")]
     rows = tmp_path / "rows"
     rows.mkdir()
     (rows / "x.jsonl").write_text("\n".join(json.dumps({"body": f"row {i}"}) for i in range(3)))
-    assert [d.text for d in datalib.load_documents(str(rows), text_column="body")] == \
+    assert [d.text for d in datalib.recipe_documents(DataConfig(str(rows), text_column="body"))] == \
         ["row 0", "row 1", "row 2"]
-    with pytest.raises(ValueError, match="has no column 'text'; its columns are \\['body'\\]"):
-        datalib.load_documents(str(rows))
+    with pytest.raises(ValueError, match="has no column 'text'; its columns are \\['body'\\]. Pass data.text_column"):
+        datalib.recipe_documents(DataConfig(str(rows)))
 
 
 def test_epoch_order_is_a_seeded_permutation():
@@ -212,10 +214,10 @@ def test_hub_name_goes_through_datasets_load_dataset(monkeypatch):
         return ds.to_iterable_dataset() if streaming else ds
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    docs = datalib.load_documents("pg19", split="test", max_documents=2)
+    docs = datalib.recipe_documents(DataConfig("pg19", split="test", max_documents=2))
     assert calls == [("pg19", None, "test", False)]
     assert [(d.name, d.text) for d in docs] == [("A", "a b"), ("B", "c d")]
-    streamed = datalib.load_documents("emozilla/pg19", max_documents=1, streaming=True)
+    streamed = datalib.recipe_documents(DataConfig("emozilla/pg19", max_documents=1, streaming=True))
     assert calls[-1] == ("emozilla/pg19", None, "train", True) and streamed[0].text == "a b"
     with pytest.raises(ValueError, match="no column 'body'"):
-        datalib.load_documents("pg19", text_column="body")
+        datalib.recipe_documents(DataConfig("pg19", text_column="body"))

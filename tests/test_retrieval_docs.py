@@ -5,11 +5,13 @@ RULER's, which needs the real tokenizer and 8k prompts), and its Python block as
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
 
 import hf_posext.cli as cli
+from hf_posext.evaluation.retrieval import report
 from _evalkit import char_tokenizer, tiny_checkpoint, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,14 +79,6 @@ def test_doc_python_block_runs():
 REPORT = ROOT / "benchmarks" / "results" / "retrieval-2x"
 
 
-def _report_script():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("retrieval_report", ROOT / "benchmarks" / "retrieval_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _real_ruler_run(tmp_path: Path, monkeypatch, tasks: str, limit: int) -> Path:
     """lm-eval's own RULER tasks, offline, on a tiny random Llama with the embedded tokenizer's
     vocabulary (RULER builds its prompts with the real tokenizer); returns --output_path."""
@@ -110,13 +104,13 @@ def _real_ruler_run(tmp_path: Path, monkeypatch, tasks: str, limit: int) -> Path
 
 
 def test_lm_eval_records_are_kept_from_a_real_niah_run(tmp_path, monkeypatch):
-    """lm-eval's own niah_single_1 (offline: RULER's noise haystack); the report script keeps its
+    """lm-eval's own niah_single_1 (offline: RULER's noise haystack); the report keeps its
     samples without their prompts and puts them beside the built-in suite's rows."""
     _real_ruler_run(tmp_path, monkeypatch, "niah_single_1", 2)
-    script = _report_script()
     out = tmp_path / "grid"
     out.mkdir()
-    kept = json.loads(script.import_lm_eval([tmp_path / "lm"], out).read_text())
+    kept = json.loads(report.import_lm_eval([tmp_path / "lm"], out, "the command").read_text())
+    assert kept["command"] == "the command"
     run = kept["runs"][0]
     assert run["model_args"]["method"] == "yarn" and len(run["samples"]) == 2
     for s in run["samples"]:
@@ -126,7 +120,7 @@ def test_lm_eval_records_are_kept_from_a_real_niah_run(tmp_path, monkeypatch):
     rows = [{"method": "yarn", "task": t, "length": 1024, "depth": d, "correct": 1, "trials": 2}
             for t in ("single_needle", "niah_single") for d in (0.0, 1.0)]
     rows[-1]["correct"] = 2
-    table = script.side_by_side(rows, kept)
+    table = report.side_by_side(rows, kept)
     assert "`single_needle` (depths 0, 1)" in table[0] and table[1].count("---") == 5
     assert table[2].startswith("| 1k | 2/4 = 0.50 [") and "| 3/4 = 0.75 [" in table[2]
     assert f"| {sum(s['score'] for s in run['samples']):g}/2 = " in table[2]
@@ -134,29 +128,28 @@ def test_lm_eval_records_are_kept_from_a_real_niah_run(tmp_path, monkeypatch):
 
 def test_lm_eval_records_of_the_other_offline_ruler_tasks(tmp_path, monkeypatch):
     """Every RULER task the report says needs no network runs offline under lm-eval (here on a
-    tiny model); the report script keeps each task's samples without prompts, and its table puts
+    tiny model); the report keeps each task's samples without prompts, and its table puts
     each beside the built-in counterpart's rows (a dash where there is none)."""
-    script = _report_script()
-    lm = _real_ruler_run(tmp_path, monkeypatch, ",".join(script.RULER_TASKS), 1)
+    lm = _real_ruler_run(tmp_path, monkeypatch, ",".join(report.RULER_TASKS), 1)
     out = tmp_path / "grid"
     out.mkdir()
-    kept = json.loads(script.import_lm_eval_ruler([lm], out).read_text())
+    kept = json.loads(report.import_lm_eval_ruler([lm], out, "the command").read_text())
     run = kept["runs"][0]
-    assert set(run["tasks"]) == set(script.RULER_TASKS) and "input" not in json.dumps(run)
+    assert set(run["tasks"]) == set(report.RULER_TASKS) and "input" not in json.dumps(run)
     for task in run["tasks"].values():
         (s,) = task["samples"]
         assert s["max_length"] == 1024 and 0 < s["tokens"] <= 1024 and s["target"] and 0 <= s["score"] <= 1
     rows = [{"method": "yarn", "task": "variable_tracking", "length": 1024, "score": 0.6, "correct": 1, "trials": 2},
             {"method": "yarn", "task": "variable_tracking", "length": 1024, "score": 0.2, "correct": 0, "trials": 3},
             {"method": "none", "task": "multi_key", "length": 1024, "score": 1.0, "correct": 2, "trials": 2}]
-    table = script.ruler_lines(rows, kept)
-    assert table[0].count("1k") == 2 and len(table) == 2 + len(script.RULER_TASKS)
+    table = report.ruler_lines(rows, kept)
+    assert table[0].count("1k") == 2 and len(table) == 2 + len(report.RULER_TASKS)
     vt = next(line for line in table if line.startswith("| `ruler_vt`"))
     assert vt.endswith("| `variable_tracking` | 0.36 (1/5 whole) |")        # (1.2 + 0.6) / 5
     assert next(line for line in table if "`niah_multikey_2`" in line).endswith("| not run |")   # yarn only
     assert next(line for line in table if "`ruler_cwe`" in line).endswith("| none | — |")
-    with pytest.raises(SystemExit, match="ran no"):
-        script.import_lm_eval_ruler([_only_niah(tmp_path, monkeypatch)], out)
+    with pytest.raises(ValueError, match="ran no niah_multikey_2, .*ruler_fwe; run every one"):
+        report.import_lm_eval_ruler([_only_niah(tmp_path, monkeypatch)], out, "the command")
 
 
 def _only_niah(tmp_path: Path, monkeypatch) -> Path:
@@ -164,14 +157,20 @@ def _only_niah(tmp_path: Path, monkeypatch) -> Path:
 
 
 @pytest.mark.skipif(not (REPORT / "report.md").exists(), reason="the grid's results are not committed")
-def test_committed_retrieval_report_is_its_rows_and_the_readme_quotes_it(tmp_path):
-    """report.md is what the script makes of the committed rows and lm-eval records; the README
-    page (docs/retrieval.md) quotes its summary and its side-by-side tables line for line."""
+def test_committed_retrieval_report_is_its_rows_and_the_readme_quotes_it(tmp_path, monkeypatch):
+    """report.md is what the script makes of the committed rows and lm-eval records (run as a
+    user runs it, on a copy); docs/retrieval.md quotes its summary and its side-by-side tables line
+    for line."""
+    import runpy
     import shutil
     for name in ("retrieval.json", "lm_eval_niah_single_1.json", "lm_eval_ruler.json"):
         if (REPORT / name).exists():
             shutil.copy(REPORT / name, tmp_path / name)
-    made = _report_script().report(tmp_path).read_text()
+    monkeypatch.setattr(sys, "argv", ["retrieval_report.py", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "benchmarks" / "retrieval_report.py"), run_name="__main__")
+    assert done.value.code == 0
+    made = (tmp_path / "report.md").read_text()
     assert made == (REPORT / "report.md").read_text()
     readme = (ROOT / "docs" / "retrieval.md").read_text()
     summary = re.search(r"<!-- retrieval-summary -->\n(```\n.*?```)", made, re.S).group(1)

@@ -21,6 +21,9 @@ from ..patcher import plan_for_config, trained_length
 from ..rope.knobs import factor_spec
 from .grid import canonical, check_knobs, integral_knobs, knob_names, knobs_for, method_factors
 
+# the weights save_pretrained writes (transformers.utils: SAFE_WEIGHTS_NAME, WEIGHTS_NAME and their indexes)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 class InputError(ConfigError):
@@ -192,6 +195,9 @@ def check_model_arg(model: str, gguf_file: str | None, default_model: str,
             raise InputError(f"--model {model!r}: no such folder.")
         if gguf_file and not (path / gguf_file).is_file():
             raise InputError(f"--gguf-file {gguf_file!r} is not in {path}.")
+        if path.is_dir() and not gguf_file and not any((path / name).is_file() for name in WEIGHT_FILES):
+            raise InputError(f"--model {model!r} holds no weights ({', '.join(WEIGHT_FILES)}); pass the "
+                             "folder save_pretrained wrote, or its GGUF with --gguf-file.")
     kwargs = {k: v for k, v in (("gguf_file", gguf_file), ("revision", revision)) if v}
     try:
         return check_config_early(model, kwargs)

@@ -20,11 +20,10 @@ from .retrieval.prompt import min_tokens, place
 from .retrieval.run import evaluate_retrieval
 from .retrieval.settings import RetrievalGrid
 from .retrieval.stats import first_number  # noqa: F401  (passkey's scoring rule, re-exported)
-from .retrieval.tasks import NEEDLE, NOISE, PREFIX, QUESTION, passkey_for_seed, passkey_trial
+from .retrieval.tasks import NEEDLE, PREFIX, QUESTION, passkey_for_seed, passkey_trial
 from .settings import RunInfo, settings_only
 
-FILLER = NOISE   # noqa: F401  (the historical name)
-__all__ = ["FILLER", "NEEDLE", "PREFIX", "QUESTION", "PasskeyPrompt", "build_prompt",
+__all__ = ["NEEDLE", "PREFIX", "QUESTION", "PasskeyPrompt", "build_prompt",
            "evaluate_passkey", "first_number", "passkey_for_seed"]
 
 

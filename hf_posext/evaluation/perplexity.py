@@ -143,11 +143,6 @@ def cell_positions(model, docs: Sequence[np.ndarray], cell: Cell,
                              cell.extra["eval_tokens"], chunk, progress)
 
 
-def cell_nll(model, docs: Sequence[np.ndarray], cell: Cell, progress: bool = False) -> tuple[float, int]:
-    """(sum of NLL, scored tokens) of the model, as it is, for a cell."""
-    return _total(cell_positions(model, docs, cell, progress))
-
-
 def scored_span(cell: Cell) -> int:
     """How many document positions a cell's per-position NLL covers."""
     return cell.length if cell.protocol == "truncate" else cell.extra["eval_tokens"]

@@ -97,6 +97,52 @@ def format_table(rows: Sequence[dict], value: str = "perplexity", title: str = "
     return "\n".join(lines)
 
 
+def knobs_label(row: dict) -> str:
+    """A perplexity row's line in `ratio_table`: its method with its knobs, or the sliding baseline."""
+    if row.get("protocol") == "baseline":
+        return _series_label(row)
+    # rows written before booleans were spelled out read logn=0 / logn=1
+    text = row.get("knobs", "").replace("logn=0", "logn=false").replace("logn=1", "logn=true")
+    knobs = f" ({text.replace(',', ', ')})" if text else ""
+    return ("none (unpatched)" if row["method"] == "none" else row["method"]) + knobs
+
+
+def sliding_ratios(rows: Sequence[dict]) -> list[dict]:
+    """Copies of perplexity rows with `ratio` = perplexity / the sliding baseline's over the same
+    tokens, derived by the grid's own `annotate` (rows of a run still going have none stored)."""
+    from .perplexity import annotate
+    rows = [dict(r) for r in rows]
+    annotate(rows)
+    return [{**r, "ratio": r["ratio_to_sliding"]} if r.get("ratio_to_sliding") is not None else r
+            for r in rows]
+
+
+def ratio_table(rows: Sequence[dict], lengths: Sequence[int]) -> str:
+    """Markdown: method (with knobs) × length perplexity, then the ratio to the sliding baseline
+    at each length (bold: the best ratio at each length); the baseline's line last."""
+    labels, _, cells = pivot(sliding_ratios(rows), label_of=knobs_label)
+    labels.sort(key=lambda label: label.startswith("none, sliding"))
+    best = {n: min((round(c["ratio"], 3) for (_, m), c in cells.items() if m == n and "ratio" in c),
+                   default=None) for n in lengths}
+    trained = int(rows[0]["trained_length"])
+    names = [format_length(n) for n in lengths]
+    out = ["| method | " + " | ".join(f"{name} (s = {n / trained:g})" for name, n in zip(names, lengths))
+           + f" | ratio to sliding @{names[0]} | " + " | ".join(f"@{name}" for name in names[1:]) + " |",
+           "|---|" + "---|" * (2 * len(lengths))]
+    for label in labels:
+        line = [label]
+        for n in lengths:
+            c = cells.get((label, n))
+            line.append("" if c is None else f"{c['perplexity']:.3g}" if c["perplexity"] >= 1000
+                        else f"{c['perplexity']:.2f}")
+        for n in lengths:
+            ratio = cells.get((label, n), {}).get("ratio")
+            line.append("" if ratio is None else f"**{ratio:.3f}**" if round(ratio, 3) == best[n]
+                        else f"{ratio:.3f}")
+        out.append("| " + " | ".join(line) + " |")
+    return "\n".join(out)
+
+
 def print_table(rows: Sequence[dict], value: str = "perplexity", title: str = "",
                 caption: str = "") -> None:
     """Print with `rich` when installed, else as plain text."""

@@ -12,7 +12,7 @@ the factor search, which trains no weights, is hf_posext/search/):
 - recipe.py: `run`, the stages in order.
 """
 
-from .data import Document, load_documents, split_holdout
+from .data import recipe_documents, split_holdout
 from .pose import PoseCollator, sample_pose_position_ids
 
-__all__ = ["Document", "PoseCollator", "load_documents", "sample_pose_position_ids", "split_holdout"]
+__all__ = ["PoseCollator", "recipe_documents", "sample_pose_position_ids", "split_holdout"]

@@ -1,8 +1,8 @@
 """Training and evaluation documents for the fine-tuning recipe.
 
-- `load_documents`: the embedded Shakespeare plays, local files (one document per .txt/.md file,
-  or one per row of .json/.jsonl/.csv/.parquet), or a Hub dataset through `datasets.load_dataset`
-  (PG19 as in the PI and YaRN papers). Every path returns `Document(name, text)`.
+- `recipe_documents`: the documents `data` names, read by the evaluation's loader
+  (hf_posext.data.documents: the embedded Shakespeare plays, local files, or a Hub dataset
+  through `datasets.load_dataset`, PG19 as in the PI and YaRN papers), as `Document(name, text)`.
 - `split_holdout`: documents held out for evaluation are never trained on.
 - `epoch_order`: the seeded order of the packed sequences in each epoch.
 Tokenising and packing: `packing.py`.
@@ -14,18 +14,14 @@ from typing import Sequence
 
 import torch
 
-# The loader is shared with the evaluation (hf_posext.data.documents); these names stay for callers.
-from ..data.documents import EMBEDDED_TEXT as EMBEDDED_PLAYS  # noqa: F401 (read by recipe_config)
-from ..data.documents import Document, TextSource
-from ..data.documents import load_documents as _load
+from ..data.documents import Document, TextSource, load_documents
 
 
-def load_documents(source: str, *, text_column: str = "text", split: str = "train",
-                   subset: str | None = None, max_documents: int | None = None,
-                   streaming: bool = False) -> list[Document]:
-    """`hf_posext.data.documents.load_documents` with the recipe's option names, as a list."""
-    return list(_load(TextSource(source, subset, split, text_column, column_flag="data.text_column"),
-                      max_docs=max_documents, streaming=streaming))
+def recipe_documents(data) -> list[Document]:
+    """The documents of the recipe's `data` section (`DataConfig`), as a list: the evaluation's
+    loader (`hf_posext.data.documents.load_documents`), its errors naming the recipe's keys."""
+    source = TextSource(data.source, data.subset, data.split, data.text_column, column_flag="data.text_column")
+    return list(load_documents(source, max_docs=data.max_documents, streaming=data.streaming))
 
 
 def split_holdout(docs: Sequence[Document], holdout: Sequence[str] | int

@@ -45,8 +45,7 @@ class PreparedData:
 def prepare_data(cfg, tokenizer, accelerator=None, log: Callable[[str], None] = print) -> PreparedData:
     """Load, split, tokenize and pack; every data problem surfaces here, before the model loads."""
     d, t = cfg.data, cfg.training
-    docs = datalib.load_documents(d.source, text_column=d.text_column, split=d.split, subset=d.subset,
-                                  max_documents=d.max_documents, streaming=d.streaming)
+    docs = datalib.recipe_documents(d)
     train_docs, eval_docs = datalib.split_holdout(docs, d.eval_documents)
     bos, eos = special_id(tokenizer, d.bos_token, "bos"), special_id(tokenizer, d.eos_token, "eos")
     first = accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()

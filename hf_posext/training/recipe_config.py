@@ -20,11 +20,10 @@ import math
 import os
 
 from ..catalog import canonical_method
-from ..data.documents import looks_like_path
+from ..data.documents import EMBEDDED_TEXT, looks_like_path
 from ..data.embedded import DEFAULT_MODEL
 from ..errors import ConfigError
 from ..rope.config import RopeExtensionConfig
-from . import data as datalib
 from .optim import SCHEDULES
 from .synthetic import FORMATS as SYNTHETIC_FORMATS, LOSSES as SYNTHETIC_LOSSES
 
@@ -49,7 +48,7 @@ class SyntheticConfig:
 
 @dataclass
 class DataConfig:
-    source: str = datalib.EMBEDDED_PLAYS  # "embedded:shakespeare", a local path, or a Hub name
+    source: str = EMBEDDED_TEXT          # "embedded:shakespeare", a local path, or a Hub name
     text_column: str = "text"
     split: str = "train"
     subset: str | None = None
