@@ -80,9 +80,9 @@ assert hf_posext.RopeExtensionConfig.from_dict(spec.to_dict()) == spec
 assert hf_posext.RopeExtensionConfig("toy", 2.0, 64).toy_power == 2.0   # its default
 
 torch.manual_seed(0)
-cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
-model = LlamaForCausalLM(cfg).eval()
+cfg_args = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+model = LlamaForCausalLM(LlamaConfig(**cfg_args)).eval()
 d, b = 16, 10000.0
 hf_posext.patch(model, "toy", 2.0)
 # the toy formula, written out independently in float64: b^(-2i/d) / s^p (p = 2 by default)
@@ -106,6 +106,38 @@ with tempfile.TemporaryDirectory() as tmp:
         assert torch.equal(again(ids).logits, logits)
     report = hf_posext.check(tmp)                              # check reads it, names it
     assert "toy" in str(report), report
+    # export reads the saved form, knob included (vLLM knows no rope type "toy": refused, naming it)
+    try:
+        hf_posext.export(tmp, pathlib.Path(sys.argv[1]) / "toy-vllm", target="vllm")
+        raise AssertionError("vLLM was said to run the toy rope type")
+    except ValueError as err:
+        assert "toy (factor 2, toy_power=3)" in str(err), err
+from hf_posext import cli
+import contextlib, io
+def serve(*knobs):
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        try:
+            code = cli.main(["serve", tmp, "--engine", "vllm", "--method", "toy", "--factor", "2", *knobs])
+        except SystemExit as stop:
+            code = stop.code
+    return code, said.getvalue()
+with tempfile.TemporaryDirectory() as tmp:                     # serve extends a base checkpoint
+    LlamaForCausalLM(LlamaConfig(**cfg_args)).save_pretrained(tmp)
+    code, said = serve("--knobs", "toy_power=-1")              # serve's --knobs: the knob's own check
+    assert code == 2 and "toy_power must be > 0" in said, said
+    code, said = serve("--knobs", "toy_power=3")               # vLLM knows no rope type "toy"
+    assert code == 2 and "Unknown RoPE scaling type toy" in said, said
+# the recipe's model section takes the knob, checked by its spec
+import dataclasses
+from hf_posext.training.recipe_config import ModelConfig, RecipeConfig, validate
+recipe = RecipeConfig()
+validate(dataclasses.replace(recipe, model=ModelConfig(method="toy", knobs={"toy_power": 3.0})))
+try:
+    validate(dataclasses.replace(recipe, model=ModelConfig(method="toy", knobs={"toy_power": -1.0})))
+    raise AssertionError("the recipe took toy_power=-1")
+except ValueError as err:
+    assert "toy_power must be > 0" in str(err), err
 spec = hf_posext.RopeExtensionConfig("toy", 2.0, 64, toy_power=3)
 form = longrope_form(spec, d, b)                               # its exact longrope form
 assert form["rope_type"] == "longrope" and abs(form["short_factor"][3] - 8.0) < 1e-5

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 import math
 import os
@@ -32,7 +32,7 @@ class ModelConfig:
     name: str = "embedded:smollm2-135m"  # Hub id, local path, or "embedded:smollm2-135m"
     method: str = "yarn"                 # one of hf_posext.METHODS
     factor: float = 2.0                  # scale s; target length = s * trained length
-    knobs: dict[str, float] = field(default_factory=dict)  # beta_fast, beta_slow, mscale_coefficient, ...
+    knobs: dict[str, Any] = field(default_factory=dict)  # the method's knobs as its unit declares them: numbers, bools (finetuned), lists
     dtype: str = "float32"               # weights' dtype at load (mixed precision is separate)
     attn_implementation: str | None = "sdpa"
 
@@ -260,7 +260,7 @@ def _validate(cfg: RecipeConfig) -> None:
             and not os.path.isdir(os.path.expanduser(m.name)):
         raise ValueError(f"model.name {m.name!r}: no such folder; pass a saved model folder, a Hub id "
                          f"or {DEFAULT_MODEL}.")
-    RopeExtensionConfig(canonical_method(m.method), m.factor, **m.knobs)  # type: ignore[arg-type]  # factor < 1, bad knobs; knobs parse as floats (issue 27)
+    RopeExtensionConfig(canonical_method(m.method), m.factor, **m.knobs)  # factor < 1, bad knobs: each checked by its spec
     for name in ("seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "save_every",
                  "keep_checkpoints"):
         v = getattr(t, name)
