@@ -82,7 +82,7 @@ def run_check(args: argparse.Namespace) -> int:
             findings = doctor.diagnose(doctor.raw_config(path))
             if args.gguf is not None:
                 from ..portability.gguf_doctor import compare, read_metadata
-                cfg = doctor.merged(doctor.raw_config(path))
+                cfg = load_config(path)
                 findings += compare(cfg, read_metadata(args.gguf),
                                     doctor.scales(cfg).get("transformers 5.x"))
         except (FileNotFoundError, ValueError, KeyError) as err:

@@ -1,18 +1,14 @@
 """`hf-posext check`'s doctor: what is wrong with any RoPE config.json, hf_posext's or not
-(docs/check.md, "Doctor"; issue 38).
-
-Each `Finding` names the readers it affects, how far off they are — re-derived with the same
-reader models `check` uses (`engines.v5_rope` / `v4_rope` / `converter_rope` for which keys each
-reader reads, `engines.READERS` for the cos/sin scale each applies, `config_audit.derived_lengths`
-for the context length each derives) — and the fix: the exact config edit, run-time flag or
-`hf-posext export` command. The problems are those users report (REFERENCE §11): θ lost when
+(docs/check.md, "Doctor"; issue 38). Each `Finding` names the readers it affects, how far off
+they are — re-derived with `check`'s own reader models (`engines.v5_rope` / `v4_rope` /
+`converter_rope`: which keys each reads; `engines.READERS`: the inv_freq and cos/sin scale each
+runs; `config_audit.derived_lengths`: the length each derives) — and the fix (config edit, flag or
+`hf-posext export` command). The problems are those users report (REFERENCE §11): θ lost when
 transformers 5 moved it into `rope_parameters` (unsloth #7028), two layouts saying different
-things, a factor that disagrees with the two lengths (transformers #38224, vllm #56446), a missing
-`original_max_position_embeddings`, YaRN attention-factor keys each engine reads differently
-(vllm #46280, #48351, #48621), a static scaling that costs short prompts (vllm #18728), a rope block
-put beside a multimodal `text_config` that nothing reads, and GGUF keys that disagree with the
-config they came from (llama.cpp #13331).
-"""
+things, a factor that disagrees with the two lengths (transformers #38224, vllm #56446), no
+`original_max_position_embeddings`, YaRN keys each engine reads differently (vllm #46280, #48351,
+#48621), static scaling that costs short prompts (vllm #18728), a rope block beside a multimodal
+`text_config` that nothing reads; gguf_doctor.py adds GGUF keys (llama.cpp #13331)."""
 
 from __future__ import annotations
 
@@ -24,10 +20,10 @@ from typing import Any
 
 from . import config_audit, engines, measured, portable
 from .meaning import TOLERANCE
-from .verdicts import load_config
+from .verdicts import class_defaults, load_config, with_class_defaults
 
 ROPE_KEYS = ("rope_scaling", "rope_parameters", "rope_theta")
-FALLBACK_THETA = 10000.0   # every reader's default when no θ is read (engines.v5_rope etc.)
+FALLBACK_THETA = 10000.0   # every reader's θ when it reads none (engines.v5_rope etc.)
 # architectures whose engines run their own YaRN code (DeepSeek's MLA applies mscale_all_dim to
 # the softmax scale: vLLM deepseek_yarn, SGLang DeepseekScalingRotaryEmbedding, llama.cpp
 # deepseek2): the Llama-family scale model below does not describe them
@@ -57,7 +53,7 @@ def _num(value) -> float | None:
 
 def merged(raw: dict[str, Any]) -> dict[str, Any]:
     """What the decoder's readers see: a multimodal wrapper's text_config over the top level
-    (as verdicts.load_config and llama.cpp's converter merge it)."""
+    (as verdicts.load_config and llama.cpp's converter merge it); no class defaults filled in."""
     return {**raw, **raw["text_config"]} if isinstance(raw.get("text_config"), dict) else raw
 
 
@@ -71,41 +67,49 @@ def _stated_thetas(cfg: dict[str, Any]) -> set[float]:
     return {t for t in found if t is not None}
 
 
-def _slowest_error(d: int, used: float, meant: float) -> float:
-    """Relative error of the lowest frequency b^(-(d-2)/d) run with base `used` for `meant`."""
-    return abs((meant / used) ** ((d - 2) / d) - 1)
+def _slowest(d: int, used: float, meant: float) -> str:
+    """How far the slowest rotary component b^(-(d-2)/d) is off when run with base `used`."""
+    ratio = (meant / used) ** ((d - 2) / d)
+    return f"slowest rotary component {max(ratio, 1 / ratio):.3g}× too {'fast' if ratio > 1 else 'slow'}"
+
+
+def _g(x) -> str:   # 1000000, not 1e+06
+    return f"{float(x):.10g}"
 
 
 def _theta(cfg: dict[str, Any]) -> list[Finding]:
+    """`cfg`: as config.json states it (no class defaults filled in)."""
     stated = _stated_thetas(cfg)
-    d = engines.rotary_dim(cfg, engines.v5_rope(cfg))
+    d = engines.rotary_dim(with_class_defaults(cfg), engines.v5_rope(cfg))
+    family = _num(class_defaults(cfg.get("model_type")).get("rope_theta")) if "model_type" in cfg else None
+    if not stated and family not in (None, FALLBACK_THETA):
+        return []   # the model class carries its family's θ (Gemma 3: 1e6), which its readers load
     if not stated:
         return [Finding(
             "theta-missing", "warning", "rope_theta is stated nowhere in config.json (neither at "
             "the top level nor in rope_parameters / rope_scaling)", ("every reader",),
-            f"every reader falls back to a default θ ({FALLBACK_THETA:g} in the engines' JSON "
-            "readers; transformers the model class default): a model trained with θ 500000 "
-            f"(Llama 3) would run its slowest rotary component {_slowest_error(d, FALLBACK_THETA, 5e5):.0%}"
-            f" off (d = {d})",
+            f"every reader falls back to θ {FALLBACK_THETA:g} (the engines' default and this "
+            "model class's): for a model trained with θ 500000 (Llama 3) the "
+            f"{_slowest(d, FALLBACK_THETA, 5e5)} (d = {d})",
             "add the θ the model was trained with to the top level (4.x, TGI) and to "
             "rope_parameters (5.x), e.g. \"rope_theta\": 500000.0")]
     if len(stated) > 1:
         return []   # two stated values: layouts-disagree says which reader reads which
     meant = stated.pop()
     lost = [(who, read(cfg)["rope_theta"]) for who, read in config_audit.LAYOUTS
-            if _num(read(cfg)["rope_theta"]) not in (meant,)]
+            if _num(read(cfg)["rope_theta"]) not in (meant,)
+            and not (v5_only(cfg) and read is engines.v4_rope)]   # v5-only says that
     if not lost:
         return []
     where = [k for k in ("rope_theta", "rope_scaling", "rope_parameters")
              if k == "rope_theta" and "rope_theta" not in cfg
              or isinstance(cfg.get(k), dict) and "rope_theta" not in cfg[k]]
     return [Finding(
-        "theta-dropped", "error", f"θ = {meant:g} is stated only where some readers do not look; "
+        "theta-dropped", "error", f"θ = {_g(meant)} is stated only where some readers do not look; "
         "they fall back to the default (unsloth #7028: a θ lost this way turned perplexity 10 "
         "into 11,316)", tuple(w for w, _ in lost),
-        "; ".join(f"{who} run θ {float(t):g} (slowest component {_slowest_error(d, float(t), meant):.0%} "
-                  "off)" for who, t in lost),
-        " and ".join(f"add \"rope_theta\": {meant:g} to {'the top level' if k == 'rope_theta' else k}"
+        "; ".join(f"{who} run θ {_g(t)} ({_slowest(d, float(t), meant)})" for who, t in lost),
+        " and ".join(f"add \"rope_theta\": {_g(meant)} to {'the top level' if k == 'rope_theta' else k}"
                      for k in where))]
 
 
@@ -116,7 +120,34 @@ def _reading_key(rope: dict[str, Any], stated: set[float]) -> str:
     return json.dumps(keep, sort_keys=True, default=str)
 
 
+def v5_only(cfg: dict[str, Any]) -> bool:
+    """Only the transformers 5 layout: rope_parameters, no rope_scaling, no top-level θ."""
+    return isinstance(cfg.get("rope_parameters"), dict) and not cfg.get("rope_scaling") \
+        and "rope_theta" not in cfg
+
+
+def _v5_only(cfg: dict[str, Any]) -> list[Finding]:
+    from ..rope.compat import v4_scaling
+    rope = engines.v5_rope(cfg)
+    if not v5_only(cfg) or rope["rope_type"] == "default" and \
+            _num(rope["rope_theta"]) == FALLBACK_THETA:
+        return []
+    d = engines.rotary_dim(cfg, rope)
+    scaling = v4_scaling({k: v for k, v in rope.items() if k != "type"})
+    return [Finding(
+        "v5-only", "warning", "only transformers 5's rope_parameters: readers of the 4.x layout "
+        "(rope_scaling + top-level rope_theta) run plain RoPE with θ 10000 (moot where "
+        "transformers 4.x has no such model type)", ("transformers 4.x", "TGI"),
+        f"they run plain RoPE, θ {FALLBACK_THETA:g} instead of {config_audit._describe(rope)} "
+        f"({_slowest(d, FALLBACK_THETA, float(rope['rope_theta']))})",
+        f"add \"rope_theta\": {_g(rope['rope_theta'])}"
+        + (f" and \"rope_scaling\": {json.dumps(scaling)}" if scaling else "")
+        + " at the top level (hf_posext's save_pretrained writes both layouts)")]
+
+
 def _layouts(cfg: dict[str, Any]) -> list[Finding]:
+    if v5_only(cfg):
+        return _v5_only(cfg)
     stated = _stated_thetas(cfg)
     groups: dict[str, tuple[dict, list[str]]] = {}
     for who, read in config_audit.LAYOUTS:
@@ -179,7 +210,7 @@ def _original(cfg: dict[str, Any]) -> list[Finding]:
     if_extended = engines.yarn_inv_freq(d, base, s, round(M / s), 32, 1)
     as_is = engines.yarn_inv_freq(d, base, s, round(M), 32, 1)
     err = ((as_is - if_extended).abs() / if_extended).max().item()
-    refuse = [r for r in ("vLLM 07b12f1", "vLLM 0cd5784", "TGI", "llama.cpp") if _refuses(r, cfg)]
+    refuse = [r for r in ("vLLM 07b12f1", "vLLM 0cd5784", "TGI", "llama.cpp") if r not in _readings(cfg)]
     return [Finding(
         "original-missing", "error", "yarn without original_max_position_embeddings: transformers "
         f"(4.57 and 5.x) and SGLang take L = max_position_embeddings = {M:g}, which is the trained "
@@ -192,32 +223,36 @@ def _original(cfg: dict[str, Any]) -> list[Finding]:
         f"{M:g} is the extended length, {M:g} if it is the trained one")]
 
 
-def _refuses(reader: str, cfg: dict[str, Any]) -> bool:
-    try:
-        engines.READERS[reader](cfg)
-    except KeyError:
-        return True
-    except (engines.NotApplicable, TypeError, ValueError):
-        return False
-    return False
+# the layout each reader reads (config_audit.LAYOUTS); the others read engines.v5_rope
+_LAYOUT = {"transformers 4.x": engines.v4_rope, "TGI": engines.v4_rope, "llama.cpp": engines.converter_rope}
 
 
-def scales(cfg: dict[str, Any]) -> dict[str, float]:
-    """The cos/sin scale each reader applies to this config (re-derived)."""
+def _readings(cfg: dict[str, Any], kind: str | None = None) -> dict[str, tuple]:
+    """(inv_freq, scale) each reader runs for this config (re-derived); `kind`: only readers
+    whose layout reads that rope type (the others are the layout findings' business)."""
     out = {}
     for name, read in engines.READERS.items():
+        if kind is not None and _LAYOUT.get(name, engines.v5_rope)(cfg)["rope_type"] != kind:
+            continue
         try:
             reading = read(cfg)
         except (engines.NotApplicable, KeyError, TypeError, ValueError):
             continue
         if reading.freqs is not None:
-            out[name] = float(reading.freqs(None)[1])
+            out[name] = reading.freqs(None)
+    if str(cfg.get("model_type")) in LLAMA_CPP_OWN_YARN:
+        out.pop("llama.cpp", None)
     return out
 
 
+def scales(cfg: dict[str, Any], kind: str | None = None) -> dict[str, float]:
+    """The cos/sin scale each reader applies to this config (re-derived)."""
+    return {name: float(scale) for name, (_, scale) in _readings(cfg, kind).items()}
+
+
 def _label(reader: str) -> str:
-    release = {r: m for m, r in measured.releases()}.get(reader)
-    return f"{reader} ({release})" if release else reader
+    release = {r: m for m, r in measured.releases()}.get(reader, "")
+    return f"{reader} ({release.replace('llama.cpp', 'llama-cpp-python')})" if release else reader
 
 
 def _scale_fix(cfg: dict[str, Any], reader: str, want: float) -> str:
@@ -229,12 +264,18 @@ def _scale_fix(cfg: dict[str, Any], reader: str, want: float) -> str:
     tries = [{"attention_factor": want}, {"attn_factor": want / got * float(rope.get("attn_factor", 1))},
              {"mscale": (want - 1) / (0.1 * math.log(s)), "mscale_all_dim": 0.0}]
     key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+    def right(table: dict[str, float], name: str) -> bool:
+        return abs(table.get(name, 0) - want) <= TOLERANCE * want
+
+    before = scales(cfg)
     for edit in tries:
-        new = {**cfg, key: {**cfg[key], **edit}}
-        after = scales(new)
-        if abs(after.get(reader, 0) - want) <= TOLERANCE * want and \
-                abs(after.get("transformers 5.x", 0) - want) <= TOLERANCE * want:
-            return ", ".join(f"\"{k}\": {v:.6g}" for k, v in edit.items())
+        after = scales({**cfg, key: {**cfg[key], **edit}})
+        if right(after, reader) and all(right(after, r) for r in before if right(before, r)):
+            return "add " + ", ".join(f"\"{k}\": {v:.6g}" for k, v in edit.items())
+    for edit in tries:   # no shared edit: one that fixes this reader alone, for its own copy
+        if right(scales({**cfg, key: {**cfg[key], **edit}}), reader):
+            return ("no edit keeps the others right; serve it from a copy of the checkpoint "
+                    "with " + ", ".join(f"\"{k}\": {v:.6g}" for k, v in edit.items()))
     return ""
 
 
@@ -243,9 +284,7 @@ def _yarn_scale(cfg: dict[str, Any]) -> list[Finding]:
     if rope["rope_type"] != "yarn" or str(cfg.get("model_type")) in OWN_YARN \
             or not _num(rope.get("factor")):
         return []
-    per_reader = scales(cfg)
-    if str(cfg.get("model_type")) in LLAMA_CPP_OWN_YARN:
-        per_reader.pop("llama.cpp", None)
+    per_reader = scales(cfg, "yarn")
     want = per_reader.get("transformers 5.x")
     if want is None:
         return []
@@ -261,7 +300,7 @@ def _yarn_scale(cfg: dict[str, Any]) -> list[Finding]:
                          "no YaRN temperature from a Llama GGUF; hf-posext export PATH OUT.gguf "
                          "--target gguf --gguf CONVERTED.gguf writes it)")
         elif (edit := _scale_fix(cfg, reader, want)):
-            fixes.append(f"{_label(reader)}: add {edit}")
+            fixes.append(f"{_label(reader)}: {edit}")
     return [Finding(
         "yarn-attention-keys", "error", f"YaRN temperature keys ({', '.join(keys) or 'none'}) read "
         "differently: transformers applies "
@@ -270,6 +309,31 @@ def _yarn_scale(cfg: dict[str, Any]) -> list[Finding]:
         "; ".join(f"{_label(r)} {v:.6g} ({abs(v - want) / want:.1%} off)" for r, v in off.items()),
         "; ".join(fixes) + ("; hf_posext checkpoints: hf-posext export PATH OUT --target "
                             "vllm|sglang|tgi writes and checks each engine's form"))]
+
+
+def _yarn_frequencies(cfg: dict[str, Any]) -> list[Finding]:
+    """YaRN knobs some readers do not read (TGI fixes the betas at 32/1 and always floor/ceils
+    the correction range; llama.cpp's runtime reads no betas for Llama and always floor/ceils:
+    gpt-oss's `truncate: false`), re-derived as each reader's inv_freq against transformers'."""
+    rope = engines.v5_rope(cfg)
+    if rope["rope_type"] != "yarn" or str(cfg.get("model_type")) in OWN_YARN:
+        return []
+    freqs = {name: inv for name, (inv, _) in _readings(cfg, "yarn").items()}
+    ref = freqs.get("transformers 5.x")
+    if ref is None:
+        return []
+    off = {r: ((f - ref).abs() / ref).max().item() for r, f in freqs.items()}
+    off = {r: e for r, e in off.items() if e > TOLERANCE}
+    if not off:
+        return []
+    keys = {k: rope[k] for k in ("beta_fast", "beta_slow", "truncate", "extrapolation_factor") if k in rope}
+    return [Finding(
+        "yarn-frequencies", "error", f"YaRN settings {json.dumps(keys)} are not read by every "
+        "reader: they run other frequencies than transformers", tuple(_label(r) for r in off),
+        "; ".join(f"{_label(r)} inv_freq up to {e:.1%} off" for r, e in off.items()),
+        "no config key reaches them: TGI cannot run these settings; llama.cpp takes the betas as "
+        "--yarn-beta-fast / --yarn-beta-slow and always floor/ceils the ramp; serve them where the "
+        "check above says exact")]
 
 
 def _static(cfg: dict[str, Any]) -> list[Finding]:
@@ -315,16 +379,16 @@ def _nested(raw: dict[str, Any]) -> list[Finding]:
 
 def diagnose(raw: dict[str, Any]) -> list[Finding]:
     """Every finding for a config.json (`raw`, as parsed; gguf_doctor.compare adds a GGUF's)."""
-    cfg = merged(raw)
-    return _theta(cfg) + _layouts(cfg) + _lengths(cfg) + _original(cfg) + _yarn_scale(cfg) \
-        + _static(cfg) + _nested(raw)
+    stated = merged(raw)
+    cfg = with_class_defaults(stated)
+    return _theta(stated) + _layouts(cfg) + _lengths(cfg) + _original(cfg) + _yarn_scale(cfg) \
+        + _yarn_frequencies(cfg) + _static(cfg) + _nested(raw)
 
 
 def raw_config(path) -> dict[str, Any]:
     """config.json of a folder or file as parsed, after `check`'s own validation of it."""
     load_config(path)
-    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
-    return json.loads(file.read_text())
+    return json.loads((Path(path) / "config.json" if Path(path).is_dir() else Path(path)).read_text())
 
 
 def text(findings: list[Finding]) -> str:
