@@ -109,8 +109,8 @@ def _theta(cfg: dict[str, Any]) -> list[Finding]:
         "they fall back to the default (unsloth #7028: a θ lost this way turned perplexity 10 "
         "into 11,316)", tuple(w for w, _ in lost),
         "; ".join(f"{who} run θ {_g(t)} ({_slowest(d, float(t), meant)})" for who, t in lost),
-        " and ".join(f"add \"rope_theta\": {_g(meant)} to {'the top level' if k == 'rope_theta' else k}"
-                     for k in where))]
+        f"add \"rope_theta\": {_g(meant)} to "
+        + " and to ".join("the top level" if k == "rope_theta" else k for k in where))]
 
 
 def _reading_key(rope: dict[str, Any], stated: set[float]) -> str:
@@ -129,7 +129,7 @@ def v5_only(cfg: dict[str, Any]) -> bool:
 def _v5_only(cfg: dict[str, Any]) -> list[Finding]:
     from ..rope.compat import v4_scaling
     rope = engines.v5_rope(cfg)
-    if not v5_only(cfg) or rope["rope_type"] == "default" and \
+    if rope["rope_type"] == "default" and \
             _num(rope["rope_theta"]) == FALLBACK_THETA:
         return []
     d = engines.rotary_dim(cfg, rope)
@@ -145,8 +145,8 @@ def _v5_only(cfg: dict[str, Any]) -> list[Finding]:
         + " at the top level (hf_posext's save_pretrained writes both layouts)")]
 
 
-def _layouts(cfg: dict[str, Any]) -> list[Finding]:
-    if v5_only(cfg):
+def _layouts(cfg: dict[str, Any], as_stated: dict[str, Any]) -> list[Finding]:
+    if v5_only(as_stated):   # as config.json states it: a class default θ is not a 4.x key
         return _v5_only(cfg)
     stated = _stated_thetas(cfg)
     groups: dict[str, tuple[dict, list[str]]] = {}
@@ -271,7 +271,7 @@ def _scale_fix(cfg: dict[str, Any], reader: str, want: float) -> str:
     for edit in tries:
         after = scales({**cfg, key: {**cfg[key], **edit}})
         if right(after, reader) and all(right(after, r) for r in before if right(before, r)):
-            return "add " + ", ".join(f"\"{k}\": {v:.6g}" for k, v in edit.items())
+            return "set " + ", ".join(f"\"{k}\": {v:.6g}" for k, v in edit.items())
     for edit in tries:   # no shared edit: one that fixes this reader alone, for its own copy
         if right(scales({**cfg, key: {**cfg[key], **edit}}), reader):
             return ("no edit keeps the others right; serve it from a copy of the checkpoint "
@@ -307,8 +307,9 @@ def _yarn_scale(cfg: dict[str, Any]) -> list[Finding]:
         f"{want:.6g}, other readers another scale to every cos/sin (vllm #46280, #48351, #48621)",
         tuple(_label(r) for r in off),
         "; ".join(f"{_label(r)} {v:.6g} ({abs(v - want) / want:.1%} off)" for r, v in off.items()),
-        "; ".join(fixes) + ("; hf_posext checkpoints: hf-posext export PATH OUT --target "
-                            "vllm|sglang|tgi writes and checks each engine's form"))]
+        "; ".join(fixes) + " (these make each reader run transformers' scale; the config alone "
+        "cannot say which one its author meant); for an hf_posext checkpoint, hf-posext export "
+        "PATH OUT --target vllm|sglang|tgi writes and checks each engine's form")]
 
 
 def _yarn_frequencies(cfg: dict[str, Any]) -> list[Finding]:
@@ -381,7 +382,7 @@ def diagnose(raw: dict[str, Any]) -> list[Finding]:
     """Every finding for a config.json (`raw`, as parsed; gguf_doctor.compare adds a GGUF's)."""
     stated = merged(raw)
     cfg = with_class_defaults(stated)
-    return _theta(stated) + _layouts(cfg) + _lengths(cfg) + _original(cfg) + _yarn_scale(cfg) \
+    return _theta(stated) + _layouts(cfg, stated) + _lengths(cfg) + _original(cfg) + _yarn_scale(cfg) \
         + _yarn_frequencies(cfg) + _static(cfg) + _nested(raw)
 
 

@@ -66,7 +66,8 @@ def compare(cfg: dict[str, Any], meta: dict[str, Any], meant_scale: float | None
     g_kind, g_s = got["rope.scaling.type"], _num(meta.get(f"{arch}.rope.scaling.factor")) or 1.0
     runs = (engines.mscale(g_s) * (_num(meta.get(f"{arch}.rope.scaling.attn_factor")) or 1.0)
             if g_kind == "yarn" else 1.0)
-    if meant_scale is not None and abs(runs - meant_scale) > 1e-5 * meant_scale:
+    if meant_scale is not None and abs(runs - meant_scale) > 1e-5 * meant_scale \
+            and (kind == "yarn" or g_kind == kind):   # else --rope-scaling already fixes it
         bad["cos/sin scale"] = (round(runs, 6), round(meant_scale, 6), "--yarn-attn-factor")
     if not bad:
         return []
@@ -90,4 +91,4 @@ def _same(got, want) -> bool:
 def _flag_value(key: str, want, scale: float | None, s: float) -> str:
     if key == "cos/sin scale":   # llama.cpp multiplies its own 0.1·ln s + 1 by the flag
         return f"{(scale or 1.0) / engines.mscale(s):.6g}"
-    return want if isinstance(want, str) else f"{want:g}"
+    return want if isinstance(want, str) else f"{want:.10g}"
