@@ -85,13 +85,14 @@ def load_config(model_or_path) -> dict[str, Any]:
     return cfg
 
 
-_DEFAULTED = ("max_position_embeddings", "head_dim", "hidden_size", "num_attention_heads")
+_DEFAULTED = ("max_position_embeddings", "head_dim")
 
 
 def class_defaults(model_type) -> dict[str, Any]:
-    """The defaults transformers' own config class for `model_type` fills in (no Hub access);
-    `rope_theta` is its global θ (per-layer-type Gemma 3: the full-attention one). {} when
-    transformers does not know the type."""
+    """The defaults transformers' own config class for `model_type` fills in (no Hub access):
+    max_position_embeddings, `rope_theta` (its global θ; per-layer-type Gemma 3: the
+    full-attention one) and head_dim where it is a constant of the family (Gemma 3: 256), not
+    hidden_size / heads of the default sizes (Llama). {} when transformers does not know the type."""
     from transformers import AutoConfig
     try:
         data = AutoConfig.for_model(str(model_type)).to_dict()
@@ -99,9 +100,12 @@ def class_defaults(model_type) -> dict[str, Any]:
         return {}
     rope = data.get("rope_parameters") or {}
     rope = rope.get("full_attention", rope) if isinstance(rope.get("full_attention"), dict) else rope
-    theta = data.get("rope_theta") or rope.get("rope_theta")
-    return {k: v for k, v in {**{k: data.get(k) for k in _DEFAULTED}, "rope_theta": theta}.items()
-            if v is not None}
+    out = {"max_position_embeddings": data.get("max_position_embeddings"),
+           "rope_theta": data.get("rope_theta") or rope.get("rope_theta")}
+    hidden, heads = data.get("hidden_size"), data.get("num_attention_heads")
+    if data.get("head_dim") and not (hidden and heads and data["head_dim"] == hidden // heads):
+        out["head_dim"] = data["head_dim"]
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def with_class_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
