@@ -45,7 +45,9 @@ def add_subcommands(sub) -> None:
                         description="For each reader: exact, different (with the max relative "
                                     "inv_freq and scale error), ignored (run as plain RoPE) or "
                                     "refused, from re-derivations of each reader's source "
-                                    "(docs/portability.md). Reads config.json only.")
+                                    "(docs/portability.md); then the doctor: each problem in "
+                                    "any RoPE config.json, the readers it affects, how far off "
+                                    "and the fix (docs/check.md). Reads config.json only.")
     ck.add_argument("paths", nargs="*", help="checkpoint folders (or config.json files)")
     ck.add_argument("--strict", action="store_true",
                     help="exit with status 1 when the doctor reports any finding (for scripts)")
