@@ -39,6 +39,7 @@ EXPECTED = {
     "broken-conflicting-blocks": ["layouts-disagree", "factor-length", "static-short"],
     "broken-mscale-confusion": ["yarn-attention-keys"],
     "broken-nested-rope": ["engine-length", "nested-rope"],
+    "qwen2.5-vl-7b-instruct": [], "broken-nested-yarn-top-level": ["nested-rope"],
 }
 
 
@@ -205,6 +206,23 @@ def test_nested_rope_is_ignored_by_transformers(tmp_path):
     assert get_rope_parameters(config)["factor"] == 8.0
     finding = found(raw)["nested-rope"]
     assert "decoder runs {\"factor\": 8.0" in finding.off and "move rope_scaling into text_config" in finding.fix
+
+
+def test_qwen_vl_yarn_at_the_top_level_never_reaches_the_decoder(tmp_path):
+    """Qwen2.5-VL saved with its text_config, the card's YaRN block added at the top level: the
+    running transformers either refuses the wrapper (5.24 validates the block against a
+    max_position_embeddings only text_config has) or builds the decoder without it."""
+    raw = doctor.raw_config(fixture("broken-nested-yarn-top-level"))
+    try:
+        decoder = get_rope_parameters(AutoConfig.from_pretrained(as_checkpoint(tmp_path, raw)).text_config)
+    except AttributeError as err:
+        assert "max_position_embeddings" in str(err)
+    else:
+        assert decoder["rope_type"] == "default"
+    assert "move rope_scaling into text_config" in found(raw)["nested-rope"].fix
+    moved = {**{k: v for k, v in raw.items() if k != "rope_scaling"},
+             "text_config": {**raw["text_config"], "rope_scaling": raw["rope_scaling"]}}
+    assert "nested-rope" not in found(moved)
 
 
 def test_static_scaling_is_named_only_where_it_was_added():

@@ -369,7 +369,8 @@ def _nested(raw: dict[str, Any]) -> list[Finding]:
         return []
     return [Finding(
         "nested-rope", "error", f"top-level {', '.join(stray)} beside a text_config that "
-        "differs: transformers, vLLM and SGLang build the decoder from text_config only",
+        "differs: transformers, vLLM and SGLang build the decoder from text_config only (a "
+        "top-level yarn block even stops transformers 5.24 loading the wrapper)",
         ("transformers", "vLLM", "SGLang", "llama.cpp"),
         "; ".join(f"{k}: decoder runs {json.dumps(text.get(k))}, top level says {json.dumps(raw[k])}"
                   for k in stray)
