@@ -171,6 +171,21 @@ def test_yarn_attention_keys_match_the_engines_formulas(tmp_path):
     assert "yarn-attention-keys" not in found({**raw, "rope_scaling": {**raw["rope_scaling"], "attn_factor": 1.0}})
 
 
+def test_explicit_attention_factor_ignored_by_older_vllm():
+    """vllm #46280: poolside/Laguna-XS.2 sets factor 64 and attention_factor 1.0; vLLM's YaRN (before
+    the fix) drops the key and runs 0.1·ln 64 + 1 = 1.4158883 (the PR's own number)."""
+    raw = {**doctor.raw_config(fixture("qwen3-8b-yarn")), "max_position_embeddings": 64 * 4096,
+           "rope_scaling": {"rope_type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
+                            "attention_factor": 1.0}}
+    finding = found(raw)["yarn-attention-keys"]
+    assert "transformers applies 1," in finding.message
+    assert "vLLM 07b12f1 (vLLM 0.29.0) 1.41589 (41.6% off)" in finding.off
+    assert "vLLM 0cd5784" not in finding.off   # 0.30 on read attention_factor
+    # the edit named for vLLM <= 0.29 keeps every reader that was right, right
+    edit = re.search(r"vLLM 0.29.0\): set \"attn_factor\": ([0-9.]+)", finding.fix).group(1)
+    assert float(edit) == pytest.approx(1 / (0.1 * math.log(64) + 1), rel=1e-5)
+
+
 def test_ministral3_mscale_pair_in_older_vllm():
     """vllm #48621: Ministral 3 (factor 16, mscale = mscale_all_dim = 1): transformers runs 1.0,
     vLLM's generic YaRN before the fix 0.1·ln 16 + 1 = 1.2773 (the issue's own number)."""
