@@ -21,6 +21,7 @@ from typing import Any
 from . import config_audit, engines, measured, portable
 from .meaning import TOLERANCE
 from .verdicts import class_defaults, load_config, with_class_defaults
+from ..rope.compat import v4_scaling
 
 ROPE_KEYS = ("rope_scaling", "rope_parameters", "rope_theta")
 FALLBACK_THETA = 10000.0   # every reader's θ when it reads none (engines.v5_rope etc.)
@@ -127,10 +128,8 @@ def v5_only(cfg: dict[str, Any]) -> bool:
 
 
 def _v5_only(cfg: dict[str, Any]) -> list[Finding]:
-    from ..rope.compat import v4_scaling
     rope = engines.v5_rope(cfg)
-    if rope["rope_type"] == "default" and \
-            _num(rope["rope_theta"]) == FALLBACK_THETA:
+    if rope["rope_type"] == "default" and _num(rope["rope_theta"]) == FALLBACK_THETA:
         return []
     d = engines.rotary_dim(cfg, rope)
     scaling = v4_scaling({k: v for k, v in rope.items() if k != "type"})
@@ -151,8 +150,7 @@ def _layouts(cfg: dict[str, Any], as_stated: dict[str, Any]) -> list[Finding]:
     stated = _stated_thetas(cfg)
     groups: dict[str, tuple[dict, list[str]]] = {}
     for who, read in config_audit.LAYOUTS:
-        rope = read(cfg)
-        groups.setdefault(_reading_key(rope, stated), (rope, []))[1].append(who)
+        groups.setdefault(_reading_key(read(cfg), stated), (read(cfg), []))[1].append(who)
     if len(groups) < 2:
         return []
     five = engines.v5_rope(cfg)
@@ -207,9 +205,8 @@ def _original(cfg: dict[str, Any]) -> list[Finding]:
             or "original_max_position_embeddings" in cfg or not s or M is None:
         return []
     d, base = engines.rotary_dim(cfg, rope), float(rope["rope_theta"])
-    if_extended = engines.yarn_inv_freq(d, base, s, round(M / s), 32, 1)
-    as_is = engines.yarn_inv_freq(d, base, s, round(M), 32, 1)
-    err = ((as_is - if_extended).abs() / if_extended).max().item()
+    meant, as_is = (engines.yarn_inv_freq(d, base, s, round(L), 32, 1) for L in (M / s, M))
+    err = ((as_is - meant).abs() / meant).max().item()
     refuse = [r for r in ("vLLM 07b12f1", "vLLM 0cd5784", "TGI", "llama.cpp") if r not in _readings(cfg)]
     return [Finding(
         "original-missing", "error", "yarn without original_max_position_embeddings: transformers "
