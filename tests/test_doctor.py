@@ -240,6 +240,18 @@ def test_qwen_vl_yarn_at_the_top_level_never_reaches_the_decoder(tmp_path):
     assert "nested-rope" not in found(moved)
 
 
+def test_per_layer_type_rope_parameters_are_one_layout(tmp_path):
+    """Gemma 3 as transformers 5 saves it (rope_parameters per layer type): the global
+    (full-attention) rope is what every reader's layout holds, as transformers itself loads it."""
+    raw = doctor.raw_config(fixture("gemma-3-12b-it-text"))
+    five = {k: v for k, v in raw.items() if k not in ("rope_scaling", "rope_theta", "rope_local_base_freq")}
+    five["rope_parameters"] = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    loaded = get_rope_parameters(AutoConfig.from_pretrained(as_checkpoint(tmp_path, five)))
+    assert (loaded["rope_type"], loaded["factor"], loaded["rope_theta"]) == ("linear", 8.0, 1e6)
+    assert "layouts-disagree" not in found(five) and "v5-only" in found(five)
+
+
 def test_static_scaling_is_named_only_where_it_was_added():
     """Qwen's card block (max_position_embeddings < s·L) and hf_posext's own extensions; not
     configs trained with the scaling (gpt-oss, DeepSeek-V3: max_position_embeddings = s·L)."""

@@ -20,6 +20,7 @@ from ..patcher import patch
 from ..portability import doctor, measured
 from ..portability.engines import NotApplicable
 from ..portability.exporting import TARGETS, export
+from ..portability.gguf_doctor import compare, read_metadata
 from ..portability.gguf_export import flags_text, rope_keys
 from ..portability.verdicts import check, load_config, meaning, report
 from ..rope.config import RopeExtensionConfig
@@ -81,9 +82,13 @@ def run_check(args: argparse.Namespace) -> int:
     for path in args.paths:
         try:
             print(report(path, view=measured.overlay))
-            findings = doctor.diagnose(doctor.raw_config(path))
+            try:
+                findings = doctor.diagnose(doctor.raw_config(path))
+            except (TypeError, ValueError, KeyError) as err:   # e.g. a rope dict that is a list
+                print(f"  doctor: cannot read the rope config ({type(err).__name__}: {err})")
+                found += 1
+                continue
             if args.gguf is not None:
-                from ..portability.gguf_doctor import compare, read_metadata
                 cfg = load_config(path)
                 findings += compare(cfg, read_metadata(args.gguf),
                                     doctor.scales(cfg).get("transformers 5.x"))
