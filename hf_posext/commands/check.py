@@ -1,6 +1,7 @@
 """`hf-posext check` and `hf-posext export`, and the method × reader table of docs/check.md.
 
-    hf-posext check PATH [PATH ...]      # how each reader runs a checkpoint's rope
+    hf-posext check PATH [PATH ...]      # how each reader runs a checkpoint's rope, and the doctor
+    hf-posext check PATH --strict        # exit status 1 when the doctor finds anything
     hf-posext check --table              # the table of docs/check.md: every method, s = 4, Llama-like dims
     hf-posext export PATH OUT --target vllm
     hf-posext export PATH OUT.gguf --target gguf --gguf CONVERTED.gguf
@@ -16,9 +17,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..errors import ConfigError
 from ..patcher import patch
-from ..portability import measured
+from ..portability import doctor, measured
 from ..portability.engines import NotApplicable
 from ..portability.exporting import TARGETS, export
+from ..portability.gguf_doctor import compare, read_metadata
 from ..portability.gguf_export import flags_text, rope_keys
 from ..portability.verdicts import check, load_config, meaning, report
 from ..rope.config import RopeExtensionConfig
@@ -44,8 +46,15 @@ def add_subcommands(sub) -> None:
                         description="For each reader: exact, different (with the max relative "
                                     "inv_freq and scale error), ignored (run as plain RoPE) or "
                                     "refused, from re-derivations of each reader's source "
-                                    "(docs/portability.md). Reads config.json only.")
+                                    "(docs/portability.md); then the doctor: each problem in "
+                                    "any RoPE config.json, the readers it affects, how far off "
+                                    "and the fix (docs/check.md). Reads config.json only.")
     ck.add_argument("paths", nargs="*", help="checkpoint folders (or config.json files)")
+    ck.add_argument("--strict", action="store_true",
+                    help="exit with status 1 when the doctor reports any finding (for scripts)")
+    ck.add_argument("--gguf", metavar="FILE",
+                    help="a GGUF converted from PATH (or its `gguf-dump --json` output): the doctor "
+                         "compares its rope keys with config.json")
     ck.add_argument("--table", action="store_true",
                     help="print the method × reader table of docs/check.md (builds a tiny checkpoint of "
                          "every method, s = 4, in a temporary folder)")
@@ -67,15 +76,32 @@ def run_check(args: argparse.Namespace) -> int:
     # errors reach cli.main, which prints one line and exits 2 (bad input) or 1
     if not args.paths and not args.table:
         raise ConfigError("give checkpoint folders, or --table")
+    if args.gguf is not None and len(args.paths) != 1:
+        raise ConfigError("--gguf compares one GGUF with one config: give exactly one PATH")
+    found = 0
     for path in args.paths:
         try:
             print(report(path, view=measured.overlay))
+            try:
+                findings = doctor.diagnose(doctor.raw_config(path))
+            except (TypeError, ValueError, KeyError) as err:   # e.g. a rope dict that is a list
+                print(f"  doctor: cannot read the rope config ({type(err).__name__}: {err})")
+                found += 1
+                continue
+            if args.gguf is not None:
+                cfg = load_config(path)
+                findings += compare(cfg, read_metadata(args.gguf),
+                                    doctor.scales(cfg).get("transformers 5.x"))
         except (FileNotFoundError, ValueError, KeyError) as err:
             said = str(err).strip("'")  # a KeyError's text comes quoted
             raise ConfigError(said if str(path) in said else f"{path}: {said}") from None
+        except ImportError as err:  # --gguf FILE.gguf without the optional `gguf` package
+            raise ConfigError(str(err)) from None
+        print(doctor.text(findings))
+        found += len(findings)
     if args.table:
         print(table())
-    return 0
+    return 1 if args.strict and found else 0
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -7,6 +7,8 @@
     exporting.py     `hf_posext.export`: the form a named reader runs exactly
     gguf_export.py   `--target gguf`: a GGUF llama.cpp runs exactly
     config_audit.py  what `check` reports besides the verdicts (config errors and warnings)
+    doctor.py        `check`'s findings on any RoPE config.json: what is off, where, and the fix
+    gguf_doctor.py   the doctor's GGUF findings: a GGUF's rope keys against its config.json
     measured.py      what the real engines did with each method's checkpoint (measured_engines.json)
     atomic.py        write an output whole or not at all
     serving.py       `hf-posext serve`: the engine command line, checked like export

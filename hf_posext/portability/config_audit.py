@@ -25,7 +25,7 @@ from . import engines, portable
 from ..rope.units import UNITS
 
 # reader -> how it reads the rope layouts (engines.v5_rope / v4_rope / converter_rope)
-_LAYOUTS = (("transformers 5.x, vLLM, SGLang (rope_scaling first)", engines.v5_rope),
+LAYOUTS = (("transformers 5.x, vLLM, SGLang (rope_scaling first)", engines.v5_rope),
             ("transformers 4.x, TGI (rope_scaling + rope_theta only)", engines.v4_rope),
             ("llama.cpp's converter (rope_parameters first)", engines.converter_rope))
 # Each engine's flag for its maximum length (vLLM `vllm serve`, SGLang `sglang.launch_server`,
@@ -59,7 +59,7 @@ def problems(cfg: dict[str, Any]) -> list[str]:
         out.append(f"error: non-finite values in config.json: {', '.join(bad)} (NaN logits in "
                    "every reader that uses them); restore them from the checkpoint you saved")
     readings = {}
-    for who, read in _LAYOUTS:
+    for who, read in LAYOUTS:
         rope = {k: v for k, v in read(cfg).items() if k != "partial_rotary_factor"}
         readings.setdefault(repr(sorted(rope.items(), key=str)), (rope, []))[1].append(who)
     if len(readings) > 1:
@@ -134,7 +134,9 @@ def derived_lengths(cfg: dict[str, Any]) -> dict[str, int]:
     keys = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
             "model_max_length", "max_sequence_length", "max_seq_length", "seq_len")
     vllm = min(cfg[k] for k in keys if isinstance(cfg.get(k), (int, float)))
-    if scaled:
+    # ... except for Gemma 3, whose max_position_embeddings is already the scaled length
+    # (vllm/config/model.py: `if rope_scaling is not None and "gemma3" not in model_type`)
+    if scaled and "gemma3" not in str(cfg.get("model_type", "")):
         vllm = (v5.get("original_max_position_embeddings") or vllm) * factor if kind == "yarn" \
             else vllm * factor
     # SGLang hf_transformers_utils.get_context_length: the first length key, times the factor

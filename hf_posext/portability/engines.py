@@ -89,6 +89,8 @@ def v5_rope(cfg: dict[str, Any]) -> dict[str, Any]:
     configuration_utils/modeling_rope_utils 5.23): `rope_scaling` wins over `rope_parameters`;
     rope_theta from the dict, else the top-level key, else 10000."""
     rope = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+    if isinstance(rope.get("full_attention"), dict):  # per-layer-type (Gemma 3): the global one
+        rope = dict(rope["full_attention"])
     rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
     rope.setdefault("rope_type", rope.pop("type", "default"))
     return rope

@@ -76,12 +76,50 @@ def load_config(model_or_path) -> dict[str, Any]:
         cfg = config.to_dict()
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers: the decoder's settings
         cfg = {**cfg, **cfg["text_config"]}
+    cfg = with_class_defaults(cfg)
     if not isinstance(cfg.get("max_position_embeddings"), (int, float)) \
             or isinstance(cfg.get("max_position_embeddings"), bool):
         raise ValueError(f"config has no numeric max_position_embeddings (got "
                          f"{cfg.get('max_position_embeddings')!r}); check reads RoPE decoder "
                          "configs as transformers saves them.")
     return cfg
+
+
+_DEFAULTED = ("max_position_embeddings", "head_dim")
+
+
+def class_defaults(model_type) -> dict[str, Any]:
+    """The defaults transformers' own config class for `model_type` fills in (no Hub access):
+    max_position_embeddings, `rope_theta` (its global θ; per-layer-type Gemma 3: the
+    full-attention one) and head_dim where it is a constant of the family (Gemma 3: 256), not
+    hidden_size / heads of the default sizes (Llama). {} when transformers does not know the type."""
+    from transformers import AutoConfig
+    try:
+        data = AutoConfig.for_model(str(model_type)).to_dict()
+    except (ValueError, KeyError, TypeError):
+        return {}
+    rope = data.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope) if isinstance(rope.get("full_attention"), dict) else rope
+    out = {"max_position_embeddings": data.get("max_position_embeddings"),
+           "rope_theta": data.get("rope_theta") or rope.get("rope_theta")}
+    hidden, heads = data.get("hidden_size"), data.get("num_attention_heads")
+    if data.get("head_dim") and not (hidden and heads and data["head_dim"] == hidden // heads):
+        out["head_dim"] = data["head_dim"]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def with_class_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`cfg` with what its transformers config class fills in for keys config.json leaves out
+    (Gemma 3's released text_config states neither max_position_embeddings nor rope_theta):
+    what transformers, and vLLM / SGLang / llama.cpp's converter, which load config.json through
+    it, run."""
+    stated_theta = "rope_theta" in cfg or any(
+        isinstance(cfg.get(k), dict) and "rope_theta" in cfg[k] for k in ("rope_scaling", "rope_parameters"))
+    missing = [k for k in _DEFAULTED if k not in cfg] + ([] if stated_theta else ["rope_theta"])
+    if not missing or "model_type" not in cfg:
+        return cfg
+    defaults = class_defaults(cfg["model_type"])
+    return {**cfg, **{k: defaults[k] for k in missing if k in defaults}}
 
 
 def attention_block(cfg: dict[str, Any]) -> dict[str, Any] | None:
