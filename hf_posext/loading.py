@@ -104,8 +104,8 @@ def _check_saved_rope(name_or_path, config) -> None:
     if getattr(decoder, BLOCK, None) is not None:
         try:  # a block edited against the rope config (or the reverse)
             logical_rope(decoder, get_rope_parameters(decoder), rotary_dim(decoder))
-        except ValueError as err:
-            raise ConfigError(f"{name_or_path}: {err}") from None
+        except ValueError as err:   # name the file the block came from, as the checks above do
+            raise ConfigError(f"{raw_path if raw_path.is_file() else name_or_path}: {err}") from None
 
 
 def _refuse_misspelt_knobs(kwargs: dict[str, Any]) -> None:

@@ -1,10 +1,13 @@
 """`hf-posext lm-eval ...`: lm-evaluation-harness with the `hf-posext` model type registered
 (hf_posext/evaluation/harness.py). Every argument after `lm-eval` is lm-eval's own:
 
-    hf-posext lm-eval --model hf-posext --model_args pretrained=PATH,method=yarn,factor=2 \\
+    hf-posext lm-eval --model_args pretrained=PATH,method=yarn,factor=2 \\
         --tasks niah_single_1 --metadata '{"max_seq_lengths":[8192]}' --limit 5
 
-The `hf-posext` model_args (method, factor, knobs) are checked before lm-eval loads anything.
+`--model` defaults to `hf-posext` (lm-eval's own default, `hf`, cannot read
+`embedded:smollm2-135m`). The `hf-posext` model_args (method, factor, knobs) are checked before
+lm-eval loads anything; a model whose tokenizer is inside a GGUF (the embedded default, or
+`gguf_file=`) gets `tokenizer=<a folder it is saved to once>`, which RULER's tasks need.
 Needs the `lmeval` extra: pip install 'hf_posext[lmeval]'.
 """
 
@@ -30,35 +33,40 @@ def add_subcommand(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _value(argv: list[str], flag: str) -> str | None:
-    for i, item in enumerate(argv):
-        if item == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if item.startswith(flag + "="):
-            return item.split("=", 1)[1]
-    return None
-
-
-def check_model_args(argv: list[str]) -> None:
-    """With --model hf-posext, the method, factor and knobs of --model_args (one-line error)."""
-    from lm_eval.utils import simple_parse_args_string
-
-    from ..evaluation.harness import MODEL_TYPE, split_model_args
-    if _value(argv, "--model") != MODEL_TYPE:
-        return
-    text = _value(argv, "--model_args") or ""
-    if text.lstrip().startswith("{"):
-        import json
-        kwargs = json.loads(text)
+def prepare(ns) -> None:
+    """lm-eval's parsed `run` arguments, completed and checked before any model loads: `--model`
+    defaults to `hf-posext`; its model_args (method, factor, knobs) are checked; a GGUF's
+    tokenizer is passed as `tokenizer=<folder>` unless one is given (RULER's task builders load
+    `tokenizer or pretrained` by name and ignore `gguf_file`: lm_eval/tasks/ruler/common_utils.py
+    `get_tokenizer`; `--metadata` and model_args both reach them, model_args HFLM too)."""
+    from ..evaluation.harness import MODEL_TYPE, split_model_args, tokenizer_folder
+    if ns.model is None and not getattr(ns, "config", None):
+        ns.model = MODEL_TYPE
+    kwargs = dict(ns.model_args or {})
+    pretrained = kwargs.get("pretrained")
+    if ns.model == MODEL_TYPE:
+        if pretrained is None:
+            raise InputError("--model_args needs pretrained=<model> (a folder, a Hub id or "
+                             "embedded:smollm2-135m).")
+        try:
+            split_model_args(kwargs)
+        except ValueError as err:
+            raise InputError(f"--model_args: {err}") from None
+    elif ns.model == "hf" and str(pretrained).startswith("embedded:"):
+        raise InputError(f"--model hf: lm-eval's own model type cannot load {pretrained}; use "
+                         f"--model {MODEL_TYPE} (the default here; method=none runs it unpatched).")
     else:
-        kwargs = simple_parse_args_string(text)
-    if "pretrained" not in kwargs:
-        raise InputError("--model_args needs pretrained=<model> (a folder, a Hub id or "
-                         "embedded:smollm2-135m).")
+        return
+    if not isinstance(pretrained, str) or "tokenizer" in kwargs or "tokenizer" in (ns.metadata or {}):
+        return
     try:
-        split_model_args(kwargs)
-    except ValueError as err:
-        raise InputError(f"--model_args: {err}") from None
+        folder = tokenizer_folder(pretrained, kwargs.get("gguf_file"))
+    except (OSError, ValueError) as err:
+        raise InputError(f"--model_args pretrained={pretrained}: {err}") from None
+    if folder:
+        print(f"note: the GGUF's tokenizer is read from {folder} (tokenizer=; RULER's tasks load "
+              "it by name)", file=sys.stderr)
+        ns.model_args = {**kwargs, "tokenizer": folder}
 
 
 @contextmanager
@@ -76,10 +84,17 @@ def run(args) -> int:
         import lm_eval  # noqa: F401
     except ImportError:
         raise InputError(MISSING) from None
-    check_model_args(args.lm_eval_args)
-    from lm_eval.__main__ import cli_evaluate
+    # lm-eval's own command line (lm_eval.__main__.cli_evaluate, 0.4.13), parsed here so that
+    # `prepare` sees its arguments as lm-eval reads them (`--model_args a=1,b=2` or `a=1 b=2`)
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.utils import setup_logging
 
     from ..evaluation import harness  # noqa: F401  (registers the `hf-posext` model type)
+    setup_logging()
     with _argv(args.lm_eval_args):
-        cli_evaluate()
+        parser = HarnessCLI()
+        parsed = parser.parse_args()
+    if getattr(parsed, "command", None) == "run":
+        prepare(parsed)
+    parser.execute(parsed)
     return 0

@@ -39,10 +39,14 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return h.hexdigest()[:16]
 
 
+def cache_home() -> Path:
+    """hf_posext's cache: $HF_POSEXT_CACHE, else $XDG_CACHE_HOME/hf_posext (~/.cache/hf_posext)."""
+    return Path(os.environ.get("HF_POSEXT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hf_posext"))
+
+
 def default_cache_dir() -> Path:
-    root = os.environ.get("HF_POSEXT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hf_posext")
-    return Path(root) / "tokens"
+    return cache_home() / "tokens"
 
 
 class TokenCache:

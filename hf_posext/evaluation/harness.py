@@ -13,17 +13,28 @@ HFLM. `pretrained` may also be `embedded:smollm2-135m` or an already loaded mode
 holds a dynamic method's scale for prompt + max_gen_toks (`generation.fixed_rope_scale`), as
 hf_posext's own `generate`. A static method saved with `save_pretrained` needs none of this:
 lm-eval's plain `--model hf` reads its rope config (tests/test_lm_eval.py).
+
+RULER's task builders load their tokenizer by name only (lm-eval 0.4.13,
+`tasks/ruler/common_utils.get_tokenizer`: `AutoTokenizer.from_pretrained(tokenizer or
+pretrained)`, no `gguf_file`), so a model whose tokenizer lives in a GGUF (the embedded default)
+needs a folder: `tokenizer_folder` saves it once and `hf-posext lm-eval` passes it as `tokenizer=`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from ..data.embedded import resolve_model
+from ..data.embedded import load_tokenizer, resolve_model
 from ..generation import fixed_rope_scale
 from ..patcher import patch, trained_length
 from ..rope.knobs import factor_spec
+from .data import cache_home
 from .grid import canonical, check_knobs, knob_names, resolve_factor
 
 MODEL_TYPE = "hf-posext"
@@ -46,6 +57,33 @@ def split_model_args(kwargs: dict) -> tuple[str, str, dict, dict]:
     if knobs:
         check_knobs([method], {"*": knobs})
     return method, factor, knobs, rest
+
+
+def tokenizer_folder(pretrained: str, gguf_file: str | None = None,
+                     cache: str | Path | None = None) -> str | None:
+    """A folder with the tokenizer of a model whose tokenizer is inside a GGUF file (`pretrained`
+    = `embedded:smollm2-135m`, or a folder with `gguf_file`), for RULER's task builders and HFLM
+    (`tokenizer=`): saved once under `<cache>/tokenizers/<gguf name>-<key>` (key: the GGUF's
+    path, size and modification time, so a changed file gets a new folder), then reused (reading
+    a GGUF's tokenizer takes ~20 s here, the folder ~1 s). None for a model with its own
+    tokenizer files, which RULER loads as it is."""
+    folder, gguf = resolve_model(pretrained, gguf_file)
+    path = Path(folder, gguf or "").expanduser().resolve()
+    if not gguf or not path.is_file():   # a Hub GGUF repo: left to RULER as named
+        return None
+    stat = path.stat()
+    key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = Path(cache or cache_home()) / "tokenizers" / f"{path.stem}-{key}"
+    if not (out / "tokenizer_config.json").is_file():
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+        load_tokenizer(folder, gguf).save_pretrained(tmp)
+        try:
+            os.replace(tmp, out)   # whole or absent; another process's copy is just as good
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (out / "tokenizer_config.json").is_file():
+                raise
+    return str(out)
 
 
 @register_model(MODEL_TYPE)

@@ -209,9 +209,9 @@ def check_cells(config, methods, lengths, factors, knobs, skip_unfit: bool = Fal
     """Every (method, factor, length) cell planned on the model's config before its weights
     load (`patcher.plan_for_config`: knobs against the trained length L, e.g. a window above L,
     read from config.json). A cell whose target the method cannot keep inside L (`BeyondReach`,
-    STRING past L + S − W) is refused, or with `skip_unfit` (`--methods all`: every method, so
-    none was asked for by name) left out with a note. Returns the (method, length, s) cells left
-    out."""
+    STRING past L + S − W), or that the method's defaults cannot plan at this L (no knobs given
+    for it), is refused, or with `skip_unfit` (`--methods all`: every method, so none was asked
+    for by name) left out with a note. Returns the (method, length, s) cells left out."""
     L = trained_length(SimpleNamespace(config=config))
     skipped: dict[str, list[tuple[int, float]]] = {}
     why: dict[str, str] = {}
@@ -221,12 +221,16 @@ def check_cells(config, methods, lengths, factors, knobs, skip_unfit: bool = Fal
                 continue
             try:
                 plan_for_config(config, method, s, None, knobs_for(method, knobs))
-            except BeyondReach as err:
-                if not skip_unfit:
-                    raise InputError(f"--methods {method} at --lengths {length} (s = {s:g}): {err}") from None
-                skipped.setdefault(method, []).append((length, s))
-                why.setdefault(method, str(err))
             except (ValueError, TypeError) as err:
+                # unfit: past the knobs' reach, or the method's own defaults cannot run at this
+                # L (STRING's W = 128 >= S = 0.33·L below L = 388); knobs given are the user's
+                unfit = isinstance(err, BeyondReach) or not knobs_for(method, knobs)
+                if skip_unfit and unfit:
+                    skipped.setdefault(method, []).append((length, s))
+                    why.setdefault(method, str(err))
+                    continue
+                if isinstance(err, BeyondReach):
+                    raise InputError(f"--methods {method} at --lengths {length} (s = {s:g}): {err}") from None
                 raise InputError(f"{method} at --lengths {length} (s = {s:g}, trained length "
                                  f"{L}): {err}") from None
     for method, at in skipped.items():

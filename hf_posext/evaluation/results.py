@@ -143,22 +143,31 @@ def ratio_table(rows: Sequence[dict], lengths: Sequence[int]) -> str:
     return "\n".join(out)
 
 
-def print_table(rows: Sequence[dict], value: str = "perplexity", title: str = "",
-                caption: str = "") -> None:
-    """Print with `rich` when installed, else as plain text."""
+def _rich_console():
+    """rich's console where it can draw (a terminal, a notebook), else None: without a terminal
+    rich draws 80 columns and wraps the cells a word a line (`make demo > log`)."""
     try:
         from rich.console import Console
-        from rich.table import Table
     except ImportError:
+        return None
+    console = Console()
+    return console if console.is_terminal or console.is_jupyter else None
+
+
+def print_table(rows: Sequence[dict], value: str = "perplexity", title: str = "",
+                caption: str = "") -> None:
+    """Print with `rich` on a terminal or in a notebook, else as plain text at its natural width."""
+    console = _rich_console()
+    if console is None:
         print(format_table(rows, value, title) + (f"\n{caption}" if caption else ""))
         return
+    from rich.table import Table
     head, body = _grid(rows, value)
     table = Table(title=title or None)
     for i, name in enumerate(head):
         table.add_column(name, justify="right" if i else "left")
     for line in body:
         table.add_row(*line)
-    console = Console()
     console.print(table)
     if caption:
         console.print(caption, style="dim", soft_wrap=True)

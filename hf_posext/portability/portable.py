@@ -17,8 +17,11 @@ registered for reading.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 from .._version import __version__
 from ..rope.compat import get_rope_parameters, rotary_dim
@@ -70,7 +73,27 @@ def spec_of_block(data: dict[str, Any]) -> tuple[RopeExtensionConfig, float]:
                          f"least 'method' and 'rope_theta'). Delete config.{BLOCK} to use the "
                          "checkpoint's rope config as it is.")
     fields = {k: v for k, v in data.items() if k not in ("rope_theta", "version")}
-    return RopeExtensionConfig.from_dict(fields), float(data["rope_theta"])
+    written = data.get("version")
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(RopeExtensionConfig)})
+    if unknown and _newer(written):
+        raise ValueError(f"block {BLOCK!r} was written by hf_posext {written} (installed: "
+                         f"{__version__}) with keys this version does not know {unknown}; upgrade "
+                         f"to read it: pip install -U 'hf_posext>={written}'.")
+    try:
+        return RopeExtensionConfig.from_dict(fields), float(data["rope_theta"])
+    except (TypeError, ValueError) as err:   # e.g. "factor": "2", a hand edit
+        fix = (f"it was written by hf_posext {written} (installed: {__version__}): upgrade to read "
+               f"it, pip install -U 'hf_posext>={written}'" if _newer(written) else
+               "restore the value hf_posext saved, or delete the block to use the rope config as it is")
+        raise ValueError(f"block {BLOCK!r}: {str(err).rstrip('.')}; {fix}.") from None
+
+
+def _newer(version) -> bool:
+    """True when a block's `version` is above the installed hf_posext's (its keys may be new)."""
+    try:
+        return Version(str(version)) > Version(__version__)
+    except InvalidVersion:
+        return False
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
