@@ -65,10 +65,12 @@ test-tf4:
 
 # The quick demo (docs/results.md, "Long-context evaluation: the demo"): two plays at a fixed s = 2, the
 # unpatched model, YaRN and DualChunk against the unpatched model with a sliding 8k window; 4k
-# (short-context regression) comes from the 16k forwards for free. float32: bfloat16 ran slower on every CPU measured here, with or without bf16
-# matmul instructions (benchmarks/dtype_speed.py). The 2x/4x grid: make bench-long.
+# (short-context regression) comes from the 16k forwards for free. --dtype auto: the faster of
+# bfloat16 and float32 on the machine at hand, measured by a short probe and printed (an AMX Xeon
+# ran one 8k forward 3x faster in bfloat16; other CPUs here ran it slower: benchmarks/dtype_speed.py);
+# the committed rows (docs/results.md) are float32. The 2x/4x grid: make bench-long.
 demo: install
-	$(BIN)/hf-posext eval --dtype float32 --dataset embedded:shakespeare --max-docs 2 \
+	$(BIN)/hf-posext eval --dtype auto --dataset embedded:shakespeare --max-docs 2 \
 	  --lengths 4096,16384 --factor 2 --methods yarn,dual_chunk --baseline-stride 4096 \
 	  --out results/demo --resume --no-progress $(DEMO_ARGS)
 

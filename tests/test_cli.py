@@ -207,7 +207,7 @@ def test_version_and_model_keyword_arguments(model_dir, capsys, tmp_path):
     # They reach the model: the rows record the attention implementation and the resolved dtype.
     out = tmp_path / "pk"
     assert cli.main(["passkey", "--model", str(model_dir), "--lengths", "400", "--methods", "none",
-                     "--depths", "1", "--seeds", "1", "--dtype", "auto", "--attn-implementation",
+                     "--depths", "1", "--seeds", "1", "--dtype", "float32", "--attn-implementation",
                      "eager", "--out", str(out), "--no-progress", "--no-plot"]) == 0
     row = json.loads((out / "passkey.json").read_text())["rows"][0]
     assert row["attn_implementation"] == "eager" and row["dtype"] == "float32"

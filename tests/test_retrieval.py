@@ -308,15 +308,34 @@ def test_command_end_to_end_and_resume(model_dir, capsys, tmp_path):
     assert len(json.loads((out / "retrieval.json").read_text())["rows"]) == 4
 
 
-def test_dtype_help_says_what_auto_means_for_each_command():
-    """`--dtype auto` is measured in `retrieval` and the checkpoint's own dtype in eval / passkey:
-    each command's help says its own meaning (one shared help once claimed the latter for all)."""
+def test_dtype_auto_means_the_measured_dtype_for_every_command():
+    """`--dtype auto` is the measured faster dtype in every grid command (issue #37: eval,
+    passkey and retrieval alike), and each command's help says so."""
     from hf_posext import cli
     sub = next(a for a in cli.build_parser()._actions if a.choices and "retrieval" in a.choices).choices
     helps = {name: next(a.help for a in sub[name]._actions if "--dtype" in a.option_strings)
              for name in ("retrieval", "eval", "passkey")}
-    assert "probe" in helps["retrieval"] and "checkpoint" not in helps["retrieval"], helps
-    assert all("checkpoint's own dtype" in helps[n] for n in ("eval", "passkey")), helps
+    assert all("probe" in h and "checkpoint" not in h for h in helps.values()), helps
+
+
+@pytest.mark.parametrize("command", ["eval", "passkey"])
+def test_dtype_auto_is_measured_in_eval_and_passkey_too(model_dir, tmp_path, capsys, monkeypatch, command):
+    """On a CPU with bf16 matmul instructions the probe decides, for eval and passkey as for
+    retrieval; its choice is printed, reaches the rows, and a resumed run keeps it."""
+    from hf_posext import cli
+    monkeypatch.setattr(auto_dtype, "bf16_matmul_cpu", lambda cpuinfo="": True)
+    monkeypatch.setattr(auto_dtype, "probe_times", probe(1.0, 0.5))          # bfloat16 2x faster
+    out = tmp_path / command
+    extra = ["--depths", "1", "--seeds", "1"] if command == "passkey" else ["--no-baseline"]
+    argv = [command, "--model", str(model_dir), "--lengths", "400", "--methods", "none", "--dtype",
+            "auto", "--out", str(out), "--no-progress", "--no-plot", *extra]
+    assert cli.main(argv) == 0
+    assert "--dtype auto: bfloat16 (bfloat16 2.00x faster" in capsys.readouterr().err
+    name = "passkey" if command == "passkey" else "perplexity"
+    assert {r["dtype"] for r in json.loads((out / f"{name}.json").read_text())["rows"]} == {"bfloat16"}
+    monkeypatch.setattr(auto_dtype, "probe_times", no_probe)                 # not measured again
+    assert cli.main(argv + ["--resume"]) == 0
+    assert "--dtype auto: bfloat16 (the run being resumed" in capsys.readouterr().err
 
 
 def test_heatmap_cells_say_trials_and_the_side_by_side_figure_has_a_panel_per_method(tmp_path, monkeypatch):

@@ -64,6 +64,7 @@ def run(args) -> int:
     flag is checked before any document or model loads."""
     ranks = Ranks()
     grid = session.without_unfit(eval_grid(args), args, ranks)
+    session.resolve_dtype(args, ranks, "perplexity")
     source, docs, tokenizer = _eval_documents(args, grid, ranks)
 
     def evaluate(model, view, progress):   # args.fingerprint: the loaded model's (load_checked)

@@ -31,6 +31,7 @@ def run(args) -> int:
     depths, seeds = session.depths_flag(args), parse_seeds(args.seeds)
     grid = session.without_unfit(RetrievalGrid(methods, lengths, depths, seeds=seeds, factors=factors,
                                                knobs=knobs), args, ranks)
+    session.resolve_dtype(args, ranks, "passkey")
     tokenizer = load_tokenizer_from(args)
     try:
         build_prompt(tokenizer, min(lengths), 0.5, passkey_for_seed(0))

