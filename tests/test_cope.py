@@ -164,3 +164,17 @@ def test_check_export_and_serve_treat_it_as_its_longrope(tmp_path):
     serving = command(tmp_path / "cope", "vllm")
     assert serving.overrides["rope_parameters"]["short_mscale"] == 1.0
     assert serving.length == 4 * TRAINED
+
+
+def test_serve_extends_a_base_checkpoint_with_cope(tmp_path):
+    """`hf-posext serve BASE vllm --method cope --factor 4`: the longrope form patch would save,
+    as vLLM reads it, and the length raised to 4·L."""
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    serving = command(tmp_path / "base", "vllm", method="cope", factor=4.0)
+    want = hf_posext.patch(tiny_model("llama"), "cope", 4.0).config.rope_parameters
+    rope = serving.overrides["rope_parameters"]
+    assert rope["rope_type"] == "longrope" and rope["long_factor"] == want["long_factor"]
+    assert rope["short_mscale"] == rope["long_mscale"] == 1.0
+    assert serving.overrides["max_position_embeddings"] == serving.length == 4 * TRAINED
+    with pytest.raises(ValueError, match="transformers' own"):
+        command(tmp_path / "base", "sglang", method="cope", factor=4.0)
