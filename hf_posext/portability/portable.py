@@ -40,6 +40,7 @@ def saved_rope(spec: RopeExtensionConfig, base: dict[str, Any], dim: int,
                longrope_only: bool = False) -> dict[str, Any]:
     """The rope dict (5.x flat layout, with rope_theta) written for `spec` on top of the plain
     RoPE `base` ({"rope_type": "default", "rope_theta", maybe "partial_rotary_factor"}).
+    A unit `saved_as_longrope` (CoPE) is saved in its exact longrope form everywhere.
     `longrope_only`: the model's config accepts only plain RoPE and `longrope` (Phi-3,
     `registry.LONGROPE_ONLY`), so every static method goes in its longrope form unless its
     saved form is plain RoPE (NTK's raised theta). The saved form is the method unit's own
@@ -48,7 +49,7 @@ def saved_rope(spec: RopeExtensionConfig, base: dict[str, Any], dim: int,
     extra = {k: v for k, v in base.items() if k == "partial_rotary_factor"}
     unit = UNITS[spec.method]
     saved = unit.saved(spec, theta, dim) if unit.saved is not None else spec.to_rope_dict(theta)
-    if longrope_only and saved["rope_type"] != "default":
+    if unit.saved_as_longrope or (longrope_only and saved["rope_type"] != "default"):
         return longrope_form(spec, dim, theta, **extra)
     return {**saved, **extra}
 

@@ -147,21 +147,24 @@ def command(path, engine: str, method: str | None = None, factor: float | None =
     found = config_audit.problems(cfg)
     if found:
         raise ServeRefused(found[0].removeprefix("error: "))
+    wanted: dict[str, Any] | None = None
     try:
         wanted = _extended(cfg, method, float(factor), dict(knobs or {})) if method else cfg
         target = meaning(wanted)
     except engines.NotApplicable as err:
-        if key == "vllm" and not method and engines.v5_rope(cfg)["rope_type"] == "longrope":
-            return _vllm_longrope(str(path), cfg)
+        if key == "vllm" and wanted is not None and engines.v5_rope(wanted)["rope_type"] == "longrope":
+            # a longrope checkpoint, or a method saved as one (cope) at serve time
+            return _vllm_longrope(str(path), wanted, cfg)
         raise ServeRefused(f"rope_type {err} is transformers' own, not an hf_posext method: serve it "
                            "with the engine's own command (hf-posext check PATH gives the length "
                            "each engine derives)") from None
     return _BUILDERS[key](str(path), cfg, wanted, target, gguf)
 
 
-def _vllm_longrope(path: str, cfg: dict[str, Any]) -> Serving:
-    """A `longrope` checkpoint (what `hf-posext search` saves) in vLLM: the form `export --target
-    vllm` writes (short_mscale = long_mscale = attention_factor, measured exact in 0.29 and
+def _vllm_longrope(path: str, cfg: dict[str, Any], base: dict[str, Any]) -> Serving:
+    """A `longrope` checkpoint (what `hf-posext search` saves; or `cfg`, what `patch` would save
+    for the base checkpoint `base` with a method saved as longrope, e.g. cope) in vLLM: the form
+    `export --target vllm` writes (short_mscale = long_mscale = attention_factor, measured exact in 0.29 and
     0.32), one factor set only: with two, vLLM runs long_factor at every position once
     max_model_len > L (measured, docs/portability.md §6)."""
     if config_audit.two_factor_sets(cfg):
@@ -173,7 +176,9 @@ def _vllm_longrope(path: str, cfg: dict[str, Any]) -> Serving:
     except ValueError as err:
         raise ServeRefused(str(err).replace("export refused: ", "")) from None
     length = int(cfg["max_position_embeddings"])
-    overrides = {"rope_parameters": engines.v5_rope(chosen)}
+    overrides: dict[str, Any] = {"rope_parameters": engines.v5_rope(chosen)}
+    if length != base["max_position_embeddings"]:   # --method: the base checkpoint's is L
+        overrides["max_position_embeddings"] = length
     argv = ("vllm", "serve", path, "--max-model-len", str(length), "--hf-overrides",
             json.dumps(overrides, sort_keys=True))
     return Serving("vllm", argv, length, overrides)

@@ -144,12 +144,15 @@ def meaning(cfg: dict[str, Any]) -> Meaning:
 def _rope_meaning(cfg: dict[str, Any]) -> Meaning:
     rope = engines.v5_rope(cfg)
     dim, max_pos = engines.rotary_dim(cfg, rope), cfg["max_position_embeddings"]
+    if rope["rope_type"] in ("llama3", "longrope"):
+        # transformers' own types, whatever wrote them: a method saved as longrope (CoPE, any
+        # static method on Phi-3, `search`) is read by each engine's longrope code, which the
+        # engine measurements cover (measured.case_of), not an hf_posext formula to re-derive
+        raise engines.NotApplicable(rope["rope_type"])
     if cfg.get(portable.BLOCK) is not None:
         spec, theta = portable.spec_of_block(cfg[portable.BLOCK])
     elif rope["rope_type"] == "default":
         return Meaning(None, float(rope["rope_theta"]), dim, (max_pos,))
-    elif rope["rope_type"] in ("llama3", "longrope"):
-        raise engines.NotApplicable(rope["rope_type"])
     else:
         try:
             spec = RopeExtensionConfig.from_rope_dict(rope, max_pos)
@@ -243,6 +246,9 @@ def report(model_or_path, view=None) -> str:
         label = target.label
     except engines.NotApplicable as err:
         target, label = None, f"transformers' own {err}"
+        block = cfg.get(portable.BLOCK)
+        if isinstance(block, dict) and "method" in block:   # e.g. cope, saved as longrope
+            label = f"{block['method']} (factor {block.get('factor')}) saved as {label}"
     except (ValueError, TypeError) as err:
         raise ValueError("; ".join(found + [f"cannot read what the checkpoint means: {err}"])) from None
     verdicts = check(model_or_path)

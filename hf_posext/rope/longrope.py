@@ -31,7 +31,7 @@ import torch
 
 from .config import RopeExtensionConfig
 from .registry import compute
-from .units import STATIC_METHODS
+from .units import STATIC_METHODS, UNITS
 
 
 def rope_powers(dim: int, base: float) -> torch.Tensor:
@@ -43,6 +43,16 @@ def rope_powers(dim: int, base: float) -> torch.Tensor:
 def factors_of(inv_freq: torch.Tensor, dim: int, base: float) -> list[float]:
     """The longrope rescale factors f_i with 1 / (f_i · b^(2i/d)) = inv_freq_i."""
     return (1.0 / (inv_freq.double().cpu() * rope_powers(dim, base).double())).tolist()
+
+
+def method_factors(spec: RopeExtensionConfig, dim: int, base: float) -> tuple[list[float], float]:
+    """A static method's longrope factors and cos/sin scale: the unit's closed form where it has
+    one (CoPE: 1/w_i, a frozen component written as `units.FROZEN_FACTOR`), else `factors_of`
+    its frequencies."""
+    inv_freq, scale = compute(spec, dim, base)
+    closed = UNITS[spec.method].longrope_factors
+    factors = closed(spec, dim, base) if closed is not None else factors_of(inv_freq, dim, base)
+    return factors, float(scale)
 
 
 def longrope_dict(factors: Sequence[float], attention_factor: float, base: float,
@@ -71,9 +81,9 @@ def longrope_form(spec: RopeExtensionConfig, dim: int, base: float, **extra: Any
     if spec.original_max_position_embeddings is None:
         raise ValueError("the longrope form needs original_max_position_embeddings (the trained "
                          "length L); pass it or let hf_posext.patch read it from the model.")
-    inv_freq, scale = compute(spec, dim, base)
-    return longrope_dict(factors_of(inv_freq, dim, base), scale, base,
-                         spec.original_max_position_embeddings, spec.factor, **extra)
+    factors, scale = method_factors(spec, dim, base)
+    return longrope_dict(factors, scale, base, spec.original_max_position_embeddings, spec.factor,
+                         **extra)
 
 
 # The checkpoint `hf-posext search` writes is a `longrope` config; `check`'s table and the engine

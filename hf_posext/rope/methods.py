@@ -149,3 +149,53 @@ def dynamic_yarn(dim: int, base: float, original_max: int, seq_len: int | None,
     factor = dynamic_yarn_scale(original_max, seq_len, finetuned_factor)
     return yarn(dim, base, factor, original_max, beta_fast, beta_slow, mscale_coefficient,
                 device=device)
+
+
+# ---- CoPE, clipped RoPE (Li et al. 2026, arXiv 2602.05258) ---------------------------------
+# The paper's text was not reachable here (its abstract: "soft clipping low-frequency components
+# of RoPE"); this follows the authors' code, github hrlics/CoPE `modeling_cope.py`
+# (LlamaRotaryEmbedding.__init__: theta = linspace(0, π, clip); smooth_mask = ½(1 + cos theta);
+# inv_freq[start:] *= smooth_mask, i.e. the taper multiplies the *frequency*, the rotation angle,
+# not the component's amplitude; `use_hardclip`: inv_freq[start:] = 0), and the clip size of
+# mlx-lm PR #1387 (commit 1712568, `CoPERoPE`: every component whose period exceeds
+# original_max_position_embeddings is clipped; the authors' code fixes 20 of 64 for Llama-3-8B).
+
+def cope_clipped(dim: int, base: float, clip_period: float) -> int:
+    """How many of the d/2 components CoPE clips: those whose period 2π·b^(2i/d) (tokens per
+    full turn) exceeds `clip_period`; they are the lowest frequencies, the last n pair indices."""
+    return sum(2 * math.pi * base ** (2 * i / dim) > clip_period for i in range(dim // 2))
+
+
+def cope_weights(dim: int, base: float, clip_period: float, hard: bool = False) -> torch.Tensor:
+    """CoPE's weight w_i per component (float64, [d/2]): inv_freq_i -> w_i · inv_freq_i.
+
+    1 for the components that turn at least once within `clip_period`; over the n clipped ones
+    (j = 0 … n−1, from the boundary to the lowest frequency) the raised-cosine (Hann) taper
+    w = ½(1 + cos(π·j/(n−1))): 1 at the boundary component (untouched), 0 at the lowest
+    frequency (frozen: no rotation at any position). `hard`: every clipped component frozen
+    (the paper's HardClip ablation). Raises when nothing would change (n < 2 for the taper,
+    whose only weight is then 1; n = 0 for the hard clip)."""
+    n, half = cope_clipped(dim, base, clip_period), dim // 2
+    if n < (1 if hard else 2):
+        raise ValueError(f"cope clips nothing here: {n} of the {half} rotary components (rotary dim "
+                         f"{dim}, rope_theta {base:g}) have a period above clip_period={clip_period:g} "
+                         f"tokens, and the taper needs 2 (its boundary weight is 1), so this would "
+                         "be plain RoPE. Lower clip_period, or pick another method.")
+    taper = torch.zeros(n, dtype=torch.float64) if hard else \
+        0.5 * (1.0 + torch.cos(torch.linspace(0.0, math.pi, n, dtype=torch.float64)))
+    if not hard:
+        taper[-1] = 0.0   # cos(π) is -1 up to rounding: the lowest frequency frozen exactly
+    return torch.cat([torch.ones(half - n, dtype=torch.float64), taper])
+
+
+def cope(dim: int, base: float, factor: float, clip_period: float, hard_clip: bool = False,
+         device=None) -> Freqs:
+    """CoPE: `cope_weights` times the default frequencies; in-distribution components (period
+    <= clip_period) bit for bit untouched, cos/sin scale 1 (no attention temperature). The
+    frequencies do not depend on s (> 1 only records the target); s = 1 is no extension, the
+    default frequencies, as for every method here."""
+    inv_freq = default_inv_freq(dim, base, device)
+    if factor == 1.0:
+        return inv_freq, 1.0
+    weights = cope_weights(dim, base, clip_period, hard_clip).to(device=inv_freq.device)
+    return inv_freq * weights.to(torch.float32), 1.0

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import methods
-from .knobs import REQUIRED, Knob, flag, positive
+from .knobs import REQUIRED, Knob, flag, positive, tokens
 
 # YaRN paper defaults for Llama (§3.2): alpha = beta_slow = 1, beta = beta_fast = 32; mscale
 # coefficient 0.1 (eq. 22). The YaRN authors' Mistral runs used 128, 2 and 0.07.
@@ -94,6 +94,11 @@ class RopeMethod:
     trained_length_from: Callable[[int, float], int] = lambda max_pos, s: max_pos
     saved: Callable[[Any, float, int], dict[str, Any]] | None = None
     raised_base: Callable[[Any, float, int, int], float] | None = None
+    # saved as its exact `longrope` form (rope/longrope.py), the form engines read
+    saved_as_longrope: bool = False
+    # its longrope factors f_i in closed form, (c, d, b) -> [d/2] (None: f_i = inv_freq_i / inv'_i
+    # from its frequencies, `longrope.factors_of`)
+    longrope_factors: Callable[[Any, int, float], list[float]] | None = None
 
 
 def _ramp_check(c) -> None:
@@ -207,8 +212,40 @@ def _longrope_lengths(rope: dict[str, Any], dim: int) -> None:
 LONGROPE = RopeMethod("longrope", "longrope", compute=None, check_rotary=_longrope_lengths,
                       knobs=(*_LONGROPE_FACTORS, ATTENTION_FACTOR, TRAINED_LENGTH))
 
+# CoPE (arXiv 2602.05258; methods.cope_weights names the code it follows): a taper w_i on the
+# frequencies of the components whose period exceeds the clip boundary, nothing else.
+CLIP_PERIOD = Knob("clip_period", int, lambda L: L, lambda v, L: tokens("clip_period", v),
+                   "cope: components whose period 2π/θ_i exceeds this many tokens are clipped "
+                   "(default: the trained length L)")
+HARD_CLIP = flag("hard_clip", "cope: freeze every clipped component instead of the Hann taper "
+                 "(the paper's HardClip ablation)")
+# A frozen component (w_i = 0) is f_i = 1/w_i = ∞ in longrope, which JSON cannot write (Python
+# writes `Infinity`, which strict readers refuse; config_audit calls it an error). Written as
+# this finite factor instead: transformers' float32 1/(f·b^(2i/d)) <= 1e-30, so the component
+# turns at most 2^31·1e-30 ≈ 2e-21 rad by any int32 position (cos rounds to exactly 1 in float32;
+# tests/test_cope.py measures the logits against the exact freeze), and f·b^(2i/d) stays finite
+# in float32 for any base below 3e8 (above, it overflows to ∞ and the frequency is exactly 0).
+FROZEN_FACTOR = 1e30
+
+
+def _cope_factors(c, d: int, b: float) -> list[float]:
+    """CoPE's longrope factors: f_i = 1/w_i, exactly 1.0 for the components it leaves alone (so
+    transformers' 1/(1.0·b^(2i/d)) is the default frequency bit for bit), FROZEN_FACTOR for w = 0."""
+    if c.factor == 1.0:
+        return [1.0] * (d // 2)
+    weights = methods.cope_weights(d, b, c.clip_period, c.hard_clip).tolist()
+    return [1.0 / w if w > 0 else FROZEN_FACTOR for w in weights]
+
+
+COPE = RopeMethod(
+    "cope", "cope", registered=True, knobs=(CLIP_PERIOD, HARD_CLIP), saved_as_longrope=True,
+    compute=lambda c, d, b, n, dev: methods.cope(d, b, c.factor, c.clip_period, c.hard_clip, dev),
+    rope_keys=lambda c: {"original_max_position_embeddings": c.original_max_position_embeddings,
+                         "clip_period": c.clip_period, "hard_clip": c.hard_clip},
+    longrope_factors=_cope_factors)
+
 ALL_UNITS: dict[str, RopeMethod] = {u.name: u for u in (LINEAR, NTK, DYNAMIC_NTK, NTK_BY_PARTS, YARN,
-                                                         DYNAMIC_YARN, LLAMA3, LONGROPE)}
+                                                         DYNAMIC_YARN, COPE, LLAMA3, LONGROPE)}
 # hf_posext's own methods (its math); the others are transformers' own, passed through.
 UNITS: dict[str, RopeMethod] = {n: u for n, u in ALL_UNITS.items() if u.compute is not None}
 PASSTHROUGH_UNITS: dict[str, RopeMethod] = {n: u for n, u in ALL_UNITS.items() if u.compute is None}

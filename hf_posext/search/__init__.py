@@ -10,6 +10,7 @@ target length with the weights frozen; `hf-posext search` is its command line.
     evolution.py  `Evolution`: LongRoPE's evolutionary search, one forward per candidate
     space.py      the searched factors, the rotary module computing cos/sin from them, the seeds
     objective.py  the proxy objective: mean NLL over spans at their true positions
+    needle.py     the needle-driven objective (LongRoPE2): answer-token loss of needle documents
     log.py        the JSON-lines log and the settings a resumed run must share
     saving.py     `save_best`: the best point as a checkpoint in its most portable exact form
 

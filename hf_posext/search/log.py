@@ -20,6 +20,7 @@ class SearchSettings:
     baseline_window: int = 0      # sliding baseline window (0: the trained length)
     data: str = ""                # fingerprint of the tuning tokens
     algorithm: str = "gradient"   # or "evolution(...)" with its settings (evolution.py)
+    objective: str = "perplexity"  # or "needle": answer-token loss of needle documents (needle.py)
 
 
 class SearchLog:
@@ -45,8 +46,8 @@ class SearchLog:
     def settings(self) -> dict | None:
         """The settings row as the run that wrote it had them (None: a new log)."""
         first = self.of("settings")
-        # logs written before `algorithm` existed are gradient searches
-        return {"algorithm": "gradient", **first[0]["settings"]} if first else None
+        # logs written before `algorithm` / `objective` existed: gradient searches of perplexity
+        return {"algorithm": "gradient", "objective": "perplexity", **first[0]["settings"]} if first else None
 
     def clock(self) -> Callable[[], float]:
         """Seconds since the search started; a resumed run's clock continues from its log, so

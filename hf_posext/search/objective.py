@@ -1,5 +1,6 @@
-"""The search objective: mean next-token NLL over proxy spans of the tuning documents, each span
-at its true positions (LongRoPE's short-proxy cost cut, arXiv 2402.13753 §3.2)."""
+"""The search objectives: plain perplexity, the mean next-token NLL over proxy spans of the tuning
+documents, each span at its true positions (LongRoPE's short-proxy cost cut, arXiv 2402.13753
+§3.2); the needle objective (needle.py) scores answer tokens only through `masked_nll`."""
 
 from __future__ import annotations
 
@@ -33,8 +34,20 @@ def span_nll(model, doc: np.ndarray, spans: Sequence[tuple[int, int]], chunk: in
     pos = torch.cat([torch.arange(a, b) for a, b in spans])                                 # [T]
     targets = torch.cat([torch.cat([torch.as_tensor(doc[a + 1:b], dtype=torch.long),
                                     torch.tensor([IGNORE_INDEX])]) for a, b in spans])      # [T]
+    return masked_nll(model, ids, pos, targets, chunk)
+
+
+def masked_nll(model, ids: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor,
+               chunk: int = 1024) -> torch.Tensor:
+    """Mean NLL of `targets` (the next token at each of the [T] positions; IGNORE_INDEX: no loss)
+    for one sequence `ids` read at positions `pos`. Differentiable; the LM head + cross-entropy
+    checkpointed per chunk so [T × vocab] logits never exist at once (evaluation/loss.py)."""
     decoder, head = decoder_and_head(model)
-    hidden = decoder(input_ids=ids[None], position_ids=pos[None], use_cache=False).last_hidden_state[0]
+    # An explicit all-ones mask: without one (and without a cache) transformers 5.x reads a jump
+    # in position_ids as the start of another packed sequence (masking_utils
+    # `find_packed_sequence_indices`) and no span would attend to the ones before it.
+    hidden = decoder(input_ids=ids[None], position_ids=pos[None], attention_mask=torch.ones_like(ids)[None],
+                     use_cache=False).last_hidden_state[0]
     total = hidden.new_zeros((), dtype=torch.float32)
 
     def piece(h, t):

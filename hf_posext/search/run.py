@@ -18,6 +18,7 @@ from ..patcher import is_patched, trained_length
 from ..rope.compat import get_rope_parameters, rotary_dim, text_config
 from ..rope.longrope import rope_powers
 from .log import SearchLog, SearchSettings, open_log
+from .needle import OBJECTIVES, Needle, needle_objective
 from .objective import objective, proxy_chunks
 from .space import Factors, Installed, seed_candidates
 from .strategy import Strategy, as_best
@@ -32,6 +33,8 @@ class SearchOptions:
     data: str = ""                    # fingerprint of the tuning tokens (the log records it)
     final_check: bool = True          # score the best point over the whole target length
     progress: bool = True             # a tqdm bar
+    objective: str = "perplexity"     # or "needle" (needle.py), scoring `needles`
+    needles: Sequence[Needle] = ()    # needle.needles of the tuning documents
 
 
 @dataclass
@@ -66,8 +69,13 @@ class _Run:
     dim: int                      # rotary dimension and base of the model's plain RoPE
     base: float
     params: Factors
+    needles: Sequence[Needle] = ()  # the needle objective's documents; empty: plain perplexity
 
     def score(self, spans, grad: bool = False) -> torch.Tensor:
+        """The searched objective: needle-driven (the needles carry their own pieces) or the
+        perplexity over `spans`."""
+        if self.needles:
+            return needle_objective(self.model, self.needles, grad)
         return objective(self.model, self.docs, spans, grad)
 
 
@@ -75,8 +83,16 @@ def run_search(model, docs: Sequence[np.ndarray], log_path: str | Path, options:
                strategy: Strategy) -> SearchResult:
     """Search factors for `model` (plain RoPE, weights untouched) on the token arrays `docs`
     (each at least `target_length` + 1 tokens) with `strategy`, logging to `log_path`; resumes
-    from that log. Returns the best point found (the best seed when nothing beats it)."""
+    from that log. `options.objective` "needle" scores `options.needles` (needle.needles of the
+    same docs) instead of the perplexity; the final check is plain perplexity either way. Returns the
+    best point found (the best seed when nothing beats it)."""
+    if options.objective not in OBJECTIVES:
+        raise ValueError(f"objective {options.objective!r}: use one of {', '.join(OBJECTIVES)}.")
+    if (options.objective == "needle") != bool(options.needles):
+        raise ValueError("the needle objective scores needle documents (hf_posext.search.needle."
+                         "needles) and only it: pass them with objective='needle'.")
     run = _start(model, docs, log_path, options, strategy)
+    run.needles = options.needles
     with Installed(model, run.params, rope_powers(run.dim, run.base)):
         best = _seeds(run)
         for row in strategy.logged(run.log):
@@ -101,7 +117,7 @@ def _start(model, docs, log_path, options: SearchOptions, strategy: Strategy) ->
     if target <= trained:
         raise ValueError(f"target length {target} must exceed the trained length {trained}.")
     settings = SearchSettings(target, options.proxy_length or target, strategy.lr, trained,
-                              options.data, strategy.algorithm)
+                              options.data, strategy.algorithm, options.objective)
     log = open_log(log_path, settings)
     elapsed = log.clock()
     for p in model.parameters():
@@ -161,7 +177,8 @@ def _checked(run: _Run, best: dict, steps: int) -> SearchResult:
         nll = rows[0]["nll"]
     else:
         run.params.load(best["factors"], best["attention_factor"])
-        nll = float(run.score([(0, run.settings.target_length)]))
+        # plain perplexity over the whole target, whatever the search optimised
+        nll = float(objective(run.model, run.docs, [(0, run.settings.target_length)], False))
         run.log.add({"kind": "check", "factors": best["factors"],
                      "attention_factor": best["attention_factor"], "source": best["source"],
                      "nll": nll, "ratio": math.exp(nll - run.baseline),

@@ -11,8 +11,8 @@ from typing import Sequence
 import torch
 
 from ..rope.config import RopeExtensionConfig
-from ..rope.longrope import factors_of
-from ..rope.registry import compute, rotary_modules
+from ..rope.longrope import method_factors
+from ..rope.registry import rotary_modules
 from ..rope.units import STATIC_METHODS
 
 SEED_METHODS = STATIC_METHODS  # every static method seeds the search (its exact factors)
@@ -83,7 +83,9 @@ def seed_candidates(dim: int, base: float, trained: int,
     """The rope-only methods in their longrope form: method -> (factors, attention_factor)."""
     out = {}
     for method in SEED_METHODS:
-        spec = RopeExtensionConfig(method, factor, trained)
-        inv_freq, scale = compute(spec, dim, base)
-        out[method] = (factors_of(inv_freq, dim, base), float(scale))
+        try:
+            out[method] = method_factors(RopeExtensionConfig(method, factor, trained), dim, base)
+        except ValueError:   # cope on a model none of whose components it clips: plain RoPE,
+            continue         # which is no seed (the search's own start is plain RoPE's factors)
+
     return out

@@ -20,29 +20,17 @@ checks.
 from __future__ import annotations
 
 import random
-import re
-import string
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
+from ..data.facts import Format, draw, pieces
 from ..errors import ConfigError
 from ..evaluation.data import tokenizer_fingerprint
 
 NO_SPAN = -1                     # span columns of a plain document window
 
-
-@dataclass(frozen=True)
-class Format:
-    """A fact, the question asked about it at the end of the window, and the answer (the only
-    tokens with a loss when `loss: answer`). `value`: "digits" (a 4-7 digit number) or "word"
-    (another word of the window)."""
-    fact: str
-    question: str
-    answer: str
-    value: str
-
-
+# The formats (data/facts.py builds their tokens).
 FORMATS = {
     "code_sentence": Format("The code for {key} is {value}.",
                             "What is the code for {key}? The code for {key} is", " {value}.", "digits"),
@@ -52,42 +40,18 @@ FORMATS = {
                         "Which word goes together with {key}? It is the word", " {value}.", "word"),
 }
 LOSSES = ("answer", "window")
-# Keys and word values: whole words of the window itself (4-16 letters).
-KEY_WORD = re.compile(r"(?<![A-Za-z])[A-Za-z]{4,16}(?![A-Za-z])")
 LONGEST_KEY, LONGEST_VALUE = "W" * 16, "9" * 7
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def _pieces(tokenizer, fmt: Format, key: str, value: str) -> tuple[list[int], list[int], list[int]]:
-    """(fact, question, answer) token ids; the fact and the question on lines of their own."""
-    return (_encode(tokenizer, "\n" + fmt.fact.format(key=key, value=value) + "\n"),
-            _encode(tokenizer, "\n" + fmt.question.format(key=key)),
-            _encode(tokenizer, fmt.answer.format(value=value)))
 
 
 def check_formats_fit(tokenizer, formats: Sequence[str], window: int, num_chunks: int) -> None:
     """Every format, with the longest key and value it can draw, must leave room in the window
     for one token of document text per PoSE cut between the fact and the question."""
     for name in formats:
-        n = sum(map(len, _pieces(tokenizer, FORMATS[name], LONGEST_KEY, LONGEST_VALUE)))
+        n = sum(map(len, pieces(tokenizer, FORMATS[name], LONGEST_KEY, LONGEST_VALUE)))
         if n + max(num_chunks - 1, 0) > window:
             raise ConfigError(f"data.synthetic.formats: {name!r} needs up to {n} tokens (fact + question "
                               f"+ answer) plus {max(num_chunks - 1, 0)} of text, more than the "
                               f"{window}-token window; raise training.seq_len or drop the format.")
-
-
-def _draw(rng: random.Random, fmt: Format, text: str) -> tuple[str, str]:
-    # A word touching either end of the window may be cut by the packing: not used.
-    words = sorted({m.group() for m in KEY_WORD.finditer(text) if 0 < m.start() and m.end() < len(text)})
-    key = rng.choice(words) if words else "".join(rng.choices(string.ascii_uppercase, k=6))
-    if fmt.value == "digits":
-        digits = rng.randint(4, 7)
-        return key, str(rng.randint(10 ** (digits - 1), 10 ** digits - 1))
-    others = [w for w in words if w.lower() != key.lower()]
-    return key, rng.choice(others) if others else "".join(rng.choices(string.ascii_lowercase, k=6))
 
 
 def build_example(window_ids: Sequence[int], tokenizer, format_name: str, rng: random.Random,
@@ -96,8 +60,8 @@ def build_example(window_ids: Sequence[int], tokenizer, format_name: str, rng: r
     W/16 tokens, document text, the question, the answer. Returns input_ids and the span columns
     (fact_start, fact_end, question_start, answer_start: token indices)."""
     window, fmt = len(window_ids), FORMATS[format_name]
-    key, value = _draw(rng, fmt, tokenizer.decode(list(window_ids), skip_special_tokens=True))
-    fact, question, answer = _pieces(tokenizer, fmt, key, value)
+    key, value = draw(rng, fmt, tokenizer.decode(list(window_ids), skip_special_tokens=True))
+    fact, question, answer = pieces(tokenizer, fmt, key, value)
     room = window - len(fact) - len(question) - len(answer)      # document tokens kept
     if room < max(num_chunks - 1, 0):
         raise ConfigError(f"data.synthetic: a {format_name!r} example ({window - room} tokens) does not fit "
