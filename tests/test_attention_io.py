@@ -65,6 +65,7 @@ def test_from_pretrained_hook_with_attention_method(tmp_path, tokens):
         hf_posext.from_pretrained(tmp_path, method="rerope", window=4 * TRAINED)
 
 
+@pytest.mark.slow
 def test_reader_without_hf_posext(tmp_path):
     hf_posext.patch(tiny_model("llama"), "rerope", 2.0, window=16).save_pretrained(tmp_path)
     script = textwrap.dedent(f"""

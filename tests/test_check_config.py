@@ -75,6 +75,7 @@ PLAIN_LOAD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_transformers_without_hf_posext_does_what_check_says(tmp_path):
     """The running transformers, in a process that never imports hf_posext: 5.x refuses the
     saved attn_implementation, 4.57 loads plain attention (method lost) without a word."""

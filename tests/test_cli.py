@@ -129,6 +129,7 @@ def test_missing_column_and_too_long_lengths(model_dir, text_file, capsys, no_mo
     assert code == 2 and "too short for a passkey prompt" in err
 
 
+@pytest.mark.slow
 def test_eval_end_to_end_and_resume(model_dir, text_file, capsys, tmp_path):
     out = tmp_path / "out"
     argv = ["eval", "--model", str(model_dir), "--dataset", str(text_file), "--column", "body",

@@ -60,6 +60,7 @@ def runs(tmp_path_factory):
     return {"out": out, "ranks": ranks, "stdout": proc.stdout, "assets": assets}
 
 
+@pytest.mark.slow
 def test_two_ranks_really_ran(runs):
     for r, report in enumerate(runs["ranks"]):
         assert report["rank"] == r and report["world_size_env"] == 2

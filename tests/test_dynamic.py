@@ -76,6 +76,7 @@ def _history_check_script(path, extra_import):
     ("dynamic_ntk", True, "differs"),  # transformers' own `dynamic`: its cached behaviour stays
     ("dynamic_ntk", False, "differs"),
 ])
+@pytest.mark.slow
 def test_where_transformers_cached_behaviour_remains(tmp_path, method, with_hf_posext, expected):
     """docs/dynamic.md: after a plain AutoModelForCausalLM reload, `dynamic_yarn` is history-free
     (hf_posext imported), transformers' `dynamic` keeps transformers' cache. Through

@@ -90,6 +90,7 @@ def assets(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_two_ranks_write_the_single_process_results_and_resume(assets, tmp_path):
     model, data = assets / "model", assets / "docs.jsonl"
     single = [_argv("eval", model, tmp_path / "one", data, "32,64,128"),

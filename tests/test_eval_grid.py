@@ -151,6 +151,7 @@ KILLED_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_killed_run_keeps_finished_rows_and_resume_completes(tmp_path):
     script = KILLED_RUN.format(tests=str(Path(__file__).parent), out=str(tmp_path))
     # a generous limit: on a loaded machine the import alone can take a minute; not a speed check

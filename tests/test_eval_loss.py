@@ -75,6 +75,7 @@ def test_truncate_is_token_weighted_over_documents():
     assert math.exp(nll / n) == pytest.approx(math.exp(total / count), rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window,stride", [(32, 8), (32, 32), (40, 13)])
 def test_sliding_window_equals_brute_force_loop(window, stride):
     """Each prediction position p is scored once, with context from the start of the first window

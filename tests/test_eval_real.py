@@ -19,6 +19,7 @@ def real():
     return embedded.load_model(dtype=torch.float32).eval(), embedded.load_tokenizer()
 
 
+@pytest.mark.slow
 def test_chunked_loss_matches_plain_loss_on_the_real_model(real):
     from hf_posext.data.embedded import play_paths
     from hf_posext.evaluation.loss import causal_targets, chunked_nll
@@ -31,6 +32,7 @@ def test_chunked_loss_matches_plain_loss_on_the_real_model(real):
     assert n == 1023 and nll / n == pytest.approx(plain, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_passkey_inside_the_trained_window(real):
     from hf_posext.evaluation import RetrievalGrid, evaluate_passkey
 

@@ -58,6 +58,7 @@ def _reference_perplexity(folder: Path, texts: list[str], n: int) -> float:
     return math.exp(total / count)
 
 
+@pytest.mark.slow
 def test_evaluate_load_finds_the_module_offline_and_matches_transformers(tmp_path):
     folder, texts = _saved(tmp_path), _texts()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",

@@ -56,6 +56,7 @@ def test_bad_settings_are_refused_before_training(argv, flag, tmp_path, capsys, 
     assert flag in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys, monkeypatch):
     assets = make_assets(tmp_path / "assets", archs=("llama",))
     rng = random.Random(1)   # a held-out document long enough for 512-token evaluations

@@ -31,6 +31,7 @@ def prompt():
     return torch.randint(0, 128, (1, PROMPT), generator=torch.Generator().manual_seed(3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["linear", "ntk", "ntk_by_parts", "yarn"])
 def test_static_methods_cache_equals_full_forward(arch, prompt, method):
     model = hf_posext.patch(tiny_model(arch), method, factor=4.0)
@@ -41,6 +42,7 @@ def test_static_methods_cache_equals_full_forward(arch, prompt, method):
     assert torch.equal(no_cache, sequences)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["dynamic_ntk", "dynamic_yarn"])
 def test_dynamic_methods_drift_with_cache_and_fixed_scale_fixes_it(arch, prompt, method):
     model = hf_posext.patch(tiny_model(arch), method, factor=4.0)
@@ -58,6 +60,7 @@ def test_dynamic_methods_drift_with_cache_and_fixed_scale_fixes_it(arch, prompt,
     torch.testing.assert_close(scores, reference, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_longrope_with_two_factor_sets_drifts_with_cache_and_fixed_scale_fixes_it(prompt):
     """transformers' longrope switches from short_factor to long_factor when a forward passes L:
     a 40-token prompt is cached with the short set, decoding past 64 queries with the long one.

@@ -190,6 +190,7 @@ def test_no_import_circle_between_modules():
     _fail_on_circle(module_graph(), "modules of hf_posext")
 
 
+@pytest.mark.slow
 def test_no_import_circle_between_scripts():
     """benchmarks/, recipes/, tests/: scripts import each other by file name (benchmarks/search.py
     and search_report.py share search_setup.py instead of importing each other)."""

@@ -62,6 +62,7 @@ def _manual_logliks(model, tok):
     return out
 
 
+@pytest.mark.slow
 def test_model_type_is_registered_and_patches_rope(tiny_dir, tasks, tmp_path):
     from lm_eval.api.registry import get_model
     assert get_model(MODEL_TYPE) is PosextLM

@@ -49,6 +49,7 @@ def test_save_then_automodel_round_trip(arch, tokens, tmp_path, method):
     torch.testing.assert_close(logits(hooked, tokens), expected, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn"])
 def test_native_types_load_without_hf_posext(tmp_path, tokens, method):
     """Every method but dynamic_yarn is saved in a form that needs no hf_posext at load time."""

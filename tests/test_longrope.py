@@ -181,6 +181,7 @@ def load_plain(python, paths, tmp_path) -> dict:
     return json.loads(report.read_text())
 
 
+@pytest.mark.slow
 def test_phi3_checkpoints_reload_in_plain_transformers(tmp_path):
     paths = []
     for method in ("linear", "ntk", "ntk_by_parts", "yarn"):

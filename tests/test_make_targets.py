@@ -52,6 +52,7 @@ def test_the_readme_names_these_targets():
     assert {"demo", "bench", "demo-finetune", "ddp-smoke", "portability-table", "bench-long"} <= named
 
 
+@pytest.mark.slow
 def test_ddp_smoke_two_ranks(tmp_path):
     """In full: 2 ranks over gloo, 3 steps of the recipe's loop; both ranks saw world size 2."""
     out = make("ddp-smoke", tmp_path, DDP_ARGS=["--main_process_port", str(_free_port())]).stdout
@@ -60,12 +61,14 @@ def test_ddp_smoke_two_ranks(tmp_path):
                          r"losses \[[\d.]+, [\d.]+, [\d.]+\]$", out, re.M), out
 
 
+@pytest.mark.slow
 def test_portability_table(tmp_path):
     """In full: it prints the table docs/check.md pastes under its portability-table marker."""
     table = re.search(r"<!-- portability-table:.*?-->\n((?:\|.*\n)+)", DOCS).group(1)
     assert table in make("portability-table", tmp_path).stdout
 
 
+@pytest.mark.slow
 def test_demo(assets, tmp_path):
     """The demo's recipe (both plays, YaRN and DualChunk against the sliding baseline) on the
     tiny random Llama (L = 64) at 64 / 128 tokens instead of SmolLM2 at 4k / 16k."""
@@ -79,6 +82,7 @@ def test_demo(assets, tmp_path):
         (m, "truncate", n) for m in ("none", "yarn", "dual_chunk") for n in (64, 128)} | {("none", "baseline", 128)}
 
 
+@pytest.mark.slow
 def test_bench(assets, tmp_path):
     """benchmarks/run.py's memory cells (each a fresh process) and the patched-vs-native overhead,
     on the tiny model at 128 tokens, into a temporary folder instead of benchmarks/results."""
@@ -91,6 +95,7 @@ def test_bench(assets, tmp_path):
     assert "## Forward overhead" in (tmp_path / "benchmarks.md").read_text()
 
 
+@pytest.mark.slow
 def test_demo_finetune(assets, tmp_path):
     """The demo recipe's config file, with the tiny model, its documents and 4 steps of 32 tokens
     overriding the model, data and length keys (the method, PoSE and schedule keys stay the YAML's)."""
@@ -102,6 +107,7 @@ def test_demo_finetune(assets, tmp_path):
     assert {int(r["length"]) for r in results} == {64, 256}
 
 
+@pytest.mark.slow
 def test_bench_long(tmp_path):
     """All six steps of `make bench-long` (tune, demo, code, passkey, cost, report) on a tiny
     random Llama that keeps SmolLM2's trained length (8,192, so the benchmark's knobs, e.g.

@@ -57,6 +57,7 @@ def test_committed_without_outputs(name):
 
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.slow) if n in NEED_MODEL else n for n in ALL])
+@pytest.mark.slow
 def test_notebook_runs(name, tmp_path):
     nb = _load(name)
     code_cells = [c for c in nb.cells if c.cell_type == "code"]

@@ -38,6 +38,7 @@ def assets(tmp_path_factory):
 
 
 # ------------------------------------------------------------------------------ launch and reload
+@pytest.mark.slow
 def test_accelerate_launch_trains_saves_and_evaluates(assets, tmp_path):
     out = tmp_path / "run"
     cmd = [str(VENV_BIN / "accelerate"), "launch", "--config_file",
@@ -109,6 +110,7 @@ def test_resume_after_signal_matches_uninterrupted_run(assets, tmp_path, signum)
     assert signal.getsignal(signum) is handler_before      # the recipe's handler is uninstalled
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_separate_process_then_resume(assets, tmp_path):
     """A real `kill -TERM` from outside, at whatever step the run has reached."""
     over = dict(training__max_steps=80, training__save_every=1000, training__seq_len=64,
@@ -236,6 +238,7 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and PR_SET_PDEATHSIG")
 def test_sigterm_to_accelerate_launch_saves_and_resumes(assets, tmp_path):
     """`kill <accelerate launch pid>`: the launcher does not forward SIGTERM; the recipe asks the

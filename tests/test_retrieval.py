@@ -288,6 +288,7 @@ def test_api_bad_inputs():
         RetrievalGrid(["yarn"], [1000], trials=0)
 
 
+@pytest.mark.slow
 def test_command_end_to_end_and_resume(model_dir, capsys, tmp_path):
     out = tmp_path / "r"
     argv = ["retrieval", "--model", str(model_dir), "--lengths", "700", "--methods", "dynamic_ntk",
@@ -387,6 +388,7 @@ def test_resume_with_dtype_auto_keeps_the_runs_dtype_without_probing(model_dir, 
     assert json.loads((tmp_path / "fresh" / "retrieval.json").read_text())["rows"][0]["dtype"] == "bfloat16"
 
 
+@pytest.mark.slow
 def test_niah_single_is_lm_eval_rulers_niah_single_1():
     """The niah_single task against lm-evaluation-harness's own generator of RULER's
     niah_single_1 (prepare_niah.generate_input_output, the noise haystack): the same head, needle

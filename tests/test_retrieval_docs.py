@@ -55,6 +55,7 @@ def test_the_doc_shows_commands():
     assert names.count("retrieval") >= 2 and "lm-eval" in names and "passkey" in names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(commands())))
 def test_doc_command_runs(index, tmp_path, monkeypatch):
     model = tiny_checkpoint(tmp_path / "tiny")
@@ -103,6 +104,7 @@ def _real_ruler_run(tmp_path: Path, monkeypatch, tasks: str, limit: int) -> Path
     return tmp_path / "lm"
 
 
+@pytest.mark.slow
 def test_lm_eval_records_are_kept_from_a_real_niah_run(tmp_path, monkeypatch):
     """lm-eval's own niah_single_1 (offline: RULER's noise haystack); the report keeps its
     samples without their prompts and puts them beside the built-in suite's rows."""
@@ -126,6 +128,7 @@ def test_lm_eval_records_are_kept_from_a_real_niah_run(tmp_path, monkeypatch):
     assert f"| {sum(s['score'] for s in run['samples']):g}/2 = " in table[2]
 
 
+@pytest.mark.slow
 def test_lm_eval_records_of_the_other_offline_ruler_tasks(tmp_path, monkeypatch):
     """Every RULER task the report says needs no network runs offline under lm-eval (here on a
     tiny model); the report keeps each task's samples without prompts, and its table puts
@@ -156,6 +159,7 @@ def _only_niah(tmp_path: Path, monkeypatch) -> Path:
     return _real_ruler_run(tmp_path / "niah", monkeypatch, "niah_single_1", 1)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (REPORT / "report.md").exists(), reason="the grid's results are not committed")
 def test_committed_retrieval_report_is_its_rows_and_the_readme_quotes_it(tmp_path, monkeypatch):
     """report.md is what the script makes of the committed rows and lm-eval records (run as a

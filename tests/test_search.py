@@ -60,6 +60,7 @@ def test_proxy_spans_cover_the_target_at_true_positions():
     assert proxy_chunks(256, 256) == [(0, 256)]
 
 
+@pytest.mark.slow
 def test_search_improves_over_its_seed_and_saves_a_plain_longrope(doc, tmp_path):
     model = tiny_model()
     result = search_factors(model, [doc], TARGET, tmp_path / "log.jsonl", max_steps=6, lr=0.2,
@@ -92,6 +93,7 @@ def test_search_improves_over_its_seed_and_saves_a_plain_longrope(doc, tmp_path)
     assert max(report.values()) <= 1e-5, report
 
 
+@pytest.mark.slow
 def test_identity_short_factors_run_plain_rope_within_L_and_the_searched_set_beyond(doc, tmp_path):
     """`save_best(..., short_factors="identity")` (LongRoPE §3.3's separate short set): reloaded
     by plain transformers of both versions, a sequence <= L runs plain RoPE with cos/sin x the

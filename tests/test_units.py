@@ -145,6 +145,7 @@ print("toy ok")
 '''
 
 
+@pytest.mark.slow
 def test_a_toy_method_is_one_edit_of_units_py(tmp_path):
     _run_toy(tmp_path, Path("rope/units.py"), "ALL_UNITS: dict[str, RopeMethod] = ", TOY_UNIT,
              ("LLAMA3, LONGROPE)}", "LLAMA3, LONGROPE, TOY)}"), TOY_CHECKS)
@@ -263,6 +264,7 @@ print("toy ok")
 '''
 
 
+@pytest.mark.slow
 def test_a_toy_attention_method_is_one_edit_of_attention_units_py(tmp_path):
     _run_toy(tmp_path, Path("attention/units.py"), "UNITS: dict[str, AttentionMethod] = ",
              TOY_ATTENTION_UNIT, ("DUAL_CHUNK, STRING, LOGN)}", "DUAL_CHUNK, STRING, LOGN, TOY_WINDOW)}"),
