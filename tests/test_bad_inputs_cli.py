@@ -41,8 +41,8 @@ EVAL = {   # flags: what the error line names (lengths 64 unless given: the docu
     "--protocol sliding --stride 0": "--stride", "--protocol sliding --stride -1": "--stride",
     "--protocol sliding --stride 128": "--stride 128 is longer than the shortest window 64",
     "--protocol bogus": "'bogus'", "--methods bogus": "--methods: unknown method 'bogus'",
-    "--methods ''": "--methods is empty", "--factor 0.5": "--factor: 0.5", "--factor nan": "--factor: nan",
-    "--factor abc": "--factor: 'abc'", "--factor inf": "--factor: inf", "--dtype int8": "--dtype",
+    "--methods ''": "--methods is empty", "--factor 0.5": "--factor: factor must be >= 1.0, got 0.5", "--factor nan": "--factor: factor must be finite, got nan",
+    "--factor abc": "--factor: factor 'abc' is neither a number nor auto", "--factor inf": "--factor: factor must be finite, got inf", "--dtype int8": "--dtype",
     "--device tpu9": "--device 'tpu9'", "--max-docs 0": "--max-docs", "--chunk-size 0": "--chunk-size",
     "--eval-tokens 0": "--eval-tokens", "--methods yarn --knobs garbage": "--knobs: 'garbage' is not NAME=VALUE",
     "--methods yarn --knobs beta_fast=nan": "beta_fast", "--methods leaky_rerope --knobs leak=1": "leak",
@@ -71,7 +71,7 @@ def test_eval_refuses(flags, assets, tmp_path, capsys):
 PASSKEY = {"--depths 2": "--depths: 2", "--depths -0.1": "--depths: -0.1", "--depths abc": "--depths: 'abc'",
            "--seeds 0": "--seeds", "--seeds -1": "--seeds", "--seeds x": "--seeds: 'x'",
            "--lengths 1": "--lengths: 1 ", "--lengths 0": "--lengths: '0'",
-           "--methods bogus": "--methods: unknown method 'bogus'", "--factor 0": "--factor: 0",
+           "--methods bogus": "--methods: unknown method 'bogus'", "--factor 0": "--factor: factor must be >= 1.0, got 0.0",
            "--model {tmp}/nope": "--model", "--dtype x": "--dtype", "--out {tmp}/a_file": "is a file, not a folder"}
 
 

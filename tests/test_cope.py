@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_posext
+from hf_posext.rope import methods
 from conftest import TRAINED, tiny_model
 from hf_posext.portability.exporting import export
 from hf_posext.portability.serving import command
@@ -77,7 +78,7 @@ def test_clip_size_of_the_mlx_reference():
     """mlx-lm PR #1387's own test: rope_theta 10M, 64 rotary dims, native 262,144 clip 10 of 32;
     the boundary component keeps its frequency, so 9 change."""
     inv, _ = compute(hf_posext.RopeExtensionConfig("cope", 2.0, 262_144), 64, 10_000_000.0)
-    plain = hf_posext.methods.default_inv_freq(64, 10_000_000.0)
+    plain = methods.default_inv_freq(64, 10_000_000.0)
     assert torch.equal(inv[:23], plain[:23]) and (inv[23:] < plain[23:]).all()
 
 

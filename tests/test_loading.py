@@ -37,7 +37,7 @@ def test_save_then_automodel_round_trip(arch, tokens, tmp_path, method):
     rope, data = saved_rope(tmp_path)
     # the portable forms (hf_posext/portability/portable.py); the method itself lives in the hf_posext block
     assert rope["rope_type"] == {"ntk": "default", "dynamic_ntk": "dynamic",
-                                 "ntk_by_parts": "yarn"}.get(method, method)
+                                 "ntk_by_parts": "yarn", "cope": "longrope"}.get(method, method)
     assert rope.get("factor", 4.0) == 4.0 and data["hf_posext"]["factor"] == 4.0
     assert data["hf_posext"]["method"] == method
     assert data["max_position_embeddings"] == (TRAINED if "dynamic" in method else 4 * TRAINED)

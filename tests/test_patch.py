@@ -32,8 +32,11 @@ def test_extension_changes_outputs_past_trained_length(model, tokens, method):
     before = logits(model, tokens)
     hf_posext.patch(model, method, factor=4.0)
     after = logits(model, tokens)
-    # every method changes how positions beyond L are encoded
-    assert (after[:, TRAINED:] - before[:, TRAINED:]).abs().max() > 1e-3
+    # every method changes how positions beyond L are encoded; CoPE touches only the components
+    # whose period exceeds L (the 5 slowest of the tiny model's 8, tapered from 1 at the boundary),
+    # which turn less than a period over 3L, so its logits move less than the others'
+    floor = 1e-4 if method == "cope" else 1e-3
+    assert (after[:, TRAINED:] - before[:, TRAINED:]).abs().max() > floor
     if method.startswith("dynamic"):  # dynamic methods stay the identity up to L (seq_len <= L)
         short = tokens[:, :TRAINED]
         hf_posext.unpatch(model)
