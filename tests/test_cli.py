@@ -156,6 +156,7 @@ def test_eval_end_to_end_and_resume(model_dir, text_file, capsys, tmp_path):
     assert len(json.loads((out / "perplexity.json").read_text())["rows"]) == 19
 
 
+@pytest.mark.slow
 def test_passkey_end_to_end(model_dir, capsys, tmp_path):
     out = tmp_path / "pk"
     assert cli.main(["passkey", "--model", str(model_dir), "--lengths", "400,500", "--methods", "ntk",
@@ -165,6 +166,7 @@ def test_passkey_end_to_end(model_dir, capsys, tmp_path):
     assert (out / "passkey_none.png").exists() and (out / "passkey_ntk.png").exists()
 
 
+@pytest.mark.slow
 def test_a_resumed_run_draws_every_row_of_its_series(model_dir, text_file, capsys, tmp_path,
                                                      monkeypatch):
     """A later run with other lengths plots (and tabulates) the folder's rows of its series, not

@@ -67,6 +67,7 @@ def test_two_ranks_really_ran(runs):
         assert report["jobs"][0]["world_size"] == 2 and report["jobs"][2]["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_two_ranks_batch_b_equal_one_rank_batch_2b(runs):
     out = runs["out"]
     two, one = log_rows(out["full2"] / "train_log.csv"), log_rows(out["one4"] / "train_log.csv")

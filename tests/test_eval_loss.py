@@ -59,6 +59,7 @@ def test_chunked_loss_skips_ignored_targets():
     assert n == 2 and nll == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_truncate_is_token_weighted_over_documents():
     """Two documents, first L tokens each: exp(total NLL / tokens) from a per-token prefix loop."""
     model = tiny_model()

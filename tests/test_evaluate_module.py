@@ -110,3 +110,18 @@ def test_texts_too_short_fail_before_the_model_loads(tmp_path, monkeypatch):
     monkeypatch.setattr(texts_module, "load_model", no_load)
     with pytest.raises(ConfigError, match="data: "):
         evaluate_texts(_texts(chars=50), str(_saved(tmp_path)), lengths=[128])
+
+
+def test_the_module_in_process_hands_its_arguments_to_evaluate_texts(monkeypatch):
+    """The fast tier's check of the module file itself (the offline `evaluate.load` above is slow):
+    its features are one text column, and `compute`'s keywords reach `evaluate_texts` unchanged."""
+    import importlib
+
+    module = importlib.import_module("hf_posext.evaluation.measurement.long_context_perplexity")
+    seen = {}
+    monkeypatch.setattr(module, "evaluate_texts", lambda *a, **k: seen.update(args=a, kwargs=k) or {})
+    measurement = module.LongContextPerplexity()
+    assert list(measurement._info().features) == ["data"]
+    measurement._compute(data=("a", "b"), model_id="m", lengths=[64], methods=["yarn"], factors=[2])
+    assert seen["args"] == (["a", "b"], "m", [64])
+    assert seen["kwargs"]["methods"] == ["yarn"] and seen["kwargs"]["factors"] == [2]

@@ -80,6 +80,7 @@ def test_model_type_is_registered_and_patches_rope(tiny_dir, tasks, tmp_path):
     assert patched == pytest.approx(_manual_logliks(model, char_tokenizer()), abs=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, knobs", [("leaky_rerope", {"window": 16}), ("dual_chunk", {})])
 def test_attention_level_method_through_model_args(tiny_dir, tasks, method, knobs):
     extra = "".join(f",{k}={v}" for k, v in knobs.items())

@@ -60,6 +60,7 @@ def test_keys_are_seeded_five_digit_numbers():
     assert first_number("123456") == 123456   # a longer number is not the key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("copy_key,expected", [(True, 1.0), (False, 0.0)])
 def test_stub_accuracy(copy_key, expected):
     model = _stub(copy_key)
@@ -77,6 +78,7 @@ def test_stub_accuracy(copy_key, expected):
     assert not hf_posext.is_patched(model)
 
 
+@pytest.mark.slow
 def test_real_tiny_model_runs_and_is_deterministic(tmp_path):
     """The default greedy path on a real (random) tiny Llama: same answers on a rerun."""
     torch.manual_seed(0)

@@ -67,6 +67,7 @@ def test_quickstart_runs_as_written(tmp_path, monkeypatch, capsys):
         assert capsys.readouterr().out.strip() == output, shown
 
 
+@pytest.mark.slow
 def test_quickstart_on_the_real_model_is_the_embedded_default():
     """What the example's loaders give without the stand-in: the embedded SmolLM2 at 8,192."""
     from hf_posext.data import embedded
