@@ -191,3 +191,51 @@ def test_no_length_within_the_trained_one_is_an_error(model, tmp_path):
     grid = RetrievalGrid(["yarn"], [1400], depths=[0.0])
     with pytest.raises(ValueError, match="need a length <= the trained length 1024"):
         evaluate_sequential(model, char_tokenizer(), grid, SequentialRule(), answer_fn=Stub())
+
+
+# --- the command ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("extra, message", [
+    (["--max-trials", "8"], "--max-trials is for sequential trials; add --sequential"),
+    (["--confidence", "0.9"], "--confidence is for sequential trials"),
+    (["--sequential", "--confidence", "1.2"], "--confidence must be in [0.5, 1)"),
+    (["--sequential", "--trials", "8", "--max-trials", "4"], "--max-trials 4 is below --trials 8"),
+    (["--budget", "30x"], "--budget '30x': give wall time as 30m, 2h or 90s"),
+    (["--budget", "0"], "--budget must be at least 1 trial"),
+])
+def test_bad_sequential_flags_fail_before_loading(extra, message, tmp_path, capsys, monkeypatch):
+    import hf_posext.cli as cli
+    from hf_posext.commands import model_args
+    monkeypatch.setattr(model_args, "load_model_from", lambda args: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["retrieval", "--out", str(tmp_path / "o"), *extra])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_command_budget_then_resume(tmp_path, capsys, monkeypatch):
+    """`--budget 24` (trials) stops after the reference (16) and one look (8), saying what is open;
+    `--resume` with a larger budget continues without recomputing."""
+    import hf_posext.cli as cli
+    from hf_posext.evaluation.retrieval import schedule
+    from _evalkit import TINY
+    from transformers import LlamaConfig, LlamaForCausalLM
+    path = tmp_path / "tiny"
+    LlamaForCausalLM(LlamaConfig(**{**TINY, "max_position_embeddings": L})).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    stub = Stub()
+    monkeypatch.setattr(schedule, "answer_cell", stub)
+    argv = ["retrieval", "--model", str(path), "--lengths", "700,1400", "--methods", "yarn", "--factor", "2",
+            "--depths", "0,1", "--margin", "0.4", "--trials", "4", "--max-trials", "8", "--confidence", "0.9",
+            "--out", str(tmp_path / "r"), "--no-progress", "--no-plot"]
+    assert cli.main(argv + ["--budget", "24"]) == 0
+    printed = capsys.readouterr().out
+    assert len(stub.asked) == 24 and "the budget (24 trials) is spent; open:" in printed
+    assert "single_needle none at 1400" in printed.splitlines()[-1]
+    assert "700 above 16/16" in printed and "effective length" in printed
+    stub.asked.clear()
+    assert cli.main(argv + ["--budget", "100", "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert len(stub.asked) == 16 and "stopped" not in printed               # one look of each at 1400
+    assert "yarn s=2: 700 above 8/8 [0.63, 1.00]; 1400 below 0/8 [0.00, 0.37] -> effective length 700" in printed

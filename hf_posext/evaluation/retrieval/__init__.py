@@ -7,6 +7,8 @@ Wilson intervals and an effective length per method (docs/retrieval.md).
     stats.py     scoring, Wilson, effective length       settings.py  RetrievalGrid
     run.py       evaluate_retrieval (on grid.run_grid)   plots.py     plots and summary table
     blocks.py    trials added in blocks of seeds: checked, merged
+    sequential.py  the stopping rule: Clopper–Pearson, the error split over the looks
+    schedule.py  evaluate_sequential: looks where decisions are open, a budget
 """
 
 from .decode import answer_cell

@@ -269,10 +269,16 @@ def plan_text(state: SequentialResult, budget: Budget | None) -> str:
     """What the run will do, before it does it: the rule, the budget, what is stored."""
     rule, done = state.rule, sum(len(q.looks) for q in state.questions)
     refs = ", ".join(q.label() for q in state.questions if q.reference) or "none"
+    left = sum(len(rule.look_seeds(0, j)) * q.depths for q in state.questions
+               for j in range(len(q.looks) + 1, rule.looks + 1))
+    costs = [(_estimate(q, state, rule, Budget(seconds=1.0)), rule.looks - len(q.looks))
+             for q in state.questions if len(q.looks) < rule.looks]
+    cost = (f" (about {sum(c * n for c, n in costs) / 60:.0f} min at the pace of the stored looks)"
+            if costs and all(c is not None for c, _ in costs) else "")
     return (f"sequential: looks of {rule.block} trial(s) at each depth, at most {rule.max_trials} "
             f"({rule.looks} looks), Clopper–Pearson at {rule.confidence:g} over all looks; "
-            f"{len(state.questions)} questions, {done} looks stored; reference first ({refs}); "
-            f"budget: {budget.text() if budget else 'none'}")
+            f"{len(state.questions)} questions, {done} looks stored; at most {left} trials to run"
+            f"{cost}; reference first ({refs}); budget: {budget.text() if budget else 'none'}")
 
 
 def decisions_table(state: SequentialResult) -> str:
