@@ -34,7 +34,7 @@ from ..grid import knob_text
 from ..settings import RunInfo
 from .decode import answer_cell
 from .run import evaluate_retrieval
-from .sequential import ABOVE, BELOW, UNDECIDED, SequentialRule, effective_bounds
+from .sequential import ABOVE, BELOW, UNDECIDED, SequentialRule, call, effective_bounds
 from .settings import RetrievalGrid
 
 
@@ -98,15 +98,19 @@ class SequentialResult:
 
     def open_questions(self) -> list[Question]:
         """The reference not measured in full, and the undecided questions the effective length
-        depends on (at J looks too: their table entry is then the point estimate's)."""
-        return [q for q in self.questions if (len(q.looks) < self.rule.looks if q.reference
-                                              else q.decision == UNDECIDED and _matters(q, self))]
+        depends on that have looks left (the run stopped before them: the budget)."""
+        return [q for q in self.questions if len(q.looks) < self.rule.looks and (
+            q.reference or (q.decision == UNDECIDED and _matters(q, self)))]
+
+    def call(self, q: Question) -> tuple[str, bool]:
+        """q's decision, or after its last look the point estimate's (`sequential.call`)."""
+        return call(q.decision, q.correct, q.trials, self.bars.get(q.task), len(q.looks) >= self.rule.looks)
 
     def effective(self) -> dict[tuple, tuple[int | None, int | None]]:
-        """(surely, at most) per series (`sequential.effective_bounds`)."""
+        """(surely, at most) per series (`sequential.effective_bounds` of the calls)."""
         out: dict[tuple, list] = {}
         for q in self.questions:
-            out.setdefault(q.series, []).append((q.length, q.decision))
+            out.setdefault(q.series, []).append((q.length, self.call(q)[0]))
         return {s: effective_bounds(d) for s, d in out.items()}
 
 
@@ -183,7 +187,7 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
                         run: RunInfo | None = None, haystack=None, store=None,
                         budget: Budget | None = None, answer_fn=None,
                         clock: Callable[[], float] = time.monotonic,
-                        log: Callable[[str], None] = print) -> SequentialResult:
+                        log: Callable[[str], None] = lambda s: print(s, flush=True)) -> SequentialResult:
     """Run `grid`'s questions look by look (the module docstring); each block row gains `look`,
     `max_trials`, `confidence`, and the question's `decision`, `decision_low`, `decision_high`
     and `bar` after that look. `clock` and `answer_fn` are injectable (tests: a fake clock the
@@ -276,7 +280,7 @@ def plan_text(state: SequentialResult, budget: Budget | None) -> str:
     cost = (f" (about {sum(c * n for c, n in costs) / 60:.0f} min at the pace of the stored looks)"
             if costs and all(c is not None for c, _ in costs) else "")
     return (f"sequential: looks of {rule.block} trial(s) at each depth, at most {rule.max_trials} "
-            f"({rule.looks} looks), Clopper–Pearson at {rule.confidence:g} over all looks; "
+            f"({rule.looks} looks), Clopper–Pearson bounds, wrong decisions <= {1 - rule.confidence:.2g} over all looks; "
             f"{len(state.questions)} questions, {done} looks stored; at most {left} trials to run"
             f"{cost}; reference first ({refs}); budget: {budget.text() if budget else 'none'}")
 
@@ -290,21 +294,25 @@ def decisions_table(state: SequentialResult) -> str:
     for series in dict.fromkeys(q.series for q in state.questions):
         qs = sorted((q for q in state.questions if q.series == series), key=lambda q: q.length)
         parts = [f"{format_length(q.length)} {q.decision} {q.correct}/{q.trials} [{q.low:.2f}, {q.high:.2f}]"
+                 + (f" (after {state.rule.max_trials}: point estimate {state.call(q)[0]})" if state.call(q)[1] else "")
                  + (" (reference)" if q.reference else "") for q in qs if q.looks]
         surely, at_most = eff[series]
         bar = state.bars.get(series[0])
+        estimated = [format_length(q.length) for q in qs if state.call(q)[1] and surely and q.length <= surely]
         if bar is None:
             length = "— (no bar)"
         elif surely == at_most:
             length = format_length(surely) if surely else "—"
         else:
             length = f"{format_length(surely) if surely else '—'} to {format_length(at_most)} (open)"
+        if estimated:
+            length += f" (resting on point estimates at {', '.join(estimated)})"
         lines.append(f"{qs[0].label().rsplit(' at ', 1)[0]}: {'; '.join(parts)} -> effective length {length}")
     bars = "; ".join(f"{t}: {'none' if b is None else f'{b:.2f}'}" for t, b in state.bars.items())
-    lines.append(f"bar (reference - margin): {bars}; intervals: Clopper–Pearson, {state.rule.confidence:g} "
-                 f"over all {state.rule.looks} looks")
+    lines.append(f"bar (reference - margin): {bars}; [bounds]: Clopper–Pearson, a decision wrong with "
+                 f"probability <= {1 - state.rule.confidence:.2g} over all {state.rule.looks} looks")
     open_q = state.open_questions()
     if state.stopped or open_q:
         lines.append(f"stopped: {state.stopped or 'max trials'}; open: "
-                     + (", ".join(q.label() for q in open_q) or "nothing"))
+                     + (", ".join(q.label() for q in open_q) or "nothing") + " (--resume continues)")
     return "\n".join(lines)

@@ -7,23 +7,24 @@ already shows; here a cell runs in *looks*, one block of `block` trials at each 
 at most J = ceil(max_trials / block) looks, and stops at the first look whose interval lies
 wholly on one side of the bar.
 
-The rule (repeated confidence intervals with a Bonferroni split of the error over the looks;
+The rule (repeated confidence bounds with a Bonferroni split of the error over the looks;
 Jennison & Turnbull, "Group Sequential Methods", 2000, §9.1; the split is the simplest
 alpha-spending function, Lan & DeMets 1983, spending alpha/J at each look):
 
-- After look j, with k successes in n trials, the interval is the Clopper–Pearson one
-  (Clopper & Pearson 1934, Biometrika 26:404) at level 1 - alpha/J (alpha = 1 - confidence),
-  alpha/(2J) in each tail: low is the p with P(X >= k | n, p) = alpha/(2J), high the p with
-  P(X <= k | n, p) = alpha/(2J), X ~ Binomial(n, p); low = 0 at k = 0, high = 1 at k = n.
-- Each interval holds p with probability >= 1 - alpha/J at its fixed n (Clopper–Pearson is
-  exact: conservative at every p), so by the union bound all J of them hold at once with
-  probability >= 1 - alpha, whatever the stopping rule: stopping only chooses which interval is
-  read. (A fixed-n interval read after every block has no such guarantee: at J looks its error
-  grows towards J times the nominal one; REFERENCE §11.)
-- Decision: `below` when high < b, `above` when low >= b, else `undecided` (the next look, or
-  at J looks the cell stays undecided and the table falls back on its point estimate, flagged).
-  A wrong `below` needs high < b <= p (the interval's upper tail missed), a wrong `above`
-  low >= b > p (the lower tail): either has probability <= alpha/2, for every p, bar and stop.
+- After look j, with k successes in n trials, the bounds are Clopper–Pearson's (Clopper &
+  Pearson 1934, Biometrika 26:404) with alpha/J in each tail (alpha = 1 - confidence): low is
+  the p with P(X >= k | n, p) = alpha/J, high the p with P(X <= k | n, p) = alpha/J,
+  X ~ Binomial(n, p); low = 0 at k = 0, high = 1 at k = n.
+- Decision: `below` when high < b, `above` when low >= b, else `undecided` (the next look; at
+  J looks the cell stays undecided and the table falls back on its point estimate, flagged).
+- Why a decision is wrong with probability at most alpha, for every p, bar and stopping: when
+  p >= b a wrong `below` needs high < b <= p at some look, i.e. the upper bound missing p; each
+  look's upper bound misses with probability <= alpha/J at its fixed n (Clopper–Pearson is exact:
+  conservative at every p), so by the union bound some look's does with probability <= alpha;
+  when p < b, a wrong `above` needs a lower bound above p, likewise <= alpha. Stopping only
+  chooses which look is read, so the bound holds whatever the stopping rule. (A fixed-n bound
+  read after every block has no such guarantee: at J looks its error grows towards J times the
+  nominal one; REFERENCE §11, and the test that shows it.)
 - Depths pooled: a look runs the same number of trials at every depth, so n trials pool
   independent Bernoulli(p_d) trials whose mean is the depth-pooled p. Hoeffding (1956, Ann.
   Math. Statist. 27:713, Theorem 4) bounds such a sum's tails by the Binomial(n, p) tails
@@ -96,8 +97,8 @@ def clopper_pearson(k: int, n: int, tail: float) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class SequentialRule:
-    """Looks of `block` trials at each depth, up to `max_trials` per depth cell, intervals at
-    `confidence` over all looks together (the module docstring)."""
+    """Looks of `block` trials at each depth, up to `max_trials` per depth cell; a decision is
+    wrong with probability at most 1 - `confidence`, over all looks together (the docstring above)."""
 
     block: int = DEFAULT_BLOCK
     max_trials: int = 20
@@ -127,8 +128,8 @@ class SequentialRule:
         return list(range(seed + start, seed + min(start + self.block, self.max_trials)))
 
     def interval(self, k: int, n: int) -> tuple[float, float]:
-        """The look's interval: Clopper–Pearson with (1 - confidence) / (2J) in each tail."""
-        return clopper_pearson(k, n, (1.0 - self.confidence) / (2 * self.looks))
+        """The look's bounds: Clopper–Pearson with (1 - confidence) / J in each tail."""
+        return clopper_pearson(k, n, (1.0 - self.confidence) / self.looks)
 
     def decide(self, k: int, n: int, bar: float | None) -> tuple[str, float, float]:
         """(decision, low, high) of k successes in n trials against the bar (None: no bar, as
@@ -141,6 +142,14 @@ class SequentialRule:
         if low >= bar:
             return ABOVE, low, high
         return UNDECIDED, low, high
+
+
+def call(decision: str, k: int, n: int, bar: float | None, complete: bool) -> tuple[str, bool]:
+    """(above / below / undecided, whether it is the point estimate's): a decision stands; a cell
+    undecided after its last look falls back on the fixed design's comparison, k/n >= bar."""
+    if decision != UNDECIDED or not complete or bar is None or n == 0:
+        return decision, False
+    return (ABOVE if k / n >= bar else BELOW), True
 
 
 def effective_bounds(decisions: Sequence[tuple[int, str]]) -> tuple[int | None, int | None]:
