@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -53,7 +54,7 @@ def outcomes(rows: list[dict]) -> dict[tuple, dict[float, list[bool]]]:
     return {k: {d: [ok for _, ok in sorted(v)] for d, v in q.items()} for k, q in out.items()}
 
 
-def replay(trials: dict[float, list[bool]], rule: SequentialRule, bar: float | None) -> dict:
+def replay(trials: dict[float, list[bool]], rule: SequentialRule, bar: float | None) -> dict[str, Any]:
     """Looks in seed order while the committed trials last: the decision, trials used, whether
     the rule would ask for more than the folder has, and the call (`sequential.call`: after the
     last look the point estimate's, flagged)."""
@@ -97,6 +98,7 @@ def tables(rows: list[dict], rule: SequentialRule, margin: float) -> list[str]:
                 continue
             kk, nn = sum(sum(t_) for t_ in trials.values()), sum(map(len, trials.values()))
             fixed = None if bar is None else (ABOVE if kk / nn >= bar else BELOW)
+            got: dict[str, Any]
             if method == "none" and length <= trained:   # the reference: every committed trial
                 got = dict(decision=rule.decide(kk, nn, bar)[0], used=nn, more=False,
                            call=call(rule.decide(kk, nn, bar)[0], kk, nn, bar, True))

@@ -248,3 +248,33 @@ def test_after_the_last_look_the_point_estimate_decides_flagged():
     assert call(UNDECIDED, 38, 40, 0.9, complete=False) == (UNDECIDED, False)   # looks left: open
     assert call(BELOW, 0, 8, 0.9, complete=False) == (BELOW, False)
     assert call(UNDECIDED, 0, 8, None, complete=True) == (UNDECIDED, False)
+
+
+def _replay_script():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval_sequential.py"
+    spec = importlib.util.spec_from_file_location("retrieval_sequential", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_replay_stops_where_the_rule_does_and_says_when_the_folder_runs_out():
+    script = _replay_script()
+    rule = SequentialRule(block=4, max_trials=20, confidence=0.95)
+    none_right = {d: [False] * 20 for d in (0.0, 0.5)}
+    assert script.replay(none_right, rule, 0.9) == dict(decision=BELOW, used=8, more=False, call=(BELOW, False))
+    few = {d: [True] * 4 for d in (0.0, 0.25, 0.5, 0.75, 1.0)}             # 20/20, then no more trials
+    assert script.replay(few, rule, 0.9) == dict(decision=UNDECIDED, used=20, more=True, call=(UNDECIDED, False))
+    all_right = {d: [True] * 20 for d in (0.5, 1.0)}                          # 40/40 against 0.9: 44 needed
+    assert script.replay(all_right, rule, 0.9) == dict(decision=UNDECIDED, used=40, more=False, call=(ABOVE, True))
+
+
+def test_replay_rescoring_equals_the_committed_counts(tmp_path):
+    script = _replay_script()
+    rows = json.loads(script.GRID.read_text())["rows"]
+    per = script.outcomes(rows)                       # raises if a row's outcomes disagree with its count
+    assert sum(sum(map(len, q.values())) for q in per.values()) == sum(int(r["trials"]) for r in rows)
+    assert script.main(["--runs", "20", "--out", str(tmp_path / "r.md")]) == 0
+    assert "A replay of the committed per-trial outcomes, not a rerun" in (tmp_path / "r.md").read_text()
