@@ -231,18 +231,18 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
         for r in state.questions:
             if r.looks:
                 r.decision, r.low, r.high = rule.decide(r.correct, r.trials, state.bars[r.task])
-        for r in rows:
-            r.update(decision=q.decision, decision_low=round(q.low, 4), decision_high=round(q.high, 4),
-                     bar=None if state.bars[q.task] is None else round(state.bars[q.task], 4))
         state.rows += rows
-        if store is not None and hasattr(store, "flush"):
-            store.flush()   # the decision columns, added after the rows were stored
-        if computed:
+        if computed:   # rows read back keep what their run recorded
+            for r in rows:
+                r.update(decision=q.decision, decision_low=round(q.low, 4), decision_high=round(q.high, 4),
+                         bar=None if state.bars[q.task] is None else round(state.bars[q.task], 4))
+            if store is not None and hasattr(store, "flush"):
+                store.flush()   # the decision columns, added after the rows were stored
             log(f"look {j}/{rule.looks} {q.label()}: {q.correct}/{q.trials} "
                 f"[{q.low:.2f}, {q.high:.2f}] {q.decision} ({q.seconds[-1]:.0f} s)")
         return True
 
-    for q in state.questions:   # the looks stored by an earlier run: read back, nothing computed
+    for q in sorted(state.questions, key=lambda q: not q.reference):   # stored looks: read back, nothing computed
         while len(q.looks) < rule.looks and look(q, compute=False):
             pass
     log(plan_text(state, budget))
