@@ -8,8 +8,9 @@ at most J = ceil(max_trials / block) looks, and stops at the first look whose in
 wholly on one side of the bar.
 
 The rule (repeated confidence bounds with a Bonferroni split of the error over the looks;
-Jennison & Turnbull, "Group Sequential Methods", 2000, §9.1; the split is the simplest
-alpha-spending function, Lan & DeMets 1983, spending alpha/J at each look):
+Jennison & Turnbull, "Group Sequential Methods with Applications to Clinical Trials", 2000,
+ch. 9, repeated confidence intervals; the split is the simplest alpha-spending function, Lan &
+DeMets 1983, Biometrika 70:659, spending alpha/J at each look):
 
 - After look j, with k successes in n trials, the bounds are Clopper–Pearson's (Clopper &
   Pearson 1934, Biometrika 26:404) with alpha/J in each tail (alpha = 1 - confidence): low is
