@@ -307,7 +307,8 @@ def decisions_table(state: SequentialResult) -> str:
             length = f"{format_length(surely) if surely else '—'} to {format_length(at_most)} (open)"
         if estimated:
             length += f" (resting on point estimates at {', '.join(estimated)})"
-        lines.append(f"{qs[0].label().rsplit(' at ', 1)[0]}: {'; '.join(parts)} -> effective length {length}")
+        lines.append(f"{qs[0].label().rsplit(' at ', 1)[0]}: {'; '.join(parts) or 'no look yet'} "
+                     f"-> effective length {length}")
     bars = "; ".join(f"{t}: {'none' if b is None else f'{b:.2f}'}" for t, b in state.bars.items())
     lines.append(f"bar (reference - margin): {bars}; [bounds]: Clopper–Pearson, a decision wrong with "
                  f"probability <= {1 - state.rule.confidence:.2g} over all {state.rule.looks} looks")
