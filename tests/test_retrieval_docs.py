@@ -45,9 +45,23 @@ def cheap(argv: list[str], model: Path, out: Path) -> list[str]:
             j = argv.index("--metadata")
             del argv[j:j + 2]
         return _set(argv, "--limit", "1")
-    argv = _set(_set(argv, "--lengths", "800"), "--depths", "1")
+    if "--sequential" in argv or "--budget" in argv:   # a length within L (1024 here: `long_checkpoint`) sets the bar
+        argv = _set(_set(_set(argv, "--lengths", "800,1600"), "--max-trials", "2"), "--budget", "2m")
+    else:
+        argv = _set(argv, "--lengths", "800")
+    argv = _set(argv, "--depths", "1")
     argv = _set(argv, "--seeds" if argv[0] == "passkey" else "--trials", "2")
     return argv + ["--model", str(model), "--out", str(out), "--no-progress", "--no-plot"]
+
+
+def long_checkpoint(path: Path) -> Path:
+    """The tiny model with a trained length of 1024 (the character tokenizer's prompts of 800
+    tokens fit within it) and the character tokenizer."""
+    from _evalkit import TINY
+    from transformers import LlamaConfig, LlamaForCausalLM
+    LlamaForCausalLM(LlamaConfig(**{**TINY, "max_position_embeddings": 1024})).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return path
 
 
 def test_the_doc_shows_commands():
@@ -58,8 +72,9 @@ def test_the_doc_shows_commands():
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(commands())))
 def test_doc_command_runs(index, tmp_path, monkeypatch):
-    model = tiny_checkpoint(tmp_path / "tiny")
     argv = commands()[index]
+    sequential = "--sequential" in argv or "--budget" in argv
+    model = (long_checkpoint if sequential else tiny_checkpoint)(tmp_path / "tiny")
     if argv[0] == "lm-eval":
         pytest.importorskip("lm_eval")
         monkeypatch.chdir(ROOT)    # the local task's data path is relative to the repository

@@ -24,7 +24,7 @@ from ..evaluation.retrieval.haystack import NOISE_NAME, load_haystack
 from ..evaluation.retrieval.plots import format_summary, plot_all, summary
 from ..evaluation.retrieval.settings import DEFAULT_MARGIN, DEFAULT_TRIALS
 from ..evaluation.settings import RunInfo
-from . import session
+from . import retrieval_plan, session
 from .model_args import load_tokenizer_from
 
 
@@ -36,8 +36,8 @@ def add_subcommand(sub) -> None:
     g.add_argument("--tasks", default="single_needle",
                    help=f"comma-separated tasks: {', '.join(TASKS)}, or all (default single_needle)")
     session.add_depths_arg(g)
-    g.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
-                   help=f"seeded trials per cell (default {DEFAULT_TRIALS})")
+    g.add_argument("--trials", type=int, default=None,
+                   help=f"seeded trials per cell (default {DEFAULT_TRIALS}); with --sequential, per look")
     g.add_argument("--seed", type=int, default=0,
                    help="first trial seed (default 0). Trials come in blocks: after --trials 4, "
                         "--seed 4 --trials 16 --resume adds 16 to each cell (20 in tables and plots)")
@@ -49,6 +49,7 @@ def add_subcommand(sub) -> None:
     g.add_argument("--dataset", default=NOISE_NAME,
                    help="haystack: noise (RULER's repeated sentences; default), embedded:shakespeare, "
                         "or any source of `eval --dataset`")
+    retrieval_plan.add_args(g)
     session.add_source_args(g)
     p.set_defaults(run=run, store_name="retrieval")
 
@@ -95,9 +96,12 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
 
 
 def run(args, grid: RetrievalGrid | None = None) -> int:
+    plan = retrieval_plan.rule_from(args)   # --sequential / --budget, checked before the model
     grid = grid or retrieval_grid(args)
     ranks = Ranks()
     grid, tokenizer, haystack = prepare(args, grid, ranks)
+    if plan is not None:
+        return retrieval_plan.run(args, grid, plan, tokenizer, haystack, ranks, report)
     store, rows = session.evaluate_in_store(args, args.store_name, ranks, lambda model, view, progress: (
         evaluate_retrieval(model, tokenizer, grid, haystack=haystack, store=view, ranks=ranks,
                            progress=progress, run=RunInfo(model_name=args.model, device=args.device,

@@ -8,6 +8,8 @@ Wilson intervals and an effective length per method (docs/retrieval.md).
     run.py       evaluate_retrieval (on grid.run_grid)   plots.py     plots and summary table
     blocks.py    trials added in blocks of seeds: checked, merged
     report.py    lm-eval's RULER records kept compactly, tables beside the suite's rows
+    sequential.py  the stopping rule: Clopper–Pearson, the error split over the looks
+    schedule.py  evaluate_sequential: looks where decisions are open, a budget
 """
 
 from .decode import answer_cell

@@ -1,0 +1,249 @@
+"""Sequential trials on the committed 2x grid, replayed (issue 37): how many trials the rule of
+`hf-posext retrieval --sequential` (hf_posext/evaluation/retrieval/sequential.py) would have
+needed to reach each decision, against the fixed design's, and whether its decisions equal the
+committed ones. A REPLAY of the committed per-trial outcomes (each row keeps every trial's
+expected and generated answer; they are scored again here, in seed order), not a rerun: where
+the rule asks for a look the folder has no trials for, the cell is reported as needing more.
+
+    python benchmarks/retrieval_sequential.py            # writes benchmarks/results/retrieval_sequential.md
+
+Also the rule's operating characteristics at the two bars the grid meets, simulated at known
+accuracies (`sequential.simulate`): wrong decisions and mean trials per cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hf_posext.evaluation.retrieval.blocks import merge_blocks, seed_set  # noqa: E402
+from hf_posext.evaluation.retrieval.sequential import (ABOVE, BELOW, UNDECIDED, SequentialRule,  # noqa: E402
+                                                       call, effective_bounds, simulate)
+from hf_posext.evaluation.retrieval.stats import effective_length, pooled, score_trial  # noqa: E402
+from hf_posext.evaluation.retrieval.tasks import get_task  # noqa: E402
+
+GRID = ROOT / "benchmarks" / "results" / "retrieval-2x" / "retrieval.json"
+OUT = ROOT / "benchmarks" / "results" / "retrieval_sequential.md"
+COMMAND = "python benchmarks/retrieval_sequential.py"
+
+
+def outcomes(rows: list[dict]) -> dict[tuple, dict[float, list[bool]]]:
+    """Per question (task, method, factor, length): per depth, every trial's outcome in seed
+    order, scored again from the stored answers and outputs (checked against the stored counts)."""
+    out: dict[tuple, dict[float, list[tuple[int, bool]]]] = {}
+    for r in rows:
+        task = get_task(r["task"])
+        answers = [a.split("/") for a in str(r["answers"]).split(" ")]
+        texts = str(r["outputs"]).split(" | ")
+        seeds = sorted(seed_set(str(r["seeds_list"])))
+        if not (len(answers) == len(texts) == len(seeds) == int(r["trials"])):
+            raise SystemExit(f"{r['task']} {r['method']} {r['length']} {r['depth']}: answers, outputs and "
+                             "seeds do not line up; the replay needs one per trial")
+        right = [score_trial(t, a, task.multi_answer) == 1.0 for t, a in zip(texts, answers)]
+        if sum(right) != int(r["correct"]):
+            raise SystemExit(f"{r['task']} {r['method']} {r['length']} {r['depth']}: scored again "
+                             f"{sum(right)} right, the row says {r['correct']}")
+        q = out.setdefault((r["task"], r["method"], float(r["factor"]), int(r["length"])), {})
+        q.setdefault(float(r["depth"]), []).extend(zip(seeds, right))
+    return {k: {d: [ok for _, ok in sorted(v)] for d, v in q.items()} for k, q in out.items()}
+
+
+def replay(trials: dict[float, list[bool]], rule: SequentialRule, bar: float | None) -> dict[str, Any]:
+    """Looks in seed order while the committed trials last: the decision, trials used, whether
+    the rule would ask for more than the folder has, and the call (`sequential.call`: after the
+    last look the point estimate's, flagged)."""
+    k = n = 0
+    decision, complete = UNDECIDED, False
+    for look in range(1, rule.looks + 1):
+        m = len(rule.look_seeds(0, look))
+        start = (look - 1) * rule.block
+        if any(len(t) < start + m for t in trials.values()):
+            break
+        k += sum(sum(t[start:start + m]) for t in trials.values())
+        n += m * len(trials)
+        decision = rule.decide(k, n, bar)[0]
+        complete = look == rule.looks
+        if decision != UNDECIDED:
+            break
+    more = decision == UNDECIDED and not complete
+    return dict(decision=decision, used=n, more=more, call=call(decision, k, n, bar, complete))
+
+
+def _k(length: int | None) -> str:
+    return f"{length // 1024}k" if length else "—"
+
+
+def tables(rows: list[dict], rule: SequentialRule, margin: float) -> list[str]:
+    merged = merge_blocks(rows)
+    per = outcomes(rows)
+    trained = int(rows[0]["trained_length"])
+    lines = ["| task | method | length | committed k/n | fixed: pooled ≥ bar | sequential | trials (sequential / committed) |",
+             "|---|---|---|---|---|---|---|"]
+    n_used = n_committed = 0
+    tally: dict[str, list[int]] = {"decided": [0, 0, 0, 0], "at max": [0, 0, 0, 0], "needs more": [0, 0, 0, 0]}
+    eff_lines = []
+    for task in dict.fromkeys(r["task"] for r in merged):
+        ref_rows = [r for r in merged if r["task"] == task and r["method"] == "none" and int(r["length"]) <= trained]
+        k, n = pooled(ref_rows)
+        bar = k / n - margin if n and k / n > margin else None
+        series: dict[tuple, list] = {}
+        for (t, method, factor, length), trials in per.items():
+            if t != task:
+                continue
+            kk, nn = sum(sum(t_) for t_ in trials.values()), sum(map(len, trials.values()))
+            fixed = None if bar is None else (ABOVE if kk / nn >= bar else BELOW)
+            got: dict[str, Any]
+            if method == "none" and length <= trained:   # the reference: every committed trial
+                got = dict(decision=rule.decide(kk, nn, bar)[0], used=nn, more=False,
+                           call=call(rule.decide(kk, nn, bar)[0], kk, nn, bar, True))
+                shown = f"{got['decision']} (reference: all trials)"
+            else:
+                got = replay(trials, rule, bar)
+                kind = "needs more" if got["more"] else ("at max" if got["call"][1] else "decided")
+                shown = {"needs more": f"{got['decision']} after {got['used']} trials: the rule looks again, the folder has no more",
+                         "at max": f"undecided at {rule.max_trials} a cell: point estimate {got['call'][0]}",
+                         "decided": got["decision"]}[kind]
+                if bar is not None:
+                    tally[kind][0] += 1
+                    tally[kind][1] += got["call"][0] == fixed
+                    tally[kind][2] += got["used"]
+                    tally[kind][3] += nn
+            lines.append(f"| {task} | {method} s={factor:g} | {_k(length)} | {kk}/{nn} | "
+                         f"{fixed or '— (no bar)'} | {shown} | {got['used']} / {nn} |")
+            n_used, n_committed = n_used + got["used"], n_committed + nn
+            series.setdefault((method, factor), []).append((length, got["call"][0]))
+        for (method, factor), calls in series.items():
+            mine = [r for r in merged if r["task"] == task and r["method"] == method and float(r["factor"]) == factor]
+            fixed_eff, _ = effective_length(mine, ref_rows, trained, margin)
+            surely, at_most = effective_bounds(calls)
+            seq = ("— (no bar)" if bar is None else _k(surely) if surely == at_most
+                   else f"{_k(surely)} to {_k(at_most)} (open)")
+            eff_lines.append(f"| {task} | {method} s={factor:g} | {_k(fixed_eff)} | {seq} |")
+        about = f"bar {bar:.2f}" if bar is not None else f"no bar (reference {k}/{n} ≤ margin)"
+        eff_lines.append(f"| {task} | | {about} | |")
+    said = {"decided": "decided by the rule", "at max": f"undecided after {rule.max_trials} a cell (point estimate)",
+            "needs more": "would need more trials than the folder has"}
+    summary = ["Questions with a bar, the reference cells aside (they run in full): " + "; ".join(
+        f"**{said[kind]}: {c}**" + (f", {a} of them as the fixed design" if kind != "needs more" else "")
+        + f", {u} of their {m} trials" for kind, (c, a, u, m) in tally.items())
+        + f". All cells: {n_used} of {n_committed} committed trials replayed."]
+    eff = ["| task | method | effective length, fixed (committed rows) | sequential (replayed calls) |",
+           "|---|---|---|---|", *eff_lines]
+    return [*summary, "", *lines, "", *eff]
+
+
+def simulation(rule: SequentialRule, runs: int) -> list[str]:
+    """The rule at the grid's two bars: single_needle (5 depths, bar 0.30), niah_single (2 depths, bar 0.90)."""
+    lines = ["| depths | bar | true accuracy | above | below | undecided | wrong | mean trials (of max) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for depths, bar, ps in ((5, 0.30, (0.0, 0.10, 0.20, 0.25, 0.30, 0.35, 0.45, 0.60)),
+                            (2, 0.90, (0.50, 0.80, 0.85, 0.90, 0.95, 1.00))):
+        for p in ps:
+            counts, mean = simulate([p] * depths, bar, rule, runs, seed=0)
+            wrong = counts[BELOW] if p >= bar else counts[ABOVE]
+            lines.append(f"| {depths} | {bar:.2f} | {p:.2f} | {counts[ABOVE] / runs:.3f} | {counts[BELOW] / runs:.3f} | "
+                         f"{counts[UNDECIDED] / runs:.3f} | {wrong / runs:.4f} | {mean:.1f} ({rule.max_trials * depths}) |")
+    return lines
+
+
+def at_committed_rates(rows: list[dict], rule: SequentialRule, margin: float, runs: int) -> list[str]:
+    """A live run's expected cost, simulated with each depth cell's committed accuracy as its
+    true rate (few trials: a rough stand-in, 0/4 read as 0): per question the chance the rule
+    decides, the chance its call equals the fixed design's, and the mean trials, against
+    max_trials a cell; the reference cells count in full."""
+    merged = merge_blocks(rows)
+    trained = int(rows[0]["trained_length"])
+    lines = ["| task | method | length | committed rates by depth | decided | call as fixed | mean trials (fixed) |",
+             "|---|---|---|---|---|---|---|"]
+    total_seq = total_fixed = 0.0
+    for task in dict.fromkeys(r["task"] for r in merged):
+        ref = [r for r in merged if r["task"] == task and r["method"] == "none" and int(r["length"]) <= trained]
+        k, n = pooled(ref)
+        if not n or k / n <= margin:
+            continue
+        bar = k / n - margin
+        groups: dict[tuple, list[dict]] = {}
+        for r in merged:
+            if r["task"] == task:
+                groups.setdefault((r["method"], float(r["factor"]), int(r["length"])), []).append(r)
+        for (method, factor, length), part in groups.items():
+            fixed_n = rule.max_trials * len(part)
+            total_fixed += fixed_n
+            if method == "none" and length <= trained:
+                total_seq += fixed_n
+                continue
+            rates = [int(r["correct"]) / int(r["trials"]) for r in sorted(part, key=lambda r: float(r["depth"]))]
+            counts, mean = simulate(rates, bar, rule, runs, seed=0)
+            fixed = ABOVE if sum(rates) / len(rates) >= bar else BELOW
+            decided = (counts[ABOVE] + counts[BELOW]) / runs
+            # undecided at the last look falls back on the point estimate, itself random: not counted
+            same = counts[fixed] / runs
+            total_seq += mean
+            lines.append(f"| {task} | {method} s={factor:g} | {_k(length)} | {', '.join(f'{x:.2f}' for x in rates)} | "
+                         f"{decided:.2f} | ≥ {same:.2f} | {mean:.1f} ({fixed_n}) |")
+    lines.append(f"| all | | | | | | **{total_seq:.0f} ({total_fixed:.0f}) = {total_seq / total_fixed:.0%}** |")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grid", type=Path, default=GRID, help="a retrieval.json with per-trial answers and outputs")
+    p.add_argument("--block", type=int, default=4, help="trials per look at each depth (default 4)")
+    p.add_argument("--max-trials", type=int, default=20, help="the most trials a cell runs (default 20)")
+    p.add_argument("--confidence", type=float, default=0.95, help="over all looks (default 0.95)")
+    p.add_argument("--margin", type=float, default=0.10, help="the effective length's margin (default 0.10)")
+    p.add_argument("--runs", type=int, default=4000, help="simulated cells per accuracy (default 4000)")
+    p.add_argument("--out", type=Path, default=OUT, help=f"the report (default {OUT.relative_to(ROOT)})")
+    args = p.parse_args(argv)
+    try:
+        rule = SequentialRule(args.block, args.max_trials, args.confidence)
+    except ValueError as err:
+        p.error(str(err))
+    rows = json.loads(args.grid.read_text(encoding="utf-8"))["rows"]
+    text = [
+        "# Sequential trials on the committed 2x grid: a replay",
+        "",
+        f"Made by `{COMMAND}` from [retrieval-2x/retrieval.json](retrieval-2x/retrieval.json) "
+        "(the rows of [its report](retrieval-2x/report.md)). **A replay of the committed per-trial "
+        "outcomes, not a rerun**: each row keeps every trial's answer and output, scored again here "
+        "(the counts equal the rows'), in seed order, one look of "
+        f"{rule.block} trials at each depth at a time, at most {rule.max_trials} a cell ({rule.looks} looks), "
+        f"Clopper–Pearson at {rule.confidence:g} over all looks (docs/retrieval.md, *Sequential trials*). "
+        f"The bar is the unpatched model's committed within-L accuracy minus {args.margin:g}, as the fixed "
+        "design's; the reference cells count in full. Where the rule would look again but the folder "
+        "has no more trials (most cells ran 4), the replay says so: the rule, run live, would spend more there.",
+        "",
+        *tables(rows, rule, args.margin),
+        "",
+        "## A live run at the committed rates (simulated)",
+        "",
+        f"What a live `--sequential` run of the grid's questions would cost, simulated ({args.runs} runs a "
+        "question, seed 0) with each depth cell's committed accuracy as its true rate, against the fixed "
+        f"design at {rule.max_trials} a cell; the reference cells run in full either way. Rough: most rates come "
+        "from 4 trials. *call as fixed*: decided the fixed design's way (a lower bound: an undecided cell "
+        "falls back on its point estimate, which may agree too).",
+        "",
+        *at_committed_rates(rows, rule, args.margin, args.runs),
+        "",
+        "## The rule at known accuracies (simulated)",
+        "",
+        f"{args.runs} simulated cells per line (`sequential.simulate`, seed 0): every depth at the given "
+        "accuracy, looks as above. *wrong*: `below` when the accuracy is at least the bar, `above` when "
+        f"it is below; the rule states at most {1 - rule.confidence:.3f}.",
+        "",
+        *simulation(rule, args.runs),
+        "",
+    ]
+    args.out.write_text("\n".join(text), encoding="utf-8")
+    print("\n".join(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""`hf-posext retrieval --sequential` and `--budget`: the flags, checked before the model loads,
+and the run (`evaluation.retrieval.schedule`) with its decisions printed under the table.
+
+    hf-posext retrieval --methods yarn --lengths 8k,16k --budget 30m --out r2x
+    hf-posext retrieval --methods yarn --lengths 8k,16k --budget 30m --out r2x --resume
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from ..evaluation.inputs import InputError
+from ..evaluation.retrieval.blocks import merge_blocks
+from ..evaluation.retrieval.schedule import Budget, decisions_table, evaluate_sequential
+from ..evaluation.retrieval.sequential import DEFAULT_BLOCK, DEFAULT_CONFIDENCE, SequentialRule
+from ..evaluation.retrieval.settings import DEFAULT_TRIALS
+from ..evaluation.settings import RunInfo
+from . import session
+
+UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def add_args(g) -> None:
+    g.add_argument("--sequential", action="store_true",
+                   help="stop each (task, method, length) once its Clopper-Pearson interval (over "
+                        "its depths, the error split over its looks) is wholly above or below the "
+                        "effective-length bar; --trials is then the trials per look at each depth "
+                        f"(default {DEFAULT_BLOCK}); the unpatched model within L runs first, in full")
+    g.add_argument("--max-trials", type=int, default=None,
+                   help=f"with --sequential: the most trials a cell runs (default {DEFAULT_TRIALS})")
+    g.add_argument("--confidence", type=float, default=None,
+                   help="with --sequential: every interval of a cell holds its accuracy at once with "
+                        f"this probability (default {DEFAULT_CONFIDENCE})")
+    g.add_argument("--budget", default=None,
+                   help="sequential trials within a budget: wall time (30m, 2h, 90s) or a number of "
+                        "trials; open decisions the effective length rests on go first; --resume continues")
+
+
+def parse_budget(text: str) -> Budget:
+    text = text.strip().lower()
+    if text.isdigit():
+        if int(text) < 1:
+            raise InputError("--budget must be at least 1 trial.")
+        return Budget(trials=int(text))
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)", text)
+    if not m or float(m[1]) <= 0:
+        raise InputError(f"--budget {text!r}: give wall time as 30m, 2h or 90s, or a number of trials (200).")
+    return Budget(seconds=float(m[1]) * UNITS[m[2]])
+
+
+def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
+    """The rule and budget the flags ask for (None: the fixed design), InputError naming the flag.
+    Sets args.trials to the fixed design's default when it was not given."""
+    sequential = args.sequential or args.budget is not None
+    if not sequential:
+        for flag, value in (("--max-trials", args.max_trials), ("--confidence", args.confidence)):
+            if value is not None:
+                raise InputError(f"{flag} is for sequential trials; add --sequential (or --budget).")
+        args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
+        return None
+    budget = parse_budget(args.budget) if args.budget is not None else None
+    block = DEFAULT_BLOCK if args.trials is None else args.trials
+    max_trials = DEFAULT_TRIALS if args.max_trials is None else args.max_trials
+    if block < 1:
+        raise InputError(f"--trials (trials per look) must be at least 1, got {block}.")
+    if max_trials < block:
+        raise InputError(f"--max-trials {max_trials} is below --trials {block} (the trials per look); "
+                         "raise --max-trials.")
+    confidence = DEFAULT_CONFIDENCE if args.confidence is None else args.confidence
+    if not 0.5 <= confidence < 1.0:
+        raise InputError(f"--confidence must be in [0.5, 1), e.g. 0.95; got {confidence}.")
+    args.trials = max_trials   # the grid's seeds: every look's prompts are built (checked) before the model
+    return SequentialRule(block, max_trials, confidence), budget
+
+
+def run(args, grid, plan, tokenizer, haystack, ranks, report) -> int:
+    """The sequential grid in the results folder; the table, plots and decisions (`report`)."""
+    rule, budget = plan
+    if ranks.size > 1:
+        raise InputError("--sequential runs in one process (its looks depend on each other); "
+                         "launch it without torchrun/accelerate.")
+    store, state = session.evaluate_in_store(args, args.store_name, ranks, lambda model, view, progress: (
+        evaluate_sequential(model, tokenizer, grid, rule, haystack=haystack, store=view, budget=budget,
+                            run=RunInfo(model_name=args.model, device=args.device,
+                                        fingerprint=args.fingerprint))))
+    if state.rows:   # every block of the run's series in the folder, each cell's blocks as one row
+        report(args, grid, store, merge_blocks(session.folder_rows(
+            store.rows, state.rows, key=functools.partial(session.series_of, seeds=False))))
+    print(decisions_table(state))
+    return 0

@@ -1,0 +1,193 @@
+"""Sequential trials: when a cell's trials can stop, and what the effective length rests on.
+
+The question the grid asks of a (task, method, factor, length) is one comparison: is its
+accuracy p, pooled over the depths (as `stats.effective_length` pools them), at least the bar
+b = reference - margin, or below it? A fixed design runs every cell to `--trials` whatever it
+already shows; here a cell runs in *looks*, one block of `block` trials at each depth per look,
+at most J = ceil(max_trials / block) looks, and stops at the first look whose interval lies
+wholly on one side of the bar.
+
+The rule (repeated confidence bounds with a Bonferroni split of the error over the looks;
+Jennison & Turnbull, "Group Sequential Methods with Applications to Clinical Trials", 2000,
+ch. 9, repeated confidence intervals; the split is the simplest alpha-spending function, Lan &
+DeMets 1983, Biometrika 70:659, spending alpha/J at each look):
+
+- After look j, with k successes in n trials, the bounds are Clopper–Pearson's (Clopper &
+  Pearson 1934, Biometrika 26:404) with alpha/J in each tail (alpha = 1 - confidence): low is
+  the p with P(X >= k | n, p) = alpha/J, high the p with P(X <= k | n, p) = alpha/J,
+  X ~ Binomial(n, p); low = 0 at k = 0, high = 1 at k = n.
+- Decision: `below` when high < b, `above` when low >= b, else `undecided` (the next look; at
+  J looks the cell stays undecided and the table falls back on its point estimate, flagged).
+- Why a decision is wrong with probability at most alpha, for every p, bar and stopping: when
+  p >= b a wrong `below` needs high < b <= p at some look, i.e. the upper bound missing p; each
+  look's upper bound misses with probability <= alpha/J at its fixed n (Clopper–Pearson is exact:
+  conservative at every p), so by the union bound some look's does with probability <= alpha;
+  when p < b, a wrong `above` needs a lower bound above p, likewise <= alpha. Stopping only
+  chooses which look is read, so the bound holds whatever the stopping rule. (A fixed-n bound
+  read after every block has no such guarantee: at J looks its error grows towards J times the
+  nominal one; REFERENCE §11, and the test that shows it.)
+- Depths pooled: a look runs the same number of trials at every depth, so n trials pool
+  independent Bernoulli(p_d) trials whose mean is the depth-pooled p. Hoeffding (1956, Ann.
+  Math. Statist. 27:713, Theorem 4) bounds such a sum's tails by the Binomial(n, p) tails
+  beyond one trial from the mean, so the exact binomial bounds stay valid (conservative) for
+  the pooled rate; tests/test_retrieval_sequential.py checks this by simulation too.
+- The bar is taken as measured: the reference cells (the unpatched model within L) run first,
+  to `max_trials`, from trials independent of the cell's, and the decision is about p against
+  that bar (as the fixed design compares its point estimate with it); the bar's own sampling
+  error is not in alpha.
+
+The effective length of a series rests on the decisions of its lengths in order
+(`effective_bounds`): the longest length up to which every length is `above`, and the longest
+up to which none is `below` (the two agree once the lengths that matter are decided).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+ABOVE, BELOW, UNDECIDED = "above", "below", "undecided"
+DEFAULT_BLOCK = 4
+DEFAULT_CONFIDENCE = 0.95
+
+
+def _log_pmf(i: int, n: int, p: float) -> float:
+    return (math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+            + i * math.log(p) + (n - i) * math.log1p(-p))
+
+
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k), X ~ Binomial(n, p), summed exactly term by term (in logs: no overflow)."""
+    if k < 0:
+        return 0.0
+    if k >= n or p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0
+    return min(1.0, sum(math.exp(_log_pmf(i, n, p)) for i in range(k + 1)))
+
+
+def _solve(f, target: float) -> float:
+    """The p in (0, 1) where the decreasing function f(p) equals target (bisection: 60 halvings
+    reach double precision)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if f(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@functools.lru_cache(maxsize=4096)   # a run reads few (k, n) pairs, the simulation many times
+def clopper_pearson(k: int, n: int, tail: float) -> tuple[float, float]:
+    """The exact interval of k successes in n trials with `tail` probability in each tail
+    (two-sided level 1 - 2·tail): low solves P(X >= k | p) = tail, high P(X <= k | p) = tail."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    if not 0.0 < tail < 0.5:
+        raise ValueError(f"the tail probability must be in (0, 0.5), got {tail}")
+    # P(X >= k | p) = 1 - cdf(k - 1) grows with p; its complement cdf(k - 1) falls
+    low = 0.0 if k == 0 else _solve(lambda p: binom_cdf(k - 1, n, p), 1.0 - tail)
+    high = 1.0 if k == n else _solve(lambda p: binom_cdf(k, n, p), tail)
+    return low, high
+
+
+@dataclass(frozen=True)
+class SequentialRule:
+    """Looks of `block` trials at each depth, up to `max_trials` per depth cell; a decision is
+    wrong with probability at most 1 - `confidence`, over all looks together (the docstring above)."""
+
+    block: int = DEFAULT_BLOCK
+    max_trials: int = 20
+    confidence: float = DEFAULT_CONFIDENCE
+
+    def __post_init__(self) -> None:
+        for name in ("block", "max_trials"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}.")
+        if self.block > self.max_trials:
+            raise ValueError(f"a look of {self.block} trials is more than max_trials={self.max_trials}; "
+                             "give a block <= max_trials.")
+        if not (0.5 <= self.confidence < 1.0):
+            raise ValueError(f"confidence must be in [0.5, 1), e.g. 0.95; got {self.confidence}.")
+
+    @property
+    def looks(self) -> int:
+        """J, the most looks a cell takes (the last one shorter when block does not divide)."""
+        return -(-self.max_trials // self.block)
+
+    def look_seeds(self, seed: int, look: int) -> list[int]:
+        """The seeds of look `look` (1-based) at each depth: consecutive blocks from `seed`."""
+        if not 1 <= look <= self.looks:
+            raise ValueError(f"look {look} is outside 1..{self.looks}")
+        start = (look - 1) * self.block
+        return list(range(seed + start, seed + min(start + self.block, self.max_trials)))
+
+    def interval(self, k: int, n: int) -> tuple[float, float]:
+        """The look's bounds: Clopper–Pearson with (1 - confidence) / J in each tail."""
+        return clopper_pearson(k, n, (1.0 - self.confidence) / self.looks)
+
+    def decide(self, k: int, n: int, bar: float | None) -> tuple[str, float, float]:
+        """(decision, low, high) of k successes in n trials against the bar (None: no bar, as
+        when the reference is at most the margin: `undecided`)."""
+        low, high = self.interval(k, n)
+        if bar is None:
+            return UNDECIDED, low, high
+        if high < bar:
+            return BELOW, low, high
+        if low >= bar:
+            return ABOVE, low, high
+        return UNDECIDED, low, high
+
+
+def call(decision: str, k: int, n: int, bar: float | None, complete: bool) -> tuple[str, bool]:
+    """(above / below / undecided, whether it is the point estimate's): a decision stands; a cell
+    undecided after its last look falls back on the fixed design's comparison, k/n >= bar."""
+    if decision != UNDECIDED or not complete or bar is None or n == 0:
+        return decision, False
+    return (ABOVE if k / n >= bar else BELOW), True
+
+
+def effective_bounds(decisions: Sequence[tuple[int, str]]) -> tuple[int | None, int | None]:
+    """(surely, at most) of a series' (length, decision) pairs: `surely` the longest length up to
+    which every length is `above`, `at most` the longest before the first `below` (None: none).
+    Equal when the lengths that matter are decided; lengths after a `below` do not matter."""
+    surely = at_most = None
+    open_before = False
+    for length, decision in sorted(decisions):
+        if decision == BELOW:
+            break
+        at_most = length
+        if decision == ABOVE and not open_before:
+            surely = length
+        else:
+            open_before = True
+    return surely, at_most
+
+
+def simulate(p_depths: Sequence[float], bar: float, rule: SequentialRule, runs: int,
+             seed: int = 0) -> tuple[dict[str, int], float]:
+    """`runs` simulated cells whose depth d succeeds with probability p_depths[d], run by the rule:
+    (decision counts, mean trials per cell). What the tests and docs check the rule with."""
+    import random
+    rng = random.Random(seed)
+    counts = {ABOVE: 0, BELOW: 0, UNDECIDED: 0}
+    total = 0
+    for _ in range(runs):
+        k = n = 0
+        decision = UNDECIDED
+        for look in range(1, rule.looks + 1):
+            m = len(rule.look_seeds(0, look))
+            k += sum(rng.random() < p for p in p_depths for _ in range(m))
+            n += m * len(p_depths)
+            decision = rule.decide(k, n, bar)[0]
+            if decision != UNDECIDED:
+                break
+        counts[decision] += 1
+        total += n
+    return counts, total / runs
