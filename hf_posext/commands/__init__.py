@@ -7,6 +7,7 @@ builds the parser from them and runs the chosen one).
     search.py      `hf-posext search` (the search itself: hf_posext/search/)
     serve.py       `hf-posext serve`: the command that serves a checkpoint in an engine
     retrieval.py   `hf-posext retrieval`: the RULER-style retrieval suite (hf_posext/evaluation/retrieval/)
+    retrieval_engine.py  retrieval's `--engine vllm` flags, checked before anything loads
     lm_eval.py     `hf-posext lm-eval`: lm-evaluation-harness with the `hf-posext` model type
     model_args.py  the model and tokenizer a command's flags name (`--model`, `--gguf-file`, ...)
     auto_dtype.py  `--dtype auto`: bfloat16 where a probe measures it faster (issue 29)

@@ -7,6 +7,8 @@ Wilson intervals and an effective length per method (docs/retrieval.md).
     stats.py     scoring, Wilson, effective length       settings.py  RetrievalGrid
     run.py       evaluate_retrieval (on grid.run_grid)   plots.py     plots and summary table
     blocks.py    trials added in blocks of seeds: checked, merged
+    vllm_engine.py  `--engine vllm`: serve's arguments per cell, a worker in vLLM's Python
+    vllm_worker.py  that worker (run by path there; imports only vllm)
 """
 
 from .decode import answer_cell
