@@ -209,7 +209,7 @@ class VllmEngine:
         overrides = dict(served.overrides)
         if length > served.length:
             if method != "none":
-                raise ServeRefused(f"vLLM serves {method} s={factor:g} up to {served.length} tokens "
+                raise ValueError(f"vLLM serves {method} s={factor:g} up to {served.length} tokens "
                                    f"(max_model_len), the cell is {length}: use a factor >= "
                                    f"{length / (served.length / factor):g} or --factor auto")
             overrides["max_position_embeddings"] = length   # plain RoPE past L (module docstring)
@@ -225,11 +225,13 @@ class VllmEngine:
             key = (cell.method, cell.factor, knob_text(cell.knobs), cell.length)
             if key in self._plans:
                 continue
+            where = f"--engine vllm: {cell.method} s={cell.factor:g} at {cell.length}"
             try:
                 self._plans[key] = self.engine_kwargs(cell.method, cell.factor, cell.knobs, cell.length)
             except ServeRefused as err:
-                raise ValueError(f"--engine vllm: {cell.method} s={cell.factor:g} at {cell.length}: "
-                                 f"vLLM does not run it exactly: {err}") from None
+                raise ValueError(f"{where}: vLLM does not run it exactly: {err}") from None
+            except ValueError as err:
+                raise ValueError(f"{where}: {err}") from None
 
     def check(self) -> str:
         """Start the worker and have vLLM's EngineArgs check every planned argument set (nothing

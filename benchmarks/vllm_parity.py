@@ -1,0 +1,159 @@
+"""Retrieval cells on transformers + hf_posext and on vLLM, in one run: greedy answers compared
+trial by trial, per-position prompt logprobs of one long document compared, each engine timed
+(benchmarks/results/vllm_parity.md; issue 39).
+
+    VLLM_CPU_KVCACHE_SPACE=4 python benchmarks/vllm_parity.py --vllm-python .venv-vllm/bin/python \\
+        --methods yarn,linear --factor 2 --lengths 8192 --depths 0.25,0.75 --trials 4
+
+Both engines load the same float32 weights: the embedded SmolLM2-135M GGUF dequantized by
+transformers and saved as a folder (`vllm_engine.hf_folder`). Each (method, s) is one vLLM engine
+(the arguments `hf-posext serve --engine vllm --method M --factor S` derives, prefix caching on)
+and the same model patched in transformers; a cell's trials go to vLLM in one call, and through
+`decode.answer_cell` (the shared prefix prefilled once) in transformers. Times: vLLM's as its
+worker measures the generate call (engine start-up reported apart); transformers' the cell.
+The first method's cells run a second time on an engine without prefix caching (its effect on
+the cell's time; --no-prefix-cache-run skips it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import hf_posext
+from hf_posext.data import embedded
+from hf_posext.evaluation.retrieval import build_cell, get_task, load_haystack
+from hf_posext.evaluation.retrieval.decode import answer_cell
+from hf_posext.evaluation.retrieval.stats import score_trial
+from hf_posext.evaluation.retrieval import vllm_engine
+
+OUT = Path(__file__).resolve().parent / "results" / "vllm_parity.json"
+
+
+def logprobs(model, ids: list[int]) -> list[float]:
+    """transformers' per-position logprob of each token given the ones before (position 1 on),
+    the LM head in chunks (a 16k × vocab float32 matrix would take 3 GB)."""
+    with torch.inference_mode():
+        hidden = model.model(torch.tensor([ids])).last_hidden_state[0]
+        out = []
+        for start in range(0, len(ids) - 1, 1024):
+            h = hidden[start:min(start + 1024, len(ids) - 1)]
+            lp = torch.log_softmax(model.lm_head(h).double(), dim=-1)
+            target = torch.tensor(ids[start + 1:start + 1 + len(h)])
+            out += lp.gather(1, target[:, None])[:, 0].tolist()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--vllm-python", default=None)
+    p.add_argument("--methods", default="yarn,linear")
+    p.add_argument("--factor", type=float, default=2.0)
+    p.add_argument("--lengths", default="8192")
+    p.add_argument("--depths", default="0.25,0.75")
+    p.add_argument("--trials", type=int, default=4)
+    p.add_argument("--task", default="single_needle")
+    p.add_argument("--logprob-length", type=int, default=16384,
+                   help="tokens of Hamlet for the logprob comparison (0: none)")
+    p.add_argument("--no-prefix-cache-run", action="store_true")
+    p.add_argument("--out", default=str(OUT))
+    args = p.parse_args()
+    torch.set_num_threads(2)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    lengths = [int(x) for x in args.lengths.split(",")]
+    depths = [float(x) for x in args.depths.split(",")]
+    folder = vllm_engine.hf_folder(embedded.DEFAULT_MODEL)
+    tok = embedded.load_tokenizer()
+    haystack = load_haystack(tok, "noise", max(lengths))
+    task = get_task(args.task)
+    seeds = list(range(args.trials))
+    hamlet = next(q for q in embedded.play_paths() if q.stem == "hamlet")
+    doc = [tok.bos_token_id] + tok(hamlet.read_text(), add_special_tokens=False)["input_ids"]
+    doc = doc[:args.logprob_length]
+    result = {"command": " ".join(["python", "benchmarks/vllm_parity.py", *sys.argv[1:]]),
+              "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+              "model": "SmolLM2-135M (embedded GGUF, dequantized, float32)", "cells": [], "logprobs": [],
+              "engines": []}
+    model = hf_posext.from_pretrained(str(folder), dtype=torch.float32).eval()
+    stop = vllm_engine.stop_ids(model)
+    for method in methods:
+        # the prefix cache's effect: the first method's cells again on an engine without it
+        variants = [True] if args.no_prefix_cache_run or method != methods[0] else [True, False]
+        for caching in variants:
+            engine = vllm_engine.VllmEngine(folder, python=args.vllm_python, prefix_caching=caching,
+                                            engine_args={"enforce_eager": True})
+            started = time.perf_counter()
+            kwargs = engine.engine_kwargs(method, args.factor, {}, max(lengths))
+            version = engine.check()
+            engine.generate(kwargs, [[tok.bos_token_id]], [1], stop)   # engine start-up
+            startup = time.perf_counter() - started
+            result["engines"].append(dict(method=method, factor=args.factor, prefix_caching=caching,
+                                          vllm=version, startup_s=round(startup, 1),
+                                          kwargs={k: v for k, v in kwargs.items() if k != "model"}))
+            print(f"vLLM {version} {method} s={args.factor:g} caching={caching}: up in {startup:.0f} s",
+                  flush=True)
+            hf_posext.patch(model, method, args.factor)
+            for length in lengths:
+                for depth in depths:
+                    cp = build_cell(tok, task, haystack, length, depth, seeds)
+                    prompts = [cp.prompt(i) for i in range(len(seeds))]
+                    t0 = time.perf_counter()
+                    outs = engine.generate(kwargs, prompts, list(cp.max_new_tokens), stop)
+                    v_wall = time.perf_counter() - t0
+                    v_texts = []
+                    for new in outs:
+                        cut = next((i + 1 for i, t in enumerate(new) if t in stop), len(new))
+                        v_texts.append(tok.decode(new[:cut], skip_special_tokens=True))
+                    row = dict(method=method, factor=args.factor, length=length, depth=depth,
+                               prefix_caching=caching, trials=len(seeds),
+                               prefix_tokens=len(cp.prefix), vllm_s=round(v_wall, 1))
+                    if caching:   # transformers once per cell
+                        t0 = time.perf_counter()
+                        t_texts = answer_cell(model, tok, cp, True)
+                        row["transformers_s"] = round(time.perf_counter() - t0, 1)
+                        row["differ"] = [dict(seed=s, transformers=a, vllm=b, expected=tr.answers)
+                                         for s, a, b, tr in zip(seeds, t_texts, v_texts, cp.trials)
+                                         if a != b]
+                        row["correct_transformers"] = sum(score_trial(a, tr.answers, task.multi_answer) == 1.0
+                                                          for a, tr in zip(t_texts, cp.trials))
+                        row["correct_vllm"] = sum(score_trial(b, tr.answers, task.multi_answer) == 1.0
+                                                  for b, tr in zip(v_texts, cp.trials))
+                        row["answers_vllm"] = v_texts
+                    result["cells"].append(row)
+                    print(json.dumps(row), flush=True)
+                    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+            doc = doc[:kwargs["max_model_len"] - 1]   # vLLM: prompt + the 1 token it generates
+            if caching and len(doc) > 1:
+                t0 = time.perf_counter()
+                ref = logprobs(model, doc)
+                t_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                got = engine.logprobs(kwargs, doc)[1:]
+                v_s = time.perf_counter() - t0
+                gaps = [abs(a - b) for a, b in zip(ref, got)]
+                L = embedded.TRAINED_CONTEXT
+                below, above = gaps[:L - 1], gaps[L - 1:]
+                entry = dict(method=method, factor=args.factor, tokens=len(doc),
+                             max_gap=max(gaps), max_gap_below_L=max(below),
+                             max_gap_from_L=max(above) if above else None,
+                             mean_gap=sum(gaps) / len(gaps),
+                             nll_transformers=-sum(ref) / len(ref), nll_vllm=-sum(got) / len(got),
+                             transformers_s=round(t_s, 1), vllm_s=round(v_s, 1),
+                             finite=all(map(math.isfinite, got)))
+                result["logprobs"].append(entry)
+                print(json.dumps(entry), flush=True)
+                Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+            hf_posext.unpatch(model)
+            engine.close()
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
