@@ -32,6 +32,7 @@ import torch
 from ...data.embedded import load_model, load_tokenizer, resolve_model
 from ...portability.serving import ServeRefused, command
 from ...portability.verdicts import load_config, meaning
+from ...rope.compat import get_rope_parameters, text_config, write_both_layouts
 from ..grid import Cell, knob_text
 from ..identity import checkpoint_fingerprint, source_fingerprint
 
@@ -95,14 +96,23 @@ def hf_folder(model: str, gguf_file: str | None = None, weights: bool = True) ->
     root = Path(os.environ.get("HF_POSEXT_CACHE", Path.home() / ".cache" / "hf_posext")) / "vllm" / tag
     if not weights and not (root / "config.json").exists():
         from transformers import AutoConfig
-        AutoConfig.from_pretrained(path, gguf_file=gguf).save_pretrained(root)
+        _both_layouts(AutoConfig.from_pretrained(path, gguf_file=gguf)).save_pretrained(root)
     if weights and not (root / ".complete").exists():
         print(f"--engine vllm: writing {model} as a checkpoint folder vLLM reads ({root})",
               file=sys.stderr, flush=True)
-        load_model(name=model, gguf_file=gguf_file, dtype=torch.float32).save_pretrained(root)
+        loaded = load_model(name=model, gguf_file=gguf_file, dtype=torch.float32)
+        _both_layouts(loaded.config)
+        loaded.save_pretrained(root)
         load_tokenizer(model, gguf_file).save_pretrained(root)
         (root / ".complete").write_text("written from the GGUF by hf_posext\n")
     return root
+
+
+def _both_layouts(config):
+    """transformers 5 saves only `rope_parameters`; a reader of `rope_theta` would take 10000
+    (`hf-posext serve` refuses such a folder): both layouts, as hf_posext saves (compat.py)."""
+    write_both_layouts(text_config(config), get_rope_parameters(text_config(config)))
+    return config
 
 
 def planning_model(folder: str | os.PathLike, dtype: str = "float32"):
