@@ -130,7 +130,7 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
                     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
             doc = doc[:kwargs["max_model_len"] - 1]   # vLLM: prompt + the 1 token it generates
-            if caching and len(doc) > 1:
+            if caching and len(doc) > 1 and method == methods[0]:   # one long document, one method
                 t0 = time.perf_counter()
                 ref = logprobs(model, doc)
                 t_s = time.perf_counter() - t0

@@ -15,6 +15,7 @@ import sys
 from contextlib import contextmanager
 
 from ..evaluation.inputs import InputError
+from .lm_eval_vllm import run_on_vllm
 
 MISSING = ("lm-eval is not installed; install the extra: pip install 'hf_posext[lmeval]' "
            "(lm-eval==0.4.13, wonderwords, nltk).")
@@ -77,6 +78,9 @@ def run(args) -> int:
     except ImportError:
         raise InputError(MISSING) from None
     check_model_args(args.lm_eval_args)
+    routed = run_on_vllm(args.lm_eval_args, _value(args.lm_eval_args, "--model"))   # hf-posext-vllm
+    if routed is not None:
+        return routed
     from lm_eval.__main__ import cli_evaluate
 
     from ..evaluation import harness  # noqa: F401  (registers the `hf-posext` model type)
