@@ -10,7 +10,8 @@ import os
 __version__ = "0.0.fake"
 # EngineArgs' fields the tests pass (vLLM's own class has ~200; an unknown one raises TypeError)
 FIELDS = {"model", "max_model_len", "hf_overrides", "dtype", "enable_prefix_caching",
-          "tensor_parallel_size", "data_parallel_size", "seed", "max_num_seqs", "enforce_eager"}
+          "tensor_parallel_size", "data_parallel_size", "seed", "max_num_seqs", "enforce_eager",
+          "gpu_memory_utilization", "kv_cache_memory_bytes"}
 
 
 def _log(entry):
