@@ -24,6 +24,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,6 +52,48 @@ def logprobs(model, ids: list[int]) -> list[float]:
     return out
 
 
+def save(out: str, result: dict) -> None:
+    Path(out).write_text(json.dumps(result, indent=1) + "\n")
+    Path(out).with_suffix(".md").write_text(report(result))
+
+
+def report(result: dict) -> str:
+    """The results page (benchmarks/results/vllm_parity.md) from the run's JSON."""
+    lines = ["# Retrieval and logprobs on vLLM vs transformers + hf_posext (issue 39)", "",
+             f"Command: `{result['command']}`", "",
+             f"Machine: {result['machine']}; model: {result['model']}.", "",
+             "| vLLM engine | start-up (s) | arguments (`hf-posext serve`'s + the run's) |",
+             "|---|---|---|"]
+    for e in result["engines"]:
+        lines.append(f"| {e['method']} s={e['factor']:g}, vLLM {e['vllm']}, prefix caching "
+                     f"{'on' if e['prefix_caching'] else 'off'} | {e['startup_s']} | "
+                     f"`{json.dumps(e['kwargs'], sort_keys=True)}` |")
+    lines += ["", "| cell | trials | answers that differ | correct (transformers / vLLM) | "
+              "transformers (s) | vLLM (s) | vLLM / transformers |", "|---|---|---|---|---|---|---|"]
+    for c in result["cells"]:
+        where = f"{c['method']} s={c['factor']:g} at {c['length']}, depth {c['depth']:g}"
+        if "transformers_s" in c:
+            ratio = c["vllm_s"] / c["transformers_s"] if c["transformers_s"] else float("nan")
+            lines.append(f"| {where} | {c['trials']} | {len(c['differ'])} | {c['correct_transformers']} / "
+                         f"{c['correct_vllm']} | {c['transformers_s']} | {c['vllm_s']} | {ratio:.2f} |")
+        else:
+            lines.append(f"| {where}, vLLM without prefix caching | {c['trials']} | | | | {c['vllm_s']} | |")
+    for c in result["cells"]:
+        for d in c.get("differ", []):
+            lines.append(f"\nDiffers: {c['method']} at {c['length']} depth {c['depth']:g} seed {d['seed']}: "
+                         f"transformers {d['transformers']!r}, vLLM {d['vllm']!r} (expected {d['expected']})")
+    if result["logprobs"]:
+        lines += ["", "| document | tokens | max abs logprob gap below L | from L on | mean | "
+                  "NLL transformers / vLLM | transformers (s) | vLLM (s) |", "|---|---|---|---|---|---|---|---|"]
+        for e in result["logprobs"]:
+            frm = f"{e['max_gap_from_L']:.2e}" if e["max_gap_from_L"] is not None else "—"
+            lines.append(f"| Hamlet, {e['method']} s={e['factor']:g} | {e['tokens']} | "
+                         f"{e['max_gap_below_L']:.2e} | {frm} | {e['mean_gap']:.2e} | "
+                         f"{e['nll_transformers']:.4f} / {e['nll_vllm']:.4f} | {e['transformers_s']} | "
+                         f"{e['vllm_s']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vllm-python", default=None)
@@ -64,7 +107,12 @@ def main() -> None:
                    help="tokens of Hamlet for the logprob comparison (0: none)")
     p.add_argument("--no-prefix-cache-run", action="store_true")
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--report", default=None, help="only write the .md page of this run's JSON to "
+                   "--out's .md")
     args = p.parse_args()
+    if args.report:
+        Path(args.out).with_suffix(".md").write_text(report(json.loads(Path(args.report).read_text())))
+        return
     torch.set_num_threads(2)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -77,7 +125,7 @@ def main() -> None:
     hamlet = next(q for q in embedded.play_paths() if q.stem == "hamlet")
     doc = [tok.bos_token_id] + tok(hamlet.read_text(), add_special_tokens=False)["input_ids"]
     doc = doc[:args.logprob_length]
-    result = {"command": " ".join(["python", "benchmarks/vllm_parity.py", *sys.argv[1:]]),
+    result: dict[str, Any] = {"command": " ".join(["python", "benchmarks/vllm_parity.py", *sys.argv[1:]]),
               "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
               "model": "SmolLM2-135M (embedded GGUF, dequantized, float32)", "cells": [], "logprobs": [],
               "engines": []}
@@ -128,7 +176,7 @@ def main() -> None:
                         row["answers_vllm"] = v_texts
                     result["cells"].append(row)
                     print(json.dumps(row), flush=True)
-                    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+                    save(args.out, result)
             doc = doc[:kwargs["max_model_len"] - 1]   # vLLM: prompt + the 1 token it generates
             if caching and len(doc) > 1 and method == methods[0]:   # one long document, one method
                 t0 = time.perf_counter()
@@ -149,7 +197,7 @@ def main() -> None:
                              finite=all(map(math.isfinite, got)))
                 result["logprobs"].append(entry)
                 print(json.dumps(entry), flush=True)
-                Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+                save(args.out, result)
             hf_posext.unpatch(model)
             engine.close()
     print(f"wrote {args.out}")
