@@ -131,3 +131,23 @@ def test_engine_args_are_read_as_json():
                               "limit_mm_per_prompt={\"image\": 0}"]) == {
         "max_num_seqs": 8, "enforce_eager": True, "kv_cache_dtype": "fp8",
         "limit_mm_per_prompt": {"image": 0}}
+
+
+def test_cells_within_L_and_the_prefix_cache_flag(model_dir, tmp_path):
+    from hf_posext.evaluation.retrieval.vllm_engine import VllmEngine
+    engine = VllmEngine(model_dir, python=sys.executable, prefix_caching=False)   # --no-prefix-reuse
+    within = engine.engine_kwargs("none", 1.0, {}, 64)
+    assert within["max_model_len"] == 64 and "hf_overrides" not in within   # serve's: nothing to override
+    assert within["enable_prefix_caching"] is False
+
+
+def test_an_extended_checkpoint_is_refused(tmp_path):
+    """The grid's `none` row is the base: vLLM gets the unmodified checkpoint (serve's route)."""
+    import hf_posext
+    from _evalkit import tiny_model
+    from hf_posext.evaluation.retrieval.vllm_engine import VllmEngine
+    model = tiny_model()
+    hf_posext.patch(model, "yarn", 4.0)
+    model.save_pretrained(tmp_path / "yarn")
+    with pytest.raises(ValueError, match="is already extended .*pass the base folder"):
+        VllmEngine(tmp_path / "yarn", python=sys.executable)
