@@ -192,7 +192,12 @@ class VllmEngine:
         self.common = {"dtype": dtype, "enable_prefix_caching": bool(prefix_caching),
                        "tensor_parallel_size": tensor_parallel_size,
                        "data_parallel_size": data_parallel_size, "seed": 0, **dict(engine_args or {})}
-        self.env = dict(env or {})
+        # one engine, one process: vLLM's engine core in the worker itself (as tests/engines'
+        # harness runs it) saves a second `import vllm` and start-up; several ranks need vLLM's own
+        # (a value in the environment wins)
+        single = tensor_parallel_size == 1 == data_parallel_size and \
+            "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+        self.env = ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if single else {}) | dict(env or {})
         base = meaning(load_config(self.folder))
         if base.spec is not None or base.attention is not None:
             raise ValueError(f"{self.folder} is already extended ({base.label}); on vLLM a retrieval "
