@@ -67,3 +67,32 @@ def test_same_answers_and_logprobs_on_both_engines(setup):
             assert cell["verdict"] == "exact", (method, cell)
     finally:
         engine.close()
+
+
+def test_lm_eval_on_vllm_answers_as_transformers(setup, tmp_path, monkeypatch):
+    """`hf-posext lm-eval --model hf-posext-vllm` (run in .venv-vllm, lm-eval installed there:
+    `make .venv-vllm/.lmeval`) generates what `--model hf-posext` generates with the model
+    patched in transformers, on a local generation task."""
+    import json
+
+    import hf_posext.cli as cli
+
+    folder, _, _ = setup
+    root = measure.ROOT
+    monkeypatch.chdir(root)            # the local task's data path is relative to the repository
+    monkeypatch.setenv("HF_POSEXT_VLLM_PYTHON", str(measure.venv_python(VENV)))
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    generated = {}
+    for model, extra in (("hf-posext-vllm", ",enforce_eager=True"), ("hf-posext", "")):
+        out = tmp_path / model
+        argv = ["lm-eval", "--model", model, "--model_args",
+                f"pretrained={folder},method=yarn,factor={measure.FACTOR:g},dtype=float32{extra}",
+                "--tasks", "tiny_gen", "--include_path", str(root / "tests" / "lm_eval_tasks"),
+                "--limit", "3", "--log_samples", "--output_path", str(out), "--batch_size", "1"]
+        assert cli.main(argv) == 0
+        samples = sorted(out.rglob("samples_tiny_gen_*.jsonl"))
+        assert samples, f"{model}: no samples written under {out}"
+        generated[model] = [json.loads(x)["resps"] for x in samples[-1].read_text().splitlines()]
+    assert len(generated["hf-posext"]) == 3
+    assert generated["hf-posext-vllm"] == generated["hf-posext"]
