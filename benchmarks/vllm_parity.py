@@ -82,7 +82,8 @@ def save(out: str, result: dict) -> None:
 def report(result: dict) -> str:
     """The results page (benchmarks/results/vllm_parity.md) from the run's JSON."""
     lines = ["# Retrieval and logprobs on vLLM vs transformers + hf_posext (issue 39)", "",
-             f"Command: `{result['command']}`", "",
+             f"Command: `{result['command']}` (its JSON kept as benchmarks/results/vllm_parity.json; "
+             "this page: `python benchmarks/vllm_parity.py --report benchmarks/results/vllm_parity.json`)", "",
              f"Machine: {result['machine']}; model: {result['model']}.", "",
              "| vLLM engine | start-up (s) | arguments (`hf-posext serve`'s + the run's) |",
              "|---|---|---|"]
@@ -113,6 +114,16 @@ def report(result: dict) -> str:
                          f"{e['max_gap_below_L']:.2e} | {frm} | {e['mean_gap']:.2e} | "
                          f"{e['nll_transformers']:.4f} / {e['nll_vllm']:.4f} | {e['transformers_s']} | "
                          f"{e['vllm_s']} |")
+    compared = [c for c in result["cells"] if "differ" in c]
+    if compared:
+        lines += ["", f"Greedy answers: {sum(len(c['differ']) for c in compared)} of "
+                  f"{sum(c['trials'] for c in compared)} trials differ between the engines."]
+    for e in result["logprobs"]:
+        lines += ["", f"Logprobs ({e['method']} s={e['factor']:g}, {e['tokens']} tokens): the largest "
+                  f"gap is {e['max_gap']:.2e} nats, against the 1e-4 nats `make test-engines` allows "
+                  "vLLM on its tiny model's 900-token prompt (tests/engines/measure.py THRESHOLD); "
+                  f"the mean gap is {e['mean_gap']:.1e}, the document's mean NLL differs by "
+                  f"{abs(e['nll_transformers'] - e['nll_vllm']):.1e} nats."]
     lines += ["", WHY]
     return "\n".join(lines) + "\n"
 
