@@ -132,6 +132,16 @@ endef
 $(eval $(call vllm_venv,.venv-vllm,$(VLLM)))
 $(eval $(call vllm_venv,.venv-vllm029,$(VLLM_OLD)))
 
+# lm-eval beside vLLM, for `hf-posext lm-eval --model hf-posext-vllm` (docs/retrieval.md, "On
+# vLLM"): the command checks its model_args in the main venv, then runs lm-eval in this one (vLLM
+# pins its own transformers, so neither venv can hold both). Adds packages only (pip's dry run:
+# no pin of the vLLM venv moves). hf_posext itself comes from the calling checkout (PYTHONPATH);
+# accelerate is its dependency (and lm-eval's HFLM, which hf_posext.evaluation.harness imports).
+.venv-vllm/.lmeval: .venv-vllm/.installed
+	.venv-vllm/bin/pip install -q "lm-eval==0.4.13" wonderwords==3.0.1 nltk==3.10.4 "accelerate>=1.0" $(TORCH)
+	.venv-vllm/bin/python -c "import lm_eval, vllm"
+	touch $@
+
 # llama-cpp-python is an sdist (cmake build of its vendored llama.cpp); the HF -> GGUF converter
 # ships inside that sdist (vendor/llama.cpp/convert_hf_to_gguf.py), so the sdist is unpacked too.
 .venv-llamacpp/.installed: Makefile
@@ -145,7 +155,7 @@ $(eval $(call vllm_venv,.venv-vllm029,$(VLLM_OLD)))
 	test -f .venv-llamacpp/sdist/*/vendor/llama.cpp/convert_hf_to_gguf.py
 	touch $@
 
-engine-venvs: .venv-vllm/.installed .venv-vllm029/.installed .venv-llamacpp/.installed
+engine-venvs: .venv-vllm/.installed .venv-vllm/.lmeval .venv-vllm029/.installed .venv-llamacpp/.installed
 
 # Every method's checkpoint (saved, and each `export` target's output) run in each engine, prompt
 # logprobs compared with transformers + hf_posext; fails when hf_posext/portability/measured_engines.json or

@@ -3,6 +3,7 @@ tiny model (lengths scaled to its character tokenizer, 2 trials, the local lm-ev
 RULER's, which needs the real tokenizer and 8k prompts), and its Python block as written."""
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -45,6 +46,9 @@ def cheap(argv: list[str], model: Path, out: Path) -> list[str]:
             j = argv.index("--metadata")
             del argv[j:j + 2]
         return _set(argv, "--limit", "1")
+    if "--engine" in argv:   # the stand-in vLLM (tests/fake_vllm, test_doc_command_runs)
+        argv = _set(argv, "--vllm-python", sys.executable)
+        argv = _set(argv, "--factor", "auto") if "--factor" in argv else argv   # vLLM serves s·64 here
     if "--sequential" in argv or "--budget" in argv:   # a length within L (1024 here: `long_checkpoint`) sets the bar
         argv = _set(_set(_set(argv, "--lengths", "800,1600"), "--max-trials", "2"), "--budget", "2m")
     else:
@@ -78,6 +82,15 @@ def test_doc_command_runs(index, tmp_path, monkeypatch):
     if argv[0] == "lm-eval":
         pytest.importorskip("lm_eval")
         monkeypatch.chdir(ROOT)    # the local task's data path is relative to the repository
+    if "vllm" in argv:             # retrieval on the stand-in vLLM (test_retrieval_vllm.py)
+        fake = ROOT / "tests" / "fake_vllm"
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]))
+        monkeypatch.setenv("FAKE_VLLM_LOG", str(tmp_path / "vllm.jsonl"))
+    if "hf-posext-vllm" in argv:   # lm-eval on vLLM: checked here, handed to vLLM's python (a stub)
+        stub = tmp_path / "python"
+        stub.write_text("#!/bin/sh\nexit 0\n")
+        stub.chmod(0o755)
+        monkeypatch.setenv("HF_POSEXT_VLLM_PYTHON", str(stub))
     assert cli.main(cheap(argv, model, tmp_path / "out")) == 0
 
 

@@ -8,7 +8,9 @@ builds the parser from them and runs the chosen one).
     serve.py       `hf-posext serve`: the command that serves a checkpoint in an engine
     retrieval.py   `hf-posext retrieval`: the RULER-style retrieval suite (hf_posext/evaluation/retrieval/)
     retrieval_plan.py  `hf-posext retrieval --sequential / --budget`: flags, run, decisions
+    retrieval_engine.py  retrieval's `--engine vllm` flags, checked before anything loads
     lm_eval.py     `hf-posext lm-eval`: lm-evaluation-harness with the `hf-posext` model type
+    lm_eval_vllm.py  its `hf-posext-vllm` model type: checked here, run in vLLM's Python
     model_args.py  the model and tokenizer a command's flags name (`--model`, `--gguf-file`, ...)
     auto_dtype.py  `--dtype auto`: bfloat16 where a probe measures it faster (issue 29)
     session.py     what the grid commands share: their flags, the checks before the model loads,

@@ -5,7 +5,8 @@
         --tasks niah_single_1 --metadata '{"max_seq_lengths":[8192]}' --limit 5
 
 `--model` defaults to `hf-posext` (lm-eval's own default, `hf`, cannot read
-`embedded:smollm2-135m`). The `hf-posext` model_args (method, factor, knobs) are checked before
+`embedded:smollm2-135m`); `--model hf-posext-vllm` runs the same extension in vLLM, with the
+arguments `hf-posext serve` derives (lm_eval_vllm.py). The `hf-posext` model_args (method, factor, knobs) are checked before
 lm-eval loads anything; a model whose tokenizer is inside a GGUF (the embedded default, or
 `gguf_file=`) gets `tokenizer=<a folder it is saved to once>`, which RULER's tasks need.
 Needs the `lmeval` extra: pip install 'hf_posext[lmeval]'.
@@ -18,6 +19,7 @@ import sys
 from contextlib import contextmanager
 
 from ..evaluation.inputs import InputError
+from .lm_eval_vllm import run_on_vllm
 
 MISSING = ("lm-eval is not installed; install the extra: pip install 'hf_posext[lmeval]' "
            "(lm-eval==0.4.13, wonderwords, nltk).")
@@ -69,6 +71,15 @@ def prepare(ns) -> None:
         ns.model_args = {**kwargs, "tokenizer": folder}
 
 
+def _value(argv: list[str], flag: str) -> str | None:
+    for i, item in enumerate(argv):
+        if item == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if item.startswith(flag + "="):
+            return item.split("=", 1)[1]
+    return None
+
+
 @contextmanager
 def _argv(argv: list[str]):
     saved = sys.argv
@@ -84,6 +95,10 @@ def run(args) -> int:
         import lm_eval  # noqa: F401
     except ImportError:
         raise InputError(MISSING) from None
+    # --model hf-posext-vllm: serve's vLLM arguments, run in vLLM's Python (lm_eval_vllm.py)
+    routed = run_on_vllm(args.lm_eval_args, _value(args.lm_eval_args, "--model"))
+    if routed is not None:
+        return routed
     # lm-eval's own command line (lm_eval.__main__.cli_evaluate, 0.4.13), parsed here so that
     # `prepare` sees its arguments as lm-eval reads them (`--model_args a=1,b=2` or `a=1 b=2`)
     from lm_eval._cli import HarnessCLI

@@ -24,7 +24,7 @@ from ..evaluation.retrieval.haystack import NOISE_NAME, load_haystack
 from ..evaluation.retrieval.plots import format_summary, plot_all, summary
 from ..evaluation.retrieval.settings import DEFAULT_MARGIN, DEFAULT_TRIALS
 from ..evaluation.settings import RunInfo
-from . import retrieval_plan, session
+from . import retrieval_engine, retrieval_plan, session
 from .model_args import load_tokenizer_from
 
 
@@ -51,6 +51,7 @@ def add_subcommand(sub) -> None:
                         "or any source of `eval --dataset`")
     retrieval_plan.add_args(g)
     session.add_source_args(g)
+    retrieval_engine.add_engine_args(p)
     p.set_defaults(run=run, store_name="retrieval")
 
 
@@ -97,15 +98,25 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
 
 def run(args, grid: RetrievalGrid | None = None) -> int:
     plan = retrieval_plan.rule_from(args)   # --sequential / --budget, checked before the model
+    if plan is not None and args.engine != "transformers":
+        raise InputError(f"--sequential / --budget run on transformers; --engine {args.engine} runs "
+                         "fixed trials (--trials): drop one of them.")
     grid = grid or retrieval_grid(args)
     ranks = Ranks()
+    engine, _ = retrieval_engine.engine_from_args(args, grid) or (None, None)
     grid, tokenizer, haystack = prepare(args, grid, ranks)
     if plan is not None:
         return retrieval_plan.run(args, grid, plan, tokenizer, haystack, ranks, report)
-    store, rows = session.evaluate_in_store(args, args.store_name, ranks, lambda model, view, progress: (
-        evaluate_retrieval(model, tokenizer, grid, haystack=haystack, store=view, ranks=ranks,
-                           progress=progress, run=RunInfo(model_name=args.model, device=args.device,
-                                                          fingerprint=args.fingerprint))))
+    try:
+        store, rows = session.evaluate_in_store(args, args.store_name, ranks, lambda model, view, progress: (
+            evaluate_retrieval(model, tokenizer, grid, haystack=haystack, store=view, ranks=ranks,
+                               progress=progress, engine=engine,
+                               run=RunInfo(model_name=args.model, device=args.device,
+                                           fingerprint=args.fingerprint))),
+            load=engine and functools.partial(retrieval_engine.load_for_engine, engine=engine))
+    finally:
+        if engine is not None:
+            engine.close()
     if ranks.is_main:
         # every block of trials of this run's series (any seeds), each cell's blocks as one row
         rows = merge_blocks(session.folder_rows(store.rows, rows,
@@ -115,7 +126,8 @@ def run(args, grid: RetrievalGrid | None = None) -> int:
 
 
 def report(args, grid: RetrievalGrid, store, rows: list[dict]) -> None:
-    caption = f"{args.model} ({rows[0]['dtype']}), {rows[0]['dataset']} haystack, {trials_text(rows)}"
+    on = f" on vLLM {rows[0]['engine_version']}" if rows[0].get("engine") == "vllm" else ""
+    caption = f"{args.model} ({rows[0]['dtype']}{on}), {rows[0]['dataset']} haystack, {trials_text(rows)}"
     print(f"retrieval accuracy — {caption}")
     print(format_summary(summary(rows, grid.margin), grid.margin))
     if not args.no_plot:

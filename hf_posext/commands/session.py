@@ -167,6 +167,12 @@ def open_store(args, name: str, ranks):
     def open_checked():
         store = ResultsStore(out, name, resume=args.resume)
         refuse_conflicts(store, {k: v for k, v in early.items() if v})
+        engine = getattr(args, "engine", "transformers")   # rows without one: transformers'
+        other = sorted({str(r.get("engine", "transformers")) for r in store.rows} - {engine})
+        if other:
+            store.close()
+            raise InputError(f"{out} holds results of engine {', '.join(other)}, this run is on "
+                             f"{engine}; the engines never share a folder. Choose another --out.")
         return store
 
     store = ranks.run_first(open_checked)
@@ -183,9 +189,9 @@ def refuse_conflicts(store, identity: dict) -> None:
                          "run only. Choose another --out.")
 
 
-def load_checked(args, store, ranks):
+def load_checked(args, store, ranks, load=None):
     print(f"model: loading {args.model} ({args.dtype}, {args.device})", file=sys.stderr)
-    model = model_args.load_model_from(args)   # by module: tests replace the loader there
+    model = (load or model_args.load_model_from)(args)   # by module: tests replace the loader there
     args.fingerprint = loaded_fingerprint(model, args.fingerprint)
     ranks.run_first(refuse_conflicts, store, {
         "model_fingerprint": args.fingerprint, "dtype": model_dtype(model),
@@ -214,13 +220,14 @@ def without_unfit(grid, args, ranks):
                                                        grid.factors, grid.knobs or {}))
 
 
-def evaluate_in_store(args, name: str, ranks, evaluate) -> tuple:
+def evaluate_in_store(args, name: str, ranks, evaluate, load=None) -> tuple:
     """The results folder opened (before the model loads), the model loaded and its identity
     checked, then `evaluate(model, view, progress)`; the folder is closed whatever happens.
-    Returns (the store on rank 0 / None elsewhere, the rows)."""
+    `load(args)`: another loader (retrieval's --engine vllm). Returns (the store on rank 0 / None
+    elsewhere, the rows)."""
     view, store = open_store(args, name, ranks)
     try:
-        model = load_checked(args, store, ranks)
+        model = load_checked(args, store, ranks, load)
         rows = evaluate(model, view, not args.no_progress and ranks.is_main)
     finally:
         if store is not None:

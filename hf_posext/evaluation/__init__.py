@@ -18,6 +18,7 @@ loaded model (docs/evaluation.md).
     texts.py        perplexity of texts given in Python (what the `evaluate` module runs)
     inputs.py       the `hf-posext` command-line inputs and their checks
     harness.py      the `hf-posext` model type of lm-evaluation-harness (patched models in lm-eval)
+    harness_vllm.py the `hf-posext-vllm` type: lm-eval's vLLM model with serve's overrides
     retrieval/      the RULER-style retrieval suite: tasks, haystacks, prefix-cached decoding,
                     Wilson statistics, effective length, plots (docs/retrieval.md)
     measurement/    the `evaluate` measurement module

@@ -14,9 +14,10 @@ from typing import Sequence
 from ..store import ResultsError
 from .stats import pooled, wilson
 
-# What makes two rows the same cell, seeds aside (a task reworded has another data_hash).
+# What makes two rows the same cell, seeds aside (a task reworded has another data_hash; `engine`
+# is absent from transformers rows, "vllm" on --engine vllm's).
 CELL_FIELDS = ("task", "haystack", "method", "factor", "knobs", "length", "depth", "data_hash",
-               "model_fingerprint", "dtype", "attn_implementation")
+               "model_fingerprint", "dtype", "attn_implementation", "engine")
 
 
 def seeds_text(seeds: Sequence[int]) -> str:

@@ -39,7 +39,7 @@ def data_hash(tokenizer, haystack: Haystack, task: str) -> str:
 def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | None = None,
                        haystack: Haystack | None = None, store=None, ranks=None,
                        reuse_identical: bool = True, progress: bool = True,
-                       answer_fn=None, seed_blocks: bool = True) -> list[dict]:
+                       answer_fn=None, seed_blocks: bool = True, engine=None) -> list[dict]:
     """One row per (length, task, method, factor, depth): `correct` of `trials`, `accuracy`
     with its Wilson 95 % interval (`ci_low`, `ci_high`), RULER's mean `score`, and every
     trial's expected and generated answer (`answers`, `outputs`).
@@ -49,7 +49,9 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
     decoding with the shared prefix prefilled once (`decode.answer_cell`).
     seed_blocks: the stored rows of a cell are blocks of trials its tables pool (`blocks.py`), so
     seeds overlapping a stored block are refused; False where each seed list is its own series
-    (the passkey's tables: a run with more seeds is a new cell, not a second block)."""
+    (the passkey's tables: a run with more seeds is a new cell, not a second block).
+    engine: e.g. `vllm_engine.VllmEngine`: answers come from that engine (`model` may then be its
+    weightless `planning_model`); rows and keys carry its name and version."""
     run = run or RunInfo()
     check_device(run.device, "device=")
     if run.dtype not in (None, "", "auto") and model_dtype(model) != run.dtype:
@@ -62,6 +64,8 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
     # the data hash rides in each cell (its key and its row), not in the run identity: it is per task
     cells = [dataclasses.replace(c, extra={**c.extra, "data_hash": hashes[c.extra["task"]]})
              for c in grid.cells(trained)]
+    if engine is not None:
+        engine.plan(cells)   # refusals before any engine loads
     memo: dict[tuple, CellPrompts] = {}
 
     def prompts(cell: Cell) -> CellPrompts:
@@ -74,7 +78,8 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
     def compute(cell: Cell) -> dict:
         task, cp = get_task(cell.extra["task"]), prompts(cell)
         with PeakMemory(run.device) as peak:
-            texts = answer_fn(model, tokenizer, cp, grid.reuse_prefix)
+            texts = engine.answer(model, tokenizer, cell, cp) if engine is not None else \
+                answer_fn(model, tokenizer, cp, grid.reuse_prefix)
         scores = [score_trial(t, tr.answers, task.multi_answer) for t, tr in zip(texts, cp.trials)]
         correct = sum(s == 1.0 for s in scores)
         low, high = wilson(correct, len(scores))
@@ -87,7 +92,9 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
                 "prefix_tokens": len(cp.prefix), "reuse_prefix": grid.reuse_prefix,
                 "peak_rss_mb": round(peak.peak_mb, 1)}
 
-    identity = run_identity(model, fingerprint=run.fingerprint, device=run.device, data_hash=None)
+    identity = run_identity(model, fingerprint=run.fingerprint or getattr(engine, "fingerprint", None),
+                            device=run.device, data_hash=None,
+                            **(engine.identity() if engine is not None else {}))
     # trials added in blocks (--seed after a stored block) must not overlap one: refused now
     check_blocks(store.rows if store is not None and seed_blocks else [],
                  [{"method": c.method, "factor": c.factor, "knobs": knob_text(c.knobs), "length": c.length,
