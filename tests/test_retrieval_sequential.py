@@ -278,3 +278,14 @@ def test_replay_rescoring_equals_the_committed_counts(tmp_path):
     assert sum(sum(map(len, q.values())) for q in per.values()) == sum(int(r["trials"]) for r in rows)
     assert script.main(["--runs", "20", "--out", str(tmp_path / "r.md")]) == 0
     assert "A replay of the committed per-trial outcomes, not a rerun" in (tmp_path / "r.md").read_text()
+
+
+def test_a_length_after_a_point_estimate_below_gets_no_more_looks():
+    from hf_posext.evaluation.retrieval.schedule import Question, SequentialResult, _priority
+    rule = SequentialRule(block=4, max_trials=8, confidence=0.95)
+    q8 = Question("t", "yarn", "2", 2.0, "", 8192, 1, False, 0, looks=[(3, 4), (4, 4)])     # 7/8, undecided
+    q16 = Question("t", "yarn", "2", 2.0, "", 16384, 1, False, 1, looks=[(0, 4)])
+    state = SequentialResult([], [q8, q16], {"t": 0.9}, rule)
+    assert state.call(q8) == (BELOW, True) and _priority(q16, state) is None     # 0.875 < 0.9: ends at 8k
+    state.bars = {"t": 0.8}
+    assert state.call(q8) == (ABOVE, True) and _priority(q16, state) is not None

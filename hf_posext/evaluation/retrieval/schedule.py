@@ -141,9 +141,10 @@ def _bars(questions: list[Question], margin: float) -> dict[str, float | None]:
 
 def _matters(q: Question, state: SequentialResult) -> bool:
     """The effective length depends on q: there is a bar and no shorter length of q's series is
-    decided `below` (the effective length ends before it)."""
+    called `below` (decided, or by its point estimate after its last look: the effective length
+    ends before it)."""
     return state.bars.get(q.task) is not None and not any(
-        r.series == q.series and r.length < q.length and r.decision == BELOW for r in state.questions)
+        r.series == q.series and r.length < q.length and state.call(r)[0] == BELOW for r in state.questions)
 
 
 def _priority(q: Question, state: SequentialResult) -> tuple | None:
@@ -156,7 +157,7 @@ def _priority(q: Question, state: SequentialResult) -> tuple | None:
         return None   # the bar is not measured yet
     if _matters(q, state) and q.decision == UNDECIDED:
         shorter = [r for r in state.questions if r.series == q.series and r.length < q.length]
-        return (1, sum(r.decision != ABOVE for r in shorter), len(q.looks), q.length, q.index)
+        return (1, sum(state.call(r)[0] != ABOVE for r in shorter), len(q.looks), q.length, q.index)
     if not q.looks:
         return (2, q.length, q.index)
     return None
