@@ -79,11 +79,11 @@ def save(out: str, result: dict) -> None:
     Path(out).with_suffix(".md").write_text(report(result))
 
 
-def report(result: dict) -> str:
+def report(result: dict, kept: str = "benchmarks/results/vllm_parity.json") -> str:
     """The results page (benchmarks/results/vllm_parity.md) from the run's JSON."""
     lines = ["# Retrieval and logprobs on vLLM vs transformers + hf_posext (issue 39)", "",
-             f"Command: `{result['command']}` (its JSON kept as benchmarks/results/vllm_parity.json; "
-             "this page: `python benchmarks/vllm_parity.py --report benchmarks/results/vllm_parity.json`)", "",
+             f"Command: `{result['command']}` (its JSON kept as {kept}; this page: "
+             f"`python benchmarks/vllm_parity.py --report {kept} --out {kept}`)", "",
              f"Machine: {result['machine']}; model: {result['model']}.", "",
              "| vLLM engine | start-up (s) | arguments (`hf-posext serve`'s + the run's) |",
              "|---|---|---|"]
@@ -146,7 +146,8 @@ def main() -> None:
                    "--out's .md")
     args = p.parse_args()
     if args.report:
-        Path(args.out).with_suffix(".md").write_text(report(json.loads(Path(args.report).read_text())))
+        Path(args.out).with_suffix(".md").write_text(report(json.loads(Path(args.report).read_text()),
+                                                            args.report))
         return
     torch.set_num_threads(2)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
