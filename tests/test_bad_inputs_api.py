@@ -118,6 +118,8 @@ def _both(key, value):
         for layout in ("rope_scaling", "rope_parameters"):
             if isinstance(config.get(layout), dict):
                 config[layout][key] = value
+        if key in config:   # transformers 4.x keeps rope_theta beside the dict, and reads it there
+            config[key] = value
     return edit
 
 

@@ -20,7 +20,7 @@ from conftest import TRAINED, tiny_model
 from hf_posext.portability.exporting import export
 from hf_posext.portability.serving import command
 from hf_posext.portability.verdicts import check, load_config, report
-from hf_posext.rope.compat import get_rope_parameters
+from hf_posext.rope.compat import IS_V5, get_rope_parameters
 from hf_posext.rope.registry import compute
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -116,7 +116,10 @@ def test_the_frozen_factor_against_an_exact_freeze():
     assert exact[-1].item() == 0.0
     rotary(model).inv_freq.copy_(exact)
     rotary(model).original_inv_freq = exact.clone()
-    assert (logits(model, 4 * TRAINED) - saved_form).abs().max().item() == 0.0
+    # identical on transformers 5.x; 4.57's longrope path rounds its float32 cos/sin differently
+    # (a 1e30 factor gives 1e-30-scale angles, not exact zeros): within float32 noise there
+    gap = (logits(model, 4 * TRAINED) - saved_form).abs().max().item()
+    assert gap == 0.0 if IS_V5 else gap < 1e-6, gap
 
 
 def test_nothing_to_clip_is_an_error_and_leaves_the_model_alone():
