@@ -247,13 +247,14 @@ def arm_line(arm: str, ppl: list[dict], ret: list[dict], free_short: float | Non
     trained = int(ppl[0]["trained_length"])
     truncate = {int(r["length"]): r for r in ppl if r["protocol"] == "truncate"}
     longest, short = max(truncate), min(truncate)
-    base = next(r for r in ppl if r["protocol"] == "baseline" and int(r["length"]) == longest)
+    # the sliding baseline exists only at lengths past L: a grid within L has no "past L" column
+    base = next((r for r in ppl if r["protocol"] == "baseline" and int(r["length"]) == longest), None)
     cells = [f"{truncate[n]['perplexity']:.2f}" for n in sorted(truncate)]
     change = f"{100 * (truncate[short]['perplexity'] / free_short - 1):+.1f} %" if free_short else "—"
-    past = mean_nll(truncate[longest], trained) - mean_nll(base, trained)
+    past = "—" if base is None else f"{mean_nll(truncate[longest], trained) - mean_nll(base, trained):+.3f}"
     found = {n: (k, t) for n, k, t in by_length(ret)}
     hits = [rate_text(*found[n]) if n in found else "not run" for n in rlengths]
-    return "| " + " | ".join([LABELS[arm], *cells, change, f"{past:+.3f}", *hits]) + " |"
+    return "| " + " | ".join([LABELS[arm], *cells, change, past, *hits]) + " |"
 
 
 def report(args) -> Path:

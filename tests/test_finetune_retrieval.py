@@ -158,3 +158,12 @@ def test_committed_report_is_its_rows_and_the_readme_quotes_it(tmp_path, capsys,
     table = lines[head:head + 5]                                       # head, rule, 3 arms
     start = readme.index(table[0])
     assert readme[start:start + 5] == table
+
+
+def test_the_report_line_of_a_grid_within_the_trained_length():
+    """A grid with no length past L has no sliding baseline: the arm's line says "—" there instead
+    of dying in the report after the training (issue #40: a raw StopIteration after 45 minutes)."""
+    script = runpy.run_path(str(SCRIPT), run_name="finetune_retrieval")   # its functions, no run
+    rows = [{"trained_length": 8192, "protocol": "truncate", "length": 4096, "perplexity": 20.0}]
+    line = script["arm_line"]("mix", rows, [], None, [8192])
+    assert line == "| fine-tuned, documents + synthetic | 20.00 | — | — | not run |"
