@@ -19,7 +19,7 @@ import sys
 from contextlib import contextmanager
 
 from ..evaluation.inputs import InputError
-from .lm_eval_vllm import run_on_vllm
+from .lm_eval_vllm import flag_value, run_on_vllm
 
 MISSING = ("lm-eval is not installed; install the extra: pip install 'hf_posext[lmeval]' "
            "(lm-eval==0.4.13, wonderwords, nltk).")
@@ -71,15 +71,6 @@ def prepare(ns) -> None:
         ns.model_args = {**kwargs, "tokenizer": folder}
 
 
-def _value(argv: list[str], flag: str) -> str | None:
-    for i, item in enumerate(argv):
-        if item == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if item.startswith(flag + "="):
-            return item.split("=", 1)[1]
-    return None
-
-
 @contextmanager
 def _argv(argv: list[str]):
     saved = sys.argv
@@ -96,7 +87,8 @@ def run(args) -> int:
     except ImportError:
         raise InputError(MISSING) from None
     # --model hf-posext-vllm: serve's vLLM arguments, run in vLLM's Python (lm_eval_vllm.py)
-    routed = run_on_vllm(args.lm_eval_args, _value(args.lm_eval_args, "--model"))
+    model = flag_value(args.lm_eval_args, "--model")
+    routed = run_on_vllm(args.lm_eval_args, model and model[1])
     if routed is not None:
         return routed
     # lm-eval's own command line (lm_eval.__main__.cli_evaluate, 0.4.13), parsed here so that

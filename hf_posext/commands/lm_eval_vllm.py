@@ -20,19 +20,24 @@ from ..evaluation.inputs import InputError
 MODEL_TYPE = "hf-posext-vllm"
 
 
+def flag_value(argv: list[str], flag: str) -> tuple[int, str] | None:
+    """(index in argv of the value, the value) of `flag VALUE` or `flag=VALUE`, else None."""
+    for i, item in enumerate(argv):
+        if item == flag and i + 1 < len(argv):
+            return i + 1, argv[i + 1]
+        if item.startswith(flag + "="):
+            return i, item.split("=", 1)[1]
+    return None
+
+
 def _model_args(argv: list[str]) -> tuple[int | None, dict]:
     """(index of the --model_args value in argv, its parsed value)."""
     from lm_eval.utils import simple_parse_args_string
 
-    for i, item in enumerate(argv):
-        if item == "--model_args" and i + 1 < len(argv):
-            text, at = argv[i + 1], i + 1
-            break
-        if item.startswith("--model_args="):
-            text, at = item.split("=", 1)[1], i
-            break
-    else:
+    found = flag_value(argv, "--model_args")
+    if found is None:
         return None, {}
+    at, text = found
     return at, (json.loads(text) if text.lstrip().startswith("{") else simple_parse_args_string(text))
 
 
