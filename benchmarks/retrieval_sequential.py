@@ -147,12 +147,15 @@ def simulation(rule: SequentialRule, runs: int) -> list[str]:
         for p in ps:
             counts, mean = simulate([p] * depths, bar, rule, runs, seed=0)
             wrong = counts[BELOW] if p >= bar else counts[ABOVE]
+            zone = bar - rule.indifference <= p < bar + rule.indifference   # either call accepted there
             lines.append(f"| {depths} | {bar:.2f} | {p:.2f} | {counts[ABOVE] / runs:.3f} | {counts[BELOW] / runs:.3f} | "
-                         f"{counts[UNDECIDED] / runs:.3f} | {wrong / runs:.4f} | {mean:.1f} ({rule.max_trials * depths}) |")
+                         f"{counts[UNDECIDED] / runs:.3f} | {'— (in the zone)' if zone else f'{wrong / runs:.4f}'} | "
+                         f"{mean:.1f} ({rule.max_trials * depths}) |")
     return lines
 
 
-def at_committed_rates(rows: list[dict], rule: SequentialRule, margin: float, runs: int) -> list[str]:
+def at_committed_rates(rows: list[dict], rule: SequentialRule, margin: float, runs: int,
+                       totals: list[float] | None = None) -> list[str]:
     """A live run's expected cost, simulated with each depth cell's committed accuracy as its
     true rate (few trials: a rough stand-in, 0/4 read as 0): per question the chance the rule
     decides, the chance its call equals the fixed design's, and the mean trials, against
@@ -188,6 +191,28 @@ def at_committed_rates(rows: list[dict], rule: SequentialRule, margin: float, ru
             lines.append(f"| {task} | {method} s={factor:g} | {_k(length)} | {', '.join(f'{x:.2f}' for x in rates)} | "
                          f"{decided:.2f} | ≥ {same:.2f} | {mean:.1f} ({fixed_n}) |")
     lines.append(f"| all | | | | | | **{total_seq:.0f} ({total_fixed:.0f}) = {total_seq / total_fixed:.0%}** |")
+    if totals is not None:
+        totals[:] = [total_seq, total_fixed]
+    return lines
+
+
+def zones(rows: list[dict], rule: SequentialRule, margin: float, runs: int) -> list[str]:
+    """The live-run cost and the calls at several indifference zones (`--indifference`): the
+    trials against the fixed design's, and the questions whose call differs from the fixed one."""
+    import dataclasses
+    lines = ["| indifference | simulated live run: trials (of the fixed design's) | questions not surely called as the fixed design (undecided or opposite; simulated, mean per run) | replay: decided / as fixed |",
+             "|---|---|---|---|"]
+    for delta in (0.0, 0.05, 0.10):
+        zoned = dataclasses.replace(rule, indifference=delta)
+        totals: list[float] = []
+        table = at_committed_rates(rows, zoned, margin, runs, totals)
+        # "≥ x" is each question's chance of the fixed design's call; 1 - x summed: expected differing calls
+        differ = sum(1 - float(line.split("|")[6].strip(" ≥")) for line in table[2:-1])
+        replayed = tables(rows, zoned, margin)[0]
+        decided = replayed.split("decided by the rule: ")[1].split("**")[0]
+        same = replayed.split("decided by the rule: ")[1].split(", ")[1].split(" of them")[0]
+        lines.append(f"| {delta:g} | {totals[0]:.0f} ({totals[1]:.0f}) = {totals[0] / totals[1]:.0%} | "
+                     f"{differ:.2f} | {decided} / {same} |")
     return lines
 
 
@@ -197,12 +222,14 @@ def main(argv=None) -> int:
     p.add_argument("--block", type=int, default=4, help="trials per look at each depth (default 4)")
     p.add_argument("--max-trials", type=int, default=20, help="the most trials a cell runs (default 20)")
     p.add_argument("--confidence", type=float, default=0.95, help="over all looks (default 0.95)")
+    p.add_argument("--indifference", type=float, default=0.0,
+                   help="half-width of the zone around the bar where either call is accepted (default 0)")
     p.add_argument("--margin", type=float, default=0.10, help="the effective length's margin (default 0.10)")
     p.add_argument("--runs", type=int, default=4000, help="simulated cells per accuracy (default 4000)")
     p.add_argument("--out", type=Path, default=OUT, help=f"the report (default {OUT.relative_to(ROOT)})")
     args = p.parse_args(argv)
     try:
-        rule = SequentialRule(args.block, args.max_trials, args.confidence)
+        rule = SequentialRule(args.block, args.max_trials, args.confidence, args.indifference)
     except ValueError as err:
         p.error(str(err))
     rows = json.loads(args.grid.read_text(encoding="utf-8"))["rows"]
@@ -230,6 +257,17 @@ def main(argv=None) -> int:
         "falls back on its point estimate, which may agree too).",
         "",
         *at_committed_rates(rows, rule, args.margin, args.runs),
+        "",
+        "## With an indifference zone",
+        "",
+        "The same live-run simulation and replay with `--indifference` 0.05 and 0.10: a cell stops once "
+        "its bounds put it above bar − δ or below bar + δ, so a cell near the bar stops sooner and may be "
+        "called either way (the stated error holds for accuracies at least δ from the bar). *not surely as "
+        "the fixed design*: the expected number of questions, per simulated run, left undecided or called "
+        "against the committed point estimate (such cells are near the bar, where the fixed design's call is "
+        "itself a coin flip of its trials).",
+        "",
+        *zones(rows, rule, args.margin, args.runs),
         "",
         "## The rule at known accuracies (simulated)",
         "",

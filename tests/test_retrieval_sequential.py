@@ -62,6 +62,39 @@ def test_wrong_decisions_stay_below_the_stated_rate(p_depths, bar):
     print(f"p={p:.3f} bar={bar}: {counts}, {mean_trials:.1f} trials per cell of at most {20 * len(p_depths)}")
 
 
+# the zone's edges and beyond: p >= bar + delta must not be called below, p < bar - delta not above
+ZONE_CASES = [([0.40] * 5, 0.30), ([0.19] * 5, 0.30), ([1.0, 1.0], 0.90), ([0.79, 0.79], 0.90),
+              ([1.0, 0.6, 0.0, 0.0, 0.4], 0.30)]
+
+
+@pytest.mark.parametrize("p_depths, bar", ZONE_CASES)
+def test_an_indifference_zone_keeps_the_rate_outside_it_and_stops_sooner(p_depths, bar):
+    zone = SequentialRule(block=4, max_trials=20, confidence=0.90, indifference=0.1)
+    plain = SequentialRule(block=4, max_trials=20, confidence=0.90)
+    runs = 4000
+    counts, mean_trials = simulate(p_depths, bar, zone, runs, seed=3)
+    p = sum(p_depths) / len(p_depths)
+    assert p >= bar + 0.1 or p < bar - 0.1   # the cases lie outside the zone, where the rate is stated
+    wrong = counts[BELOW] if p >= bar else counts[ABOVE]
+    alpha = 1 - zone.confidence
+    assert wrong / runs <= alpha + 3 * (alpha / runs) ** 0.5, counts
+    # the zone moves each bound's threshold towards the cell, so it never needs more trials
+    assert mean_trials <= simulate(p_depths, bar, plain, runs, seed=3)[1]
+
+
+def test_inside_the_zone_the_point_estimate_calls_it():
+    rule = SequentialRule(block=400, max_trials=400, confidence=0.95, indifference=0.1)
+    # one look, 300/400 = 0.75, bar 0.78: the interval (about [0.71, 0.79]) lies in [0.68, 0.88)
+    decision, low, high = rule.decide(300, 400, 0.78)
+    assert 0.68 <= low and high < 0.88 and decision == BELOW
+    assert rule.decide(300, 400, 0.74)[0] == ABOVE
+    # without the zone the same counts stay open against 0.78
+    assert SequentialRule(block=400, max_trials=400, confidence=0.95).decide(300, 400, 0.78)[0] == UNDECIDED
+    for bad in (-0.1, 0.5, True):
+        with pytest.raises(ValueError, match="indifference must be in"):
+            SequentialRule(indifference=bad)
+
+
 def test_clear_cells_stop_early():
     rule = SequentialRule(block=4, max_trials=20, confidence=0.95)
     counts, mean_trials = simulate([0.0] * 5, 0.3, rule, 500)
@@ -200,6 +233,8 @@ def test_no_length_within_the_trained_one_is_an_error(model, tmp_path):
     (["--confidence", "0.9"], "--confidence is for sequential trials"),
     (["--sequential", "--confidence", "1.2"], "--confidence must be in [0.5, 1)"),
     (["--sequential", "--trials", "8", "--max-trials", "4"], "--max-trials 4 is below --trials 8"),
+    (["--indifference", "0.1"], "--indifference is for sequential trials"),
+    (["--sequential", "--indifference", "0.5"], "--indifference must be in [0, 0.5)"),
     (["--budget", "30x"], "--budget '30x': give wall time as 30m, 2h or 90s"),
     (["--budget", "0"], "--budget must be at least 1 trial"),
 ])

@@ -32,6 +32,10 @@ def add_args(g) -> None:
     g.add_argument("--confidence", type=float, default=None,
                    help="with --sequential: every interval of a cell holds its accuracy at once with "
                         f"this probability (default {DEFAULT_CONFIDENCE})")
+    g.add_argument("--indifference", type=float, default=None,
+                   help="with --sequential: accept either call for accuracies within this distance of "
+                        "the bar (an indifference zone, e.g. 0.1): cells near the bar stop sooner, and "
+                        "the stated error holds for accuracies at least this far from it (default 0)")
     g.add_argument("--budget", default=None,
                    help="sequential trials within a budget: wall time (30m, 2h, 90s) or a number of "
                         "trials; open decisions the effective length rests on go first; --resume continues")
@@ -54,7 +58,8 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
     Sets args.trials to the fixed design's default when it was not given."""
     sequential = args.sequential or args.budget is not None
     if not sequential:
-        for flag, value in (("--max-trials", args.max_trials), ("--confidence", args.confidence)):
+        for flag, value in (("--max-trials", args.max_trials), ("--confidence", args.confidence),
+                            ("--indifference", args.indifference)):
             if value is not None:
                 raise InputError(f"{flag} is for sequential trials; add --sequential (or --budget).")
         args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
@@ -70,8 +75,11 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
     confidence = DEFAULT_CONFIDENCE if args.confidence is None else args.confidence
     if not 0.5 <= confidence < 1.0:
         raise InputError(f"--confidence must be in [0.5, 1), e.g. 0.95; got {confidence}.")
+    indifference = 0.0 if args.indifference is None else args.indifference
+    if not 0.0 <= indifference < 0.5:
+        raise InputError(f"--indifference must be in [0, 0.5), e.g. 0.1; got {indifference}.")
     args.trials = max_trials   # the grid's seeds: every look's prompts are built (checked) before the model
-    return SequentialRule(block, max_trials, confidence), budget
+    return SequentialRule(block, max_trials, confidence, indifference), budget
 
 
 def run(args, grid, plan, tokenizer, haystack, ranks, report) -> int:

@@ -190,12 +190,13 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
                         clock: Callable[[], float] = time.monotonic,
                         log: Callable[[str], None] = lambda s: print(s, flush=True)) -> SequentialResult:
     """Run `grid`'s questions look by look (the module docstring); each block row gains `look`,
-    `max_trials`, `confidence`, and the question's `decision`, `decision_low`, `decision_high`
+    `max_trials`, `confidence`, `indifference`, and the question's `decision`, `decision_low`, `decision_high`
     and `bar` after that look. `clock` and `answer_fn` are injectable (tests: a fake clock the
     stub answers advance)."""
     run = run or RunInfo()
     run = dataclasses.replace(run, extra_columns={**run.extra_columns, "max_trials": rule.max_trials,
-                                                  "confidence": rule.confidence})
+                                                  "confidence": rule.confidence,
+                                                  "indifference": rule.indifference})
     trained = trained_length(model)
     if not any(length <= trained for length in grid.lengths):
         raise ValueError(f"sequential trials need a length <= the trained length {trained} in the "
@@ -270,6 +271,12 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
     return state
 
 
+def zone_text(rule: SequentialRule) -> str:
+    """What an indifference zone changes in the stated error ('' without one)."""
+    d = rule.indifference
+    return (f" for accuracies outside the bar ± {d:g} (inside it either call is accepted)" if d else "")
+
+
 def plan_text(state: SequentialResult, budget: Budget | None) -> str:
     """What the run will do, before it does it: the rule, the budget, what is stored."""
     rule, done = state.rule, sum(len(q.looks) for q in state.questions)
@@ -281,7 +288,8 @@ def plan_text(state: SequentialResult, budget: Budget | None) -> str:
     cost = (f" (about {sum(c * n for c, n in costs) / 60:.0f} min at the pace of the stored looks)"
             if costs and all(c is not None for c, _ in costs) else "")
     return (f"sequential: looks of {rule.block} trial(s) at each depth, at most {rule.max_trials} "
-            f"({rule.looks} looks), Clopper–Pearson bounds, wrong decisions <= {1 - rule.confidence:.2g} over all looks; "
+            f"({rule.looks} looks), Clopper–Pearson bounds, wrong decisions <= {1 - rule.confidence:.2g} over all looks"
+            f"{zone_text(rule)}; "
             f"{len(state.questions)} questions, {done} looks stored; at most {left} trials to run"
             f"{cost}; reference first ({refs}); budget: {budget.text() if budget else 'none'}")
 
@@ -312,7 +320,8 @@ def decisions_table(state: SequentialResult) -> str:
                      f"-> effective length {length}")
     bars = "; ".join(f"{t}: {'none' if b is None else f'{b:.2f}'}" for t, b in state.bars.items())
     lines.append(f"bar (reference - margin): {bars}; [bounds]: Clopper–Pearson, a decision wrong with "
-                 f"probability <= {1 - state.rule.confidence:.2g} over all {state.rule.looks} looks")
+                 f"probability <= {1 - state.rule.confidence:.2g} over all {state.rule.looks} looks"
+                 f"{zone_text(state.rule)}")
     open_q = state.open_questions()
     if state.stopped or open_q:
         lines.append(f"stopped: {state.stopped or 'max trials'}; open: "

@@ -18,6 +18,14 @@ DeMets 1983, Biometrika 70:659, spending alpha/J at each look):
   X ~ Binomial(n, p); low = 0 at k = 0, high = 1 at k = n.
 - Decision: `below` when high < b, `above` when low >= b, else `undecided` (the next look; at
   J looks the cell stays undecided and the table falls back on its point estimate, flagged).
+- With an indifference zone of half-width delta (`--indifference`; Wald's SPRT and Bechhofer's
+  ranking procedures state their error this way: Wald 1947, "Sequential Analysis", ch. 3;
+  Bechhofer 1954, Ann. Math. Statist. 25:16): `above` when low >= b - delta, `below` when
+  high < b + delta (both: the interval lies inside the zone, and the call is the point
+  estimate's, either being within tolerance). The guarantee moves to the accuracies at least
+  delta from the bar: a wrong `below` at p >= b + delta needs high < b + delta <= p, a wrong
+  `above` at p < b - delta needs low >= b - delta > p, each a bound missing p, so the argument
+  below holds unchanged; within the zone either call is accepted. delta = 0 is the rule above.
 - Why a decision is wrong with probability at most alpha, for every p, bar and stopping: when
   p >= b a wrong `below` needs high < b <= p at some look, i.e. the upper bound missing p; each
   look's upper bound misses with probability <= alpha/J at its fixed n (Clopper–Pearson is exact:
@@ -104,6 +112,7 @@ class SequentialRule:
     block: int = DEFAULT_BLOCK
     max_trials: int = 20
     confidence: float = DEFAULT_CONFIDENCE
+    indifference: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("block", "max_trials"):
@@ -115,6 +124,9 @@ class SequentialRule:
                              "give a block <= max_trials.")
         if not (0.5 <= self.confidence < 1.0):
             raise ValueError(f"confidence must be in [0.5, 1), e.g. 0.95; got {self.confidence}.")
+        if isinstance(self.indifference, bool) or not 0.0 <= self.indifference < 0.5:
+            raise ValueError(f"indifference must be in [0, 0.5), e.g. 0.05 (accuracies within it of the "
+                             f"bar may be called either way); got {self.indifference!r}.")
 
     @property
     def looks(self) -> int:
@@ -138,9 +150,12 @@ class SequentialRule:
         low, high = self.interval(k, n)
         if bar is None:
             return UNDECIDED, low, high
-        if high < bar:
+        surely_below, surely_above = high < bar + self.indifference, low >= bar - self.indifference
+        if surely_below and surely_above:   # inside the zone (delta > 0 only): either call is right
+            return (ABOVE if k / n >= bar else BELOW), low, high
+        if surely_below:
             return BELOW, low, high
-        if low >= bar:
+        if surely_above:
             return ABOVE, low, high
         return UNDECIDED, low, high
 
