@@ -136,7 +136,7 @@ $(eval $(call vllm_venv,.venv-vllm029,$(VLLM_OLD)))
 # vLLM"): the command checks its model_args in the main venv, then runs lm-eval in this one (vLLM
 # pins its own transformers, so neither venv can hold both). Adds packages only (pip's dry run:
 # no pin of the vLLM venv moves). hf_posext itself comes from the calling checkout (PYTHONPATH);
-# accelerate is its dependency (and lm-eval's HFLM, which hf_posext.evaluation.harness imports).
+# accelerate is its dependency (and lm-eval's HFLM, which hf_posext.evaluation.integrations.harness imports).
 .venv-vllm/.lmeval: .venv-vllm/.installed
 	.venv-vllm/bin/pip install -q "lm-eval==0.4.13" wonderwords==3.0.1 nltk==3.10.4 "accelerate>=1.0" $(TORCH)
 	.venv-vllm/bin/python -c "import lm_eval, vllm"

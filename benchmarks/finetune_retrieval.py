@@ -233,7 +233,7 @@ def relabel(rows: list[dict], arm: str) -> list[dict]:
 
 def mean_nll(row: dict, start: int) -> float:
     """Mean NLL per token over the positions >= start of a row with position buckets."""
-    from hf_posext.evaluation.buckets import nll_from
+    from hf_posext.evaluation.perplexity.buckets import nll_from
     found = nll_from(row, start)
     if found is None:
         raise SystemExit(f"a {row['length']}-token row has no position buckets at {start}; rerun its cells")
@@ -262,7 +262,7 @@ def report(args) -> Path:
     (perplexity; the change at the shortest length against the training-free arm; mean NLL past
     L minus the arm's own sliding baseline's; retrieval with Wilson 95 % intervals), then each
     arm's `hf-posext eval` table and retrieval cells with the answers given."""
-    from hf_posext.evaluation.results import format_length, format_table, plot_nll_by_position
+    from hf_posext.evaluation.shared.results import format_length, format_table, plot_nll_by_position
     from hf_posext.evaluation.retrieval.plots import plot_accuracy
     from hf_posext.evaluation.retrieval.stats import wilson
     arms = [a for a in ARMS if (args.out / a / "done.json").exists()]

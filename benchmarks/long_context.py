@@ -33,8 +33,8 @@ import torch
 import hf_posext
 from hf_posext.data import embedded
 from hf_posext.data.documents import load_documents
-from hf_posext.evaluation.loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
-from hf_posext.evaluation.perplexity import sliding_windows
+from hf_posext.evaluation.perplexity.loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
+from hf_posext.evaluation.perplexity.run import sliding_windows
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "long_context.json"
@@ -191,7 +191,7 @@ def cost_cells(config: str, layers: int, reps: int, lengths: list[int], run: Run
     the transient memory of one layer are those of the full model at a fraction of the cost."""
     import statistics
 
-    from hf_posext.evaluation.loss import decoder_and_head
+    from hf_posext.evaluation.perplexity.loss import decoder_and_head
 
     model, tok = load("none", run), run.tokenizer()
     decoder, _ = decoder_and_head(model)

@@ -1,7 +1,7 @@
 """benchmarks/results/long_context.md from the benchmark's own rows (results/long_context.json:
 tune and cost) and the `hf-posext eval` / `passkey` results folders it wrote (demo, code,
 passkey). Every figure is computed here from the rows, never typed in; the demo table
-(hf_posext.evaluation.results.ratio_table) is also quoted in docs/results.md (tests/test_readme.py
+(hf_posext.evaluation.shared.results.ratio_table) is also quoted in docs/results.md (tests/test_readme.py
 keeps the two equal)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from hf_posext.evaluation.results import format_length, knobs_label as _label, pivot, ratio_table, sliding_ratios
+from hf_posext.evaluation.shared.results import format_length, knobs_label as _label, pivot, ratio_table, sliding_ratios
 
 HERE = Path(__file__).resolve().parent
 EVAL_DIR = HERE / "results" / "eval"

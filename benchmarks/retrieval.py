@@ -50,8 +50,8 @@ def main(argv=None) -> int:
 
     from hf_posext.commands.auto_dtype import auto_inputs, fast_dtype
     from hf_posext.data.embedded import load_model, load_tokenizer
-    from hf_posext.evaluation.grid import apply_method, method_factors
-    from hf_posext.evaluation.inputs import parse_floats01, parse_lengths, parse_methods
+    from hf_posext.evaluation.shared.grid import apply_method, method_factors
+    from hf_posext.evaluation.shared.inputs import parse_floats01, parse_lengths, parse_methods
     from hf_posext.evaluation.retrieval import answer_cell, build_cell, get_task, noise_haystack
     from hf_posext.evaluation.retrieval.stats import score_trial
     from hf_posext.patcher import trained_length

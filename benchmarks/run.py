@@ -29,7 +29,7 @@ import torch
 
 import hf_posext
 from hf_posext.data import embedded
-from hf_posext.evaluation.loss import PeakMemory, causal_targets, chunked_nll
+from hf_posext.evaluation.perplexity.loss import PeakMemory, causal_targets, chunked_nll
 
 HERE = Path(__file__).resolve().parent
 

@@ -91,7 +91,7 @@ def compare(budget: float) -> None:
     the same start and differ only in how they search."""
     from hf_posext.data import embedded
     from hf_posext.data.documents import load_documents
-    from hf_posext.evaluation.data import TokenCache, select_documents
+    from hf_posext.evaluation.shared.data import TokenCache, select_documents
     from hf_posext.search import Evolution, Gradient, SearchOptions, run_search, save_best
 
     tok, model = embedded.load_tokenizer(), embedded.load_model()

@@ -23,7 +23,7 @@ import torch
 
 from hf_posext.data import embedded
 from hf_posext.evaluation import PerplexityGrid
-from hf_posext.evaluation import perplexity as P
+from hf_posext.evaluation.perplexity import run as P
 
 OUT = Path(__file__).resolve().parent / "results" / "shared_forward.md"
 

@@ -327,7 +327,7 @@ def test_cli_refuses_a_model_without_rope_before_loading(tmp_path):
 @pytest.mark.parametrize("junk", ["pickle", "junk", "empty"])
 def test_corrupted_token_cache_names_the_file_to_delete(tmp_path, junk):
     from _recipekit import char_tokenizer
-    from hf_posext.evaluation.data import TokenCache
+    from hf_posext.evaluation.shared.data import TokenCache
     cache = TokenCache(char_tokenizer(), tmp_path)
     cache.encode("abc abc")
     f = next(cache.folder.glob("*.npy"))

@@ -7,7 +7,7 @@ import pytest
 
 import hf_posext.cli as cli
 from hf_posext.commands import model_args
-from hf_posext.evaluation import inputs
+from hf_posext.evaluation.shared import inputs
 from _evalkit import char_tokenizer, tiny_model
 
 
@@ -56,7 +56,7 @@ def test_methods_and_knobs_come_from_the_config(monkeypatch):
 
     import hf_posext.catalog as config   # every method name (rope + attention)
     from hf_posext.rope.config import RopeExtensionConfig
-    from hf_posext.evaluation.grid import knob_names
+    from hf_posext.evaluation.shared.grid import knob_names
     from hf_posext.attention import AttentionExtensionConfig
     fields = {f.name for f in dataclasses.fields(RopeExtensionConfig)} - {"method", "factor"}
     attention = {f.name for f in dataclasses.fields(AttentionExtensionConfig)} - {

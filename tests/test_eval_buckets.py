@@ -19,12 +19,12 @@ from _evalkit import random_doc, tiny_model
 from conftest import tiny_model as tiny_model_with
 
 import hf_posext
-from hf_posext.evaluation import perplexity as P
-from hf_posext.evaluation.buckets import bucket_edges, curve, doc_perplexities, nll_from
-from hf_posext.evaluation.identity import rope_prefix_stable
-from hf_posext.evaluation.results import format_table, plot_nll_by_position
-from hf_posext.evaluation.settings import PerplexityGrid
-from hf_posext.evaluation.store import ResultsStore
+from hf_posext.evaluation.perplexity import run as P
+from hf_posext.evaluation.perplexity.buckets import bucket_edges, curve, doc_perplexities, nll_from
+from hf_posext.evaluation.shared.identity import rope_prefix_stable
+from hf_posext.evaluation.shared.results import format_table, plot_nll_by_position
+from hf_posext.evaluation.shared.settings import PerplexityGrid
+from hf_posext.evaluation.shared.store import ResultsStore
 from hf_posext.rope.compat import IS_V5
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,7 @@ import pytest
 
 from _evalkit import char_tokenizer
 from hf_posext.data.documents import load_hub
-from hf_posext.evaluation.data import (TextSource, TokenCache, load_documents, select_documents,
+from hf_posext.evaluation.shared.data import (TextSource, TokenCache, load_documents, select_documents,
                                        tokenizer_fingerprint)
 
 

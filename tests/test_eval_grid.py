@@ -14,11 +14,11 @@ import pytest
 
 import hf_posext
 from _evalkit import random_doc, tiny_model
-from hf_posext.evaluation import perplexity as ppl_mod
-from hf_posext.evaluation.perplexity import evaluate_perplexity, truncate_nll
-from hf_posext.evaluation.settings import PerplexityGrid
-from hf_posext.evaluation.results import format_table, plot_perplexity
-from hf_posext.evaluation.store import ResultsStore
+from hf_posext.evaluation.perplexity import run as ppl_mod
+from hf_posext.evaluation.perplexity.run import evaluate_perplexity, truncate_nll
+from hf_posext.evaluation.shared.settings import PerplexityGrid
+from hf_posext.evaluation.shared.results import format_table, plot_perplexity
+from hf_posext.evaluation.shared.store import ResultsStore
 
 DOCS = [random_doc(160, seed=11), random_doc(200, seed=12)]
 
@@ -123,7 +123,7 @@ def test_table_and_plot(tmp_path):
 
 @pytest.mark.parametrize("lo,hi", [(24.4, 80.0), (30.3, 33.0), (2.0, 5000.0), (1.01, 1.02)])
 def test_log_ticks_span_the_data(lo, hi):
-    from hf_posext.evaluation.results import log_ticks
+    from hf_posext.evaluation.shared.results import log_ticks
     ticks = log_ticks(lo, hi)
     assert ticks[0] <= lo and ticks[-1] >= hi and 2 <= len(ticks) <= 9
     assert ticks == sorted(set(ticks))
@@ -134,9 +134,9 @@ KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
     from _evalkit import random_doc, tiny_model
-    from hf_posext.evaluation import perplexity as P
-    from hf_posext.evaluation.settings import PerplexityGrid
-    from hf_posext.evaluation.store import ResultsStore
+    from hf_posext.evaluation.perplexity import run as P
+    from hf_posext.evaluation.shared.settings import PerplexityGrid
+    from hf_posext.evaluation.shared.store import ResultsStore
     calls = []
     real = P.truncate_positions
     def dying(*a, **k):

@@ -11,8 +11,8 @@ import hf_posext.cli as cli
 from hf_posext.commands import model_args
 from _evalkit import char_tokenizer, random_doc, tiny_model
 from hf_posext.evaluation import PerplexityGrid, ResultsStore, RunInfo, evaluate_perplexity
-from hf_posext.evaluation import grid as grid_mod
-from hf_posext.evaluation.identity import checkpoint_fingerprint
+from hf_posext.evaluation.shared import grid as grid_mod
+from hf_posext.evaluation.shared.identity import checkpoint_fingerprint
 
 DOCS = [random_doc(160, seed=11)]
 

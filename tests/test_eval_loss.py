@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from _evalkit import random_doc, tiny_model
-from hf_posext.evaluation.loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
-from hf_posext.evaluation.perplexity import sliding_nll, sliding_windows, truncate_nll
+from hf_posext.evaluation.perplexity.loss import IGNORE_INDEX, PeakMemory, causal_targets, chunked_nll
+from hf_posext.evaluation.perplexity.run import sliding_nll, sliding_windows, truncate_nll
 
 
 def _next_token_nll(model, context: torch.Tensor, target: int) -> float:

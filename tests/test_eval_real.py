@@ -22,7 +22,7 @@ def real():
 @pytest.mark.slow
 def test_chunked_loss_matches_plain_loss_on_the_real_model(real):
     from hf_posext.data.embedded import play_paths
-    from hf_posext.evaluation.loss import causal_targets, chunked_nll
+    from hf_posext.evaluation.perplexity.loss import causal_targets, chunked_nll
 
     model, tok = real
     ids = torch.tensor(tok(play_paths()[0].read_text())["input_ids"][:1024])

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hf_posext.evaluation.store import ResultsStore, RowsView
+from hf_posext.evaluation.shared.store import ResultsStore, RowsView
 
 
 def test_store_refuses_a_second_row_with_the_same_key_and_reorders_on_disk(tmp_path):

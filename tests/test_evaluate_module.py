@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM
 
 from _evalkit import char_tokenizer, tiny_model
 from hf_posext.errors import ConfigError
-from hf_posext.evaluation.measurement import MODULE
-from hf_posext.evaluation.texts import check_inputs, evaluate_texts
+from hf_posext.evaluation.integrations import MODULE
+from hf_posext.evaluation.integrations.texts import check_inputs, evaluate_texts
 
 pytest.importorskip("evaluate")
 
@@ -102,7 +102,7 @@ def test_bad_arguments_are_one_error_before_anything_loads(kwargs, message):
 
 
 def test_texts_too_short_fail_before_the_model_loads(tmp_path, monkeypatch):
-    import hf_posext.evaluation.texts as texts_module
+    import hf_posext.evaluation.integrations.texts as texts_module
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded")
@@ -117,7 +117,7 @@ def test_the_module_in_process_hands_its_arguments_to_evaluate_texts(monkeypatch
     its features are one text column, and `compute`'s keywords reach `evaluate_texts` unchanged."""
     import importlib
 
-    module = importlib.import_module("hf_posext.evaluation.measurement.long_context_perplexity")
+    module = importlib.import_module("hf_posext.evaluation.integrations.long_context_perplexity")
     seen = {}
     monkeypatch.setattr(module, "evaluate_texts", lambda *a, **k: seen.update(args=a, kwargs=k) or {})
     measurement = module.LongContextPerplexity()

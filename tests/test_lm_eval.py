@@ -16,7 +16,7 @@ lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-from hf_posext.evaluation.harness import MODEL_TYPE, PosextLM  # noqa: E402
+from hf_posext.evaluation.integrations.harness import MODEL_TYPE, PosextLM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,7 +16,7 @@ import hf_posext.cli as cli
 from _evalkit import tiny_checkpoint
 
 pytest.importorskip("lm_eval")
-from hf_posext.evaluation.harness_vllm import vllm_model_args  # noqa: E402
+from hf_posext.evaluation.integrations.harness_vllm import vllm_model_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,10 +11,10 @@ import hf_posext
 from _evalkit import TINY, char_tokenizer
 from hf_posext.evaluation.passkey import (build_prompt, evaluate_passkey, first_number,
                                           passkey_for_seed)
-from hf_posext.evaluation.results import plot_passkey_heatmap
+from hf_posext.evaluation.shared.results import plot_passkey_heatmap
 from hf_posext.evaluation.retrieval.settings import RetrievalGrid
 from hf_posext.evaluation.retrieval.tasks import NOISE
-from hf_posext.evaluation.store import ResultsStore
+from hf_posext.evaluation.shared.store import ResultsStore
 
 
 class KeyModel(LlamaForCausalLM):

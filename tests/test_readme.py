@@ -98,7 +98,7 @@ def test_results_page_demo_table_is_the_benchmark_report():
     `python benchmarks/long_context.py demo` by the package's report table, never typed in."""
     import json
 
-    from hf_posext.evaluation.results import ratio_table
+    from hf_posext.evaluation.shared.results import ratio_table
 
     rows = json.loads((EVAL_DIR / "long-context" / "perplexity.json").read_text())["rows"]
     assert {int(r["length"]) for r in rows} == {16384, 32768}
@@ -112,7 +112,7 @@ def test_results_page_quick_demo_table_is_the_committed_run():
     rows of `make demo` (benchmarks/results/eval/quick-demo), never typed in."""
     import json
 
-    from hf_posext.evaluation.results import format_table
+    from hf_posext.evaluation.shared.results import format_table
 
     rows = json.loads((EVAL_DIR / "quick-demo" / "perplexity.json").read_text())["rows"]
     assert {int(r["length"]) for r in rows} == {4096, 16384} and {r["docs"] for r in rows} == {2}

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from hf_posext.evaluation.results import ratio_table
+from hf_posext.evaluation.shared.results import ratio_table
 from hf_posext.evaluation.retrieval import report
 
 

@@ -87,7 +87,7 @@ def test_a_task_added_or_reworded_leaves_the_other_tasks_stored_cells(tmp_path, 
     """The data hash is the cell's own task's: adding a task to TASKS (as niah_single was) must
     not re-identify the stored cells of the others, while rewording a task must."""
     from hf_posext.evaluation.retrieval import tasks as tasks_mod
-    from hf_posext.evaluation.store import ResultsStore
+    from hf_posext.evaluation.shared.store import ResultsStore
     tok, model = char_tokenizer(), tiny_model()
     computed = []
 
@@ -347,7 +347,7 @@ def test_heatmap_cells_say_trials_and_the_side_by_side_figure_has_a_panel_per_me
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hf_posext.evaluation.results import draw_heatmap
+    from hf_posext.evaluation.shared.results import draw_heatmap
     from hf_posext.evaluation.retrieval import plots
     rows = [{"task": "single_needle", "method": m, "factor_spec": "2", "knobs": "", "length": n,
              "depth": d, "accuracy": k / 4, "correct": k, "trials": 4, "trained_length": 1000}

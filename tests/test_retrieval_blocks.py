@@ -11,7 +11,7 @@ import hf_posext.cli as cli
 from _evalkit import char_tokenizer, tiny_checkpoint, tiny_model
 from hf_posext.evaluation.retrieval import RetrievalGrid, evaluate_retrieval
 from hf_posext.evaluation.retrieval.blocks import merge_blocks, seed_set, seeds_text
-from hf_posext.evaluation.store import ResultsError, ResultsStore
+from hf_posext.evaluation.shared.store import ResultsError, ResultsStore
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,7 +13,7 @@ from hf_posext.evaluation.retrieval import RetrievalGrid
 from hf_posext.evaluation.retrieval.schedule import Budget, decisions_table, evaluate_sequential
 from hf_posext.evaluation.retrieval.sequential import (ABOVE, BELOW, UNDECIDED, SequentialRule,
                                                        clopper_pearson, effective_bounds, simulate)
-from hf_posext.evaluation.store import ResultsError, ResultsStore
+from hf_posext.evaluation.shared.store import ResultsError, ResultsStore
 from hf_posext.patcher import is_patched
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -57,7 +57,7 @@ def lm_run(monkeypatch, tmp_path):
     pytest.importorskip("lm_eval")
     from lm_eval._cli import HarnessCLI
 
-    from hf_posext.evaluation import harness
+    from hf_posext.evaluation.integrations import harness
     monkeypatch.setenv("HF_POSEXT_CACHE", str(tmp_path / "cache"))
     reads = []
 
@@ -195,8 +195,8 @@ def test_a_wrong_value_in_the_block_names_the_file_and_block(tmp_path, capsys, n
 def test_methods_all_skips_cells_string_defaults_cannot_run(tmp_path, capsys):
     """At L = 64 STRING's defaults give W = S (attention_methods.md): under `--methods all` its
     cells are left out with a note; named, or with knobs given for it, they are refused."""
-    from hf_posext.evaluation.inputs import InputError, check_cells
-    from hf_posext.evaluation.grid import normalize_methods
+    from hf_posext.evaluation.shared.inputs import InputError, check_cells
+    from hf_posext.evaluation.shared.grid import normalize_methods
     config = tiny_model().config
     assert config.max_position_embeddings == TRAINED
     every = normalize_methods(["all"])
@@ -239,7 +239,7 @@ def test_eval_methods_all_runs_the_rest_with_a_note(tmp_path, capsys):
 
 # ------------------------------------------------------------------ 5. the table without a terminal
 def test_the_table_keeps_its_natural_width_without_a_terminal(capsys):
-    from hf_posext.evaluation.results import print_table
+    from hf_posext.evaluation.shared.results import print_table
     rows = [{"method": m, "length": n, "protocol": "truncate", "perplexity": p, "trained_length": 8192,
              "ratio_to_sliding": p / 20.0 if n == 32768 else None}
             for m, p in (("none", 300.0), ("yarn", 21.5), ("dual_chunk", 20.9))
@@ -263,7 +263,7 @@ def test_the_table_is_drawn_by_rich_on_a_terminal(monkeypatch, capsys):
     pytest.importorskip("rich")
     import rich.console
 
-    from hf_posext.evaluation.results import print_table
+    from hf_posext.evaluation.shared.results import print_table
     monkeypatch.setattr(rich.console.Console, "is_terminal", property(lambda self: True))
     print_table([{"method": "none", "length": 64, "protocol": "truncate", "perplexity": 3.0}])
     assert "┃" in capsys.readouterr().out or os.environ.get("TERM") == "dumb"

@@ -38,7 +38,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 import hf_posext
 from hf_posext.errors import ConfigError
-from hf_posext.evaluation.inputs import parse_knobs, parse_methods
+from hf_posext.evaluation.shared.inputs import parse_knobs, parse_methods
 from hf_posext.rope.longrope import longrope_form
 from hf_posext.search import SEED_METHODS
 
@@ -186,7 +186,7 @@ import json, pathlib, sys, tempfile
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 import hf_posext
-from hf_posext.evaluation.inputs import parse_knobs, parse_methods
+from hf_posext.evaluation.shared.inputs import parse_knobs, parse_methods
 
 assert hf_posext.__file__.startswith(sys.argv[1]), hf_posext.__file__
 assert "toy_window" in hf_posext.METHODS and "toy_window" in hf_posext.ATTENTION_METHODS

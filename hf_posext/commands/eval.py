@@ -1,5 +1,5 @@
 """`hf-posext eval`: perplexity of each method × length × factor on one model loaded once
-(hf_posext/evaluation/perplexity.py; docs/evaluation.md). Every flag is checked, and the
+(hf_posext/evaluation/perplexity/run.py; docs/evaluation.md). Every flag is checked, and the
 documents tokenised, before the model loads."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from ..data.documents import is_embedded, looks_like_path
-from ..evaluation.data import TextSource, TokenCache, load_documents, scored_bytes, select_documents
-from ..evaluation.distributed import Ranks
-from ..evaluation.inputs import InputError, parse_length, positive_int
-from ..evaluation.perplexity import evaluate_perplexity
-from ..evaluation.results import plot_nll_by_position, plot_perplexity, print_table
-from ..evaluation.settings import DEFAULT_STRIDE, PROTOCOLS, PerplexityGrid, RunInfo
+from ..evaluation.shared.data import TextSource, TokenCache, load_documents, scored_bytes, select_documents
+from ..evaluation.shared.distributed import Ranks
+from ..evaluation.shared.inputs import InputError, parse_length, positive_int
+from ..evaluation.perplexity.run import evaluate_perplexity
+from ..evaluation.shared.results import plot_nll_by_position, plot_perplexity, print_table
+from ..evaluation.shared.settings import DEFAULT_STRIDE, PROTOCOLS, PerplexityGrid, RunInfo
 from . import session
 from .model_args import load_tokenizer_from
 

@@ -1,5 +1,5 @@
 """`hf-posext lm-eval ...`: lm-evaluation-harness with the `hf-posext` model type registered
-(hf_posext/evaluation/harness.py). Every argument after `lm-eval` is lm-eval's own:
+(hf_posext/evaluation/integrations/harness.py). Every argument after `lm-eval` is lm-eval's own:
 
     hf-posext lm-eval --model_args pretrained=PATH,method=yarn,factor=2 \\
         --tasks niah_single_1 --metadata '{"max_seq_lengths":[8192]}' --limit 5
@@ -18,7 +18,7 @@ import argparse
 import sys
 from contextlib import contextmanager
 
-from ..evaluation.inputs import InputError
+from ..evaluation.shared.inputs import InputError
 from .lm_eval_vllm import flag_value, run_on_vllm
 
 MISSING = ("lm-eval is not installed; install the extra: pip install 'hf_posext[lmeval]' "
@@ -41,7 +41,7 @@ def prepare(ns) -> None:
     tokenizer is passed as `tokenizer=<folder>` unless one is given (RULER's task builders load
     `tokenizer or pretrained` by name and ignore `gguf_file`: lm_eval/tasks/ruler/common_utils.py
     `get_tokenizer`; `--metadata` and model_args both reach them, model_args HFLM too)."""
-    from ..evaluation.harness import MODEL_TYPE, split_model_args, tokenizer_folder
+    from ..evaluation.integrations.harness import MODEL_TYPE, split_model_args, tokenizer_folder
     if ns.model is None and not getattr(ns, "config", None):
         ns.model = MODEL_TYPE
     kwargs = dict(ns.model_args or {})
@@ -96,7 +96,7 @@ def run(args) -> int:
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
 
-    from ..evaluation import harness  # noqa: F401  (registers the `hf-posext` model type)
+    from ..evaluation.integrations import harness  # noqa: F401  (registers the `hf-posext` model type)
     setup_logging()
     with _argv(args.lm_eval_args):
         parser = HarnessCLI()

@@ -1,5 +1,5 @@
 """`hf-posext lm-eval --model hf-posext-vllm ...`: lm-eval on vLLM with an hf_posext extension
-(hf_posext/evaluation/harness_vllm.py). The model_args are checked here, before anything loads
+(hf_posext/evaluation/integrations/harness_vllm.py). The model_args are checked here, before anything loads
 (serve's derivation needs config.json only); `pretrained` becomes the checkpoint folder vLLM
 reads (a GGUF such as the embedded default is written as one first); then lm-eval runs here when
 vLLM imports in this Python, else in vLLM's Python ($HF_POSEXT_VLLM_PYTHON, e.g.
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..evaluation.inputs import InputError
+from ..evaluation.shared.inputs import InputError
 
 MODEL_TYPE = "hf-posext-vllm"
 
@@ -46,7 +46,7 @@ def run_on_vllm(argv: list[str], model: str | None) -> int | None:
     Python)."""
     if model != MODEL_TYPE:
         return None
-    from ..evaluation.harness_vllm import vllm_model_args
+    from ..evaluation.integrations.harness_vllm import vllm_model_args
     from ..evaluation.retrieval.vllm_engine import hf_folder, vllm_python
 
     at, kwargs = _model_args(argv)
@@ -64,7 +64,7 @@ def run_on_vllm(argv: list[str], model: str | None) -> int | None:
     if here:
         from lm_eval.__main__ import cli_evaluate
 
-        from ..evaluation.harness_vllm import register
+        from ..evaluation.integrations.harness_vllm import register
         register()
         saved, sys.argv = sys.argv, ["lm-eval", *argv]
         try:

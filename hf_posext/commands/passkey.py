@@ -4,12 +4,12 @@ whole suite: `hf-posext retrieval`)."""
 
 from __future__ import annotations
 
-from ..evaluation.distributed import Ranks
-from ..evaluation.inputs import InputError, parse_seeds
+from ..evaluation.shared.distributed import Ranks
+from ..evaluation.shared.inputs import InputError, parse_seeds
 from ..evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
-from ..evaluation.results import plot_passkey_heatmap, print_table
+from ..evaluation.shared.results import plot_passkey_heatmap, print_table
 from ..evaluation.retrieval.settings import RetrievalGrid
-from ..evaluation.settings import RunInfo
+from ..evaluation.shared.settings import RunInfo
 from . import session
 from .model_args import load_tokenizer_from
 

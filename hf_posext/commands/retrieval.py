@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import functools
 
-from ..evaluation.distributed import Ranks
-from ..evaluation.inputs import InputError
+from ..evaluation.shared.distributed import Ranks
+from ..evaluation.shared.inputs import InputError
 from ..evaluation.retrieval import TASKS, RetrievalGrid, build_cell, evaluate_retrieval, get_task
 from ..evaluation.retrieval.blocks import merge_blocks, trials_text
 from ..evaluation.retrieval.haystack import NOISE_NAME, load_haystack
 from ..evaluation.retrieval.plots import format_summary, plot_all, summary
 from ..evaluation.retrieval.settings import DEFAULT_MARGIN, DEFAULT_TRIALS
-from ..evaluation.settings import RunInfo
+from ..evaluation.shared.settings import RunInfo
 from . import retrieval_engine, retrieval_plan, session
 from .model_args import load_tokenizer_from
 

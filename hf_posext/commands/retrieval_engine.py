@@ -5,7 +5,7 @@ hands to `evaluate_retrieval` (hf_posext/evaluation/retrieval/vllm_engine.py, do
 
 from __future__ import annotations
 
-from ..evaluation.inputs import InputError
+from ..evaluation.shared.inputs import InputError
 from ..evaluation.retrieval import vllm_engine
 from ..patcher import trained_length
 

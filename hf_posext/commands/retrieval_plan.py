@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 import re
 
-from ..evaluation.inputs import InputError
+from ..evaluation.shared.inputs import InputError
 from ..evaluation.retrieval.blocks import merge_blocks
 from ..evaluation.retrieval.schedule import Budget, decisions_table, evaluate_sequential
 from ..evaluation.retrieval.sequential import DEFAULT_BLOCK, DEFAULT_CONFIDENCE, SequentialRule
 from ..evaluation.retrieval.settings import DEFAULT_TRIALS
-from ..evaluation.settings import RunInfo
+from ..evaluation.shared.settings import RunInfo
 from . import session
 
 UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}

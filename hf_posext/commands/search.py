@@ -19,8 +19,8 @@ from pathlib import Path
 
 from ..data.documents import TextSource, load_documents
 from ..data.embedded import DEFAULT_MODEL
-from ..evaluation.data import TokenCache, TokenizedDocs, select_documents
-from ..evaluation.inputs import InputError, check_device, check_model_arg, parse_length
+from ..evaluation.shared.data import TokenCache, TokenizedDocs, select_documents
+from ..evaluation.shared.inputs import InputError, check_device, check_model_arg, parse_length
 from ..search import SHORT_FACTORS, Evolution, Gradient, SearchOptions, run_search, save_best
 from ..search.needle import OBJECTIVES, needles
 from . import session

@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from ..errors import ConfigError
-from ..evaluation.inputs import parse_knobs
+from ..evaluation.shared.inputs import parse_knobs
 from ..portability.serving import ENGINES, command
 
 

@@ -16,12 +16,12 @@ from typing import NamedTuple
 from ..attention import is_attention_method
 from ..catalog import KNOB_HELP
 from ..data.embedded import DEFAULT_MODEL
-from ..evaluation.identity import (attention_implementation, loaded_fingerprint, model_dtype,
+from ..evaluation.shared.identity import (attention_implementation, loaded_fingerprint, model_dtype,
                                    source_fingerprint)
-from ..evaluation.inputs import (InputError, check_cells, check_device, check_model_arg, parse_factors, parse_floats01,
+from ..evaluation.shared.inputs import (InputError, check_cells, check_device, check_model_arg, parse_factors, parse_floats01,
                                  parse_knobs, parse_lengths, parse_methods)
 from ..evaluation.retrieval.settings import DEPTHS
-from ..evaluation.store import ResultsStore, RowsView
+from ..evaluation.shared.store import ResultsStore, RowsView
 from . import model_args
 from .auto_dtype import auto_inputs, fast_dtype
 

@@ -21,7 +21,7 @@ from .retrieval.run import evaluate_retrieval
 from .retrieval.settings import RetrievalGrid
 from .retrieval.stats import first_number  # noqa: F401  (passkey's scoring rule, re-exported)
 from .retrieval.tasks import NEEDLE, PREFIX, QUESTION, passkey_for_seed, passkey_trial
-from .settings import RunInfo, settings_only
+from .shared.settings import RunInfo, settings_only
 
 __all__ = ["NEEDLE", "PREFIX", "QUESTION", "PasskeyPrompt", "build_prompt",
            "evaluate_passkey", "first_number", "passkey_for_seed"]

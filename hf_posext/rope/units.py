@@ -8,7 +8,7 @@ one, docs/portability.md), and the base it runs at when it extends by raising th
 table of the package is derived from `UNITS`: `RopeExtensionConfig`'s validation and rope dicts,
 `registry`'s rope-init functions and registered types, `portable.saved_rope`, the engine forms
 of `export` (which read the saved form, not method names), the CLI's `--methods` choices and the
-knob lists of `loading`, `patcher` and `evaluation.inputs`, the CLI's `--knobs` help and the docs'
+knob lists of `loading`, `patcher` and `evaluation.shared.inputs`, the CLI's `--knobs` help and the docs'
 knob tables (`catalog.knob_table`). transformers' own `llama3` and `longrope` are units too, without
 math of ours (`compute=None`: passed through, their required knobs named by the patcher, their
 TRAINED_LENGTH's check and the unit's `check_rotary` applied by it). Adding a

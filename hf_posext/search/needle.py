@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..evaluation.loss import IGNORE_INDEX
+from ..evaluation.perplexity.loss import IGNORE_INDEX
 from ..data.facts import Format, draw, pieces
 from .objective import masked_nll
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..evaluation.loss import IGNORE_INDEX, decoder_and_head
+from ..evaluation.perplexity.loss import IGNORE_INDEX, decoder_and_head
 
 
 def proxy_chunks(target: int, proxy: int, pieces: int = 4) -> list[tuple[int, int]]:
@@ -29,7 +29,7 @@ def span_nll(model, doc: np.ndarray, spans: Sequence[tuple[int, int]], chunk: in
     """Mean next-token NLL over `spans` of one document, read as one sequence whose tokens keep
     their document positions (a span's last token predicts nothing: its successor is elsewhere).
     Differentiable; the LM head + cross-entropy checkpointed per chunk so [T × vocab] logits
-    never exist at once (evaluation/loss.py)."""
+    never exist at once (evaluation/perplexity/loss.py)."""
     ids = torch.cat([torch.as_tensor(doc[a:b], dtype=torch.long) for a, b in spans])        # [T]
     pos = torch.cat([torch.arange(a, b) for a, b in spans])                                 # [T]
     targets = torch.cat([torch.cat([torch.as_tensor(doc[a + 1:b], dtype=torch.long),
@@ -41,7 +41,7 @@ def masked_nll(model, ids: torch.Tensor, pos: torch.Tensor, targets: torch.Tenso
                chunk: int = 1024) -> torch.Tensor:
     """Mean NLL of `targets` (the next token at each of the [T] positions; IGNORE_INDEX: no loss)
     for one sequence `ids` read at positions `pos`. Differentiable; the LM head + cross-entropy
-    checkpointed per chunk so [T × vocab] logits never exist at once (evaluation/loss.py)."""
+    checkpointed per chunk so [T × vocab] logits never exist at once (evaluation/perplexity/loss.py)."""
     decoder, head = decoder_and_head(model)
     # An explicit all-ones mask: without one (and without a cache) transformers 5.x reads a jump
     # in position_ids as the start of another packed sequence (masking_utils

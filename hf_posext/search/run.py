@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..evaluation.perplexity import sliding_nll
+from ..evaluation.perplexity.run import sliding_nll
 from ..patcher import is_patched, trained_length
 from ..rope.compat import get_rope_parameters, rotary_dim, text_config
 from ..rope.longrope import rope_powers

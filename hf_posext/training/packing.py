@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..data.documents import keep_long
-from ..evaluation.data import tokenizer_fingerprint
+from ..evaluation.shared.data import tokenizer_fingerprint
 
 PACK_BATCH = 1000
 

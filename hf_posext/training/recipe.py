@@ -17,7 +17,7 @@ from typing import Callable
 
 from ..data.embedded import load_tokenizer
 from ..errors import ConfigError
-from ..evaluation.data import TokenCache, select_documents
+from ..evaluation.shared.data import TokenCache, select_documents
 from . import data as datalib
 from .accel import make_accelerator, resume_path
 from .checkpoint import load_checkpoint, verify_checkpoint

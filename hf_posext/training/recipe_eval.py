@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM
 from ..catalog import canonical_method
 from ..evaluation import (PerplexityGrid, ResultsStore, RunInfo, evaluate_perplexity, format_table,
                           plot_perplexity)
-from ..evaluation.distributed import Ranks
-from ..evaluation.identity import checkpoint_fingerprint, loaded_fingerprint, source_fingerprint
+from ..evaluation.shared.distributed import Ranks
+from ..evaluation.shared.identity import checkpoint_fingerprint, loaded_fingerprint, source_fingerprint
 from .model import load_model
 
 SERIES = {"base": "unpatched base (plain RoPE)", "free": "{m} s={s:g}, training-free",

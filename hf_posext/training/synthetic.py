@@ -26,7 +26,7 @@ from typing import Sequence
 
 from ..data.facts import Format, draw, pieces
 from ..errors import ConfigError
-from ..evaluation.data import tokenizer_fingerprint
+from ..evaluation.shared.data import tokenizer_fingerprint
 
 NO_SPAN = -1                     # span columns of a plain document window
 

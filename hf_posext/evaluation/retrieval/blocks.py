@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..store import ResultsError
+from ..shared.store import ResultsError
 from .stats import pooled, wilson
 
 # What makes two rows the same cell, seeds aside (a task reworded has another data_hash; `engine`

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ..results import (_mark_trained, _save_figure, _series_label, draw_heatmap, format_length,
+from ..shared.results import (_mark_trained, _save_figure, _series_label, draw_heatmap, format_length,
                        plot_passkey_heatmap)
-from ..identity import digest
+from ..shared.identity import digest
 from .stats import effective_length, pooled, wilson
 
 

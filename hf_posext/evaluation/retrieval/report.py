@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..results import format_length
+from ..shared.results import format_length
 from .stats import pooled, rate_text
 
 LM_EVAL = "lm_eval_niah_single_1.json"

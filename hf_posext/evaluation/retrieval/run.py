@@ -8,12 +8,12 @@ import dataclasses
 import hashlib
 
 from ...patcher import trained_length
-from ..data import tokenizer_fingerprint
-from ..grid import Cell, knob_text, run_grid
-from ..identity import model_dtype, run_identity
-from ..inputs import check_device
-from ..loss import PeakMemory
-from ..settings import RunInfo, settings_only
+from ..shared.data import tokenizer_fingerprint
+from ..shared.grid import Cell, knob_text, run_grid
+from ..shared.identity import model_dtype, run_identity
+from ..shared.inputs import check_device
+from ..perplexity.loss import PeakMemory
+from ..shared.settings import RunInfo, settings_only
 from .blocks import check_blocks
 from .decode import answer_cell
 from .haystack import Haystack, load_haystack

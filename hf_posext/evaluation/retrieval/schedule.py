@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ...patcher import trained_length
-from ..grid import knob_text
-from ..settings import RunInfo
+from ..shared.grid import knob_text
+from ..shared.settings import RunInfo
 from .decode import answer_cell
 from .run import evaluate_retrieval
 from .sequential import ABOVE, BELOW, UNDECIDED, SequentialRule, call, effective_bounds
@@ -297,7 +297,7 @@ def plan_text(state: SequentialResult, budget: Budget | None) -> str:
 def decisions_table(state: SequentialResult) -> str:
     """Per series: each length's decision with its counts and interval, and the effective length
     (`surely`–`at most` where a decision it rests on is open)."""
-    from ..results import format_length
+    from ..shared.results import format_length
     lines = []
     eff = state.effective()
     for series in dict.fromkeys(q.series for q in state.questions):

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..grid import Cell, knobs_for, method_factors
+from ..shared.grid import Cell, knobs_for, method_factors
 from .blocks import seeds_text
 from .haystack import NOISE_NAME
 from .tasks import get_task

@@ -33,8 +33,8 @@ from ...data.embedded import load_model, load_tokenizer, resolve_model
 from ...portability.serving import ServeRefused, command
 from ...portability.verdicts import load_config, meaning
 from ...rope.compat import get_rope_parameters, text_config, write_both_layouts
-from ..grid import Cell, knob_text
-from ..identity import checkpoint_fingerprint, source_fingerprint
+from ..shared.grid import Cell, knob_text
+from ..shared.identity import checkpoint_fingerprint, source_fingerprint
 
 ENGINE = "vllm"
 PYTHON_ENV = "HF_POSEXT_VLLM_PYTHON"

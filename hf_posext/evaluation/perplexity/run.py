@@ -23,13 +23,13 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..patcher import trained_length
-from .grid import Cell, run_grid
-from .identity import model_dtype, rope_prefix_stable, run_identity
-from .inputs import check_device
+from ...patcher import trained_length
+from ..shared.grid import Cell, run_grid
+from ..shared.identity import model_dtype, rope_prefix_stable, run_identity
+from ..shared.inputs import check_device
 from .buckets import PositionNLL, nll_from, prefix, summarize
 from .loss import IGNORE_INDEX, PeakMemory, causal_targets, token_nll
-from .settings import PerplexityGrid, RunInfo, settings_only
+from ..shared.settings import PerplexityGrid, RunInfo, settings_only
 
 # What a cell computes (copied to a cell that computes the same logits, see `grid.run_grid`).
 RESULT_FIELDS = ("perplexity", "nll", "tokens", "bucket_edges", "bucket_nll", "bucket_tokens",

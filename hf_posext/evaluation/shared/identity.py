@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 import transformers
 
-from .._version import __version__
-from ..data.embedded import resolve_model
-from ..rope.compat import text_config
-from ..rope.registry import rotary_modules
+from ..._version import __version__
+from ...data.embedded import resolve_model
+from ...rope.compat import text_config
+from ...rope.registry import rotary_modules
 
 # Config entries that only shape the rotary cos/sin (already compared through the cos/sin).
 ROPE_KEYS = {"rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings"}

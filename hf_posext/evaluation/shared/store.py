@@ -22,7 +22,7 @@ from typing import Protocol
 
 from filelock import FileLock, Timeout
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 _IDENTITY_FIELDS = ("model_fingerprint", "dtype", "device", "attn_implementation", "data_hash",
                     "versions")

@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .buckets import curve, doc_perplexities
+from ..perplexity.buckets import curve, doc_perplexities
 
 
 def format_length(n: int) -> str:
@@ -110,7 +110,7 @@ def knobs_label(row: dict) -> str:
 def sliding_ratios(rows: Sequence[dict]) -> list[dict]:
     """Copies of perplexity rows with `ratio` = perplexity / the sliding baseline's over the same
     tokens, derived by the grid's own `annotate` (rows of a run still going have none stored)."""
-    from .perplexity import annotate
+    from ..perplexity.run import annotate
     rows = [dict(r) for r in rows]
     annotate(rows)
     return [{**r, "ratio": r["ratio_to_sliding"]} if r.get("ratio_to_sliding") is not None else r

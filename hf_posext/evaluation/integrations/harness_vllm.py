@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..portability.serving import ServeRefused, command
-from ..portability.verdicts import load_config
-from .grid import resolve_factor
-from .retrieval.vllm_engine import ENGINE, hf_folder
+from ...portability.serving import ServeRefused, command
+from ...portability.verdicts import load_config
+from ..shared.grid import resolve_factor
+from ..retrieval.vllm_engine import ENGINE, hf_folder
 
 MODEL_TYPE = "hf-posext-vllm"
 

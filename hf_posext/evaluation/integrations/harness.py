@@ -30,12 +30,12 @@ from pathlib import Path
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from ..data.embedded import load_tokenizer, resolve_model
-from ..generation import fixed_rope_scale
-from ..patcher import patch, trained_length
-from ..rope.knobs import factor_spec
-from .data import cache_home
-from .grid import canonical, check_knobs, knob_names, resolve_factor
+from ...data.embedded import load_tokenizer, resolve_model
+from ...generation import fixed_rope_scale
+from ...patcher import patch, trained_length
+from ...rope.knobs import factor_spec
+from ..shared.data import cache_home
+from ..shared.grid import canonical, check_knobs, knob_names, resolve_factor
 
 MODEL_TYPE = "hf-posext"
 

@@ -16,8 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..data.documents import Document, TextSource, keep_long, load_documents, looks_like_path
-from ..errors import CheckpointError
+from ...data.documents import Document, TextSource, keep_long, load_documents, looks_like_path
+from ...errors import CheckpointError
 
 __all__ = ["Document", "TextSource", "TokenCache", "TokenizedDocs", "load_documents",
            "looks_like_path", "scored_bytes", "select_documents", "tokenizer_fingerprint"]

@@ -12,13 +12,13 @@ from types import SimpleNamespace
 
 import torch
 
-from .. import catalog as _catalog   # read at call time: methods registered later count too
-from ..data.documents import looks_like_path
-from ..data.embedded import resolve_model
-from ..errors import BeyondReach, ConfigError
-from ..loading import check_config_early
-from ..patcher import plan_for_config, trained_length
-from ..rope.knobs import factor_spec
+from ... import catalog as _catalog   # read at call time: methods registered later count too
+from ...data.documents import looks_like_path
+from ...data.embedded import resolve_model
+from ...errors import BeyondReach, ConfigError
+from ...loading import check_config_early
+from ...patcher import plan_for_config, trained_length
+from ...rope.knobs import factor_spec
 from .grid import canonical, check_knobs, integral_knobs, knob_names, knobs_for, method_factors
 
 # the weights save_pretrained writes (transformers.utils: SAFE_WEIGHTS_NAME, WEIGHTS_NAME and their indexes)

@@ -15,11 +15,11 @@ from datetime import datetime, timezone
 from functools import partial
 from typing import Callable, Iterable, Mapping, Sequence
 
-from .. import catalog as _catalog   # read at call time: methods registered later count too
-from ..errors import BeyondReach
-from ..attention import is_attention_method, split
-from ..rope.config import MAX_TARGET_LENGTH, RopeExtensionConfig
-from ..patcher import is_patched, patch, unpatch
+from ... import catalog as _catalog   # read at call time: methods registered later count too
+from ...errors import BeyondReach
+from ...attention import is_attention_method, split
+from ...rope.config import MAX_TARGET_LENGTH, RopeExtensionConfig
+from ...patcher import is_patched, patch, unpatch
 from .distributed import Ranks
 from .identity import computation_signature, config_state, digest
 

@@ -1,19 +1,19 @@
 """Long-context perplexity as an `evaluate` measurement module, computed by hf_posext.
 
-    import evaluate, hf_posext.evaluation.measurement as m
+    import evaluate, hf_posext.evaluation.integrations as m
     ppl = evaluate.load(m.MODULE)            # a local script: nothing is fetched
     out = ppl.compute(data=[text1, text2], model_id="embedded:smollm2-135m",
                       lengths=[4096, 16384], methods=["yarn"], factors=[2])
 
 `evaluate.load` copies this file into its modules cache and imports it; all the work is
-`hf_posext.evaluation.texts.evaluate_texts` (tokenise, keep the texts long enough for the
+`hf_posext.evaluation.integrations.texts.evaluate_texts` (tokenise, keep the texts long enough for the
 longest length, the perplexity grid with the sliding-window baseline and its ratios).
 """
 
 import datasets
 import evaluate
 
-from hf_posext.evaluation.texts import COLUMNS, evaluate_texts
+from hf_posext.evaluation.integrations.texts import COLUMNS, evaluate_texts
 
 _DESCRIPTION = """Perplexity of a causal LM over long documents at several context lengths, for
 the model as it is and extended with hf_posext's methods (PI, NTK, YaRN, attention-level ones),

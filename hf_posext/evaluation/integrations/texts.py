@@ -1,7 +1,7 @@
 """Perplexity across context lengths of texts given in Python: what the `evaluate` module
-(hf_posext/evaluation/measurement/long_context_perplexity.py) calls, usable without it.
+(hf_posext/evaluation/integrations/long_context_perplexity.py) calls, usable without it.
 
-    from hf_posext.evaluation.texts import evaluate_texts
+    from hf_posext.evaluation.integrations.texts import evaluate_texts
     out = evaluate_texts([open("book.txt").read()], "embedded:smollm2-135m",
                          lengths=[4096, 16384], methods=["yarn"], factors=[2])
 
@@ -17,13 +17,13 @@ from typing import Any, Sequence
 
 import torch
 
-from ..data.embedded import load_model, load_tokenizer
-from ..errors import ConfigError
-from ..rope.knobs import factor_spec
-from .data import TokenCache, scored_bytes, select_documents
-from .grid import canonical, check_knobs
-from .perplexity import evaluate_perplexity
-from .settings import PerplexityGrid, RunInfo
+from ...data.embedded import load_model, load_tokenizer
+from ...errors import ConfigError
+from ...rope.knobs import factor_spec
+from ..shared.data import TokenCache, scored_bytes, select_documents
+from ..shared.grid import canonical, check_knobs
+from ..perplexity.run import evaluate_perplexity
+from ..shared.settings import PerplexityGrid, RunInfo
 
 COLUMNS = ("method", "factor", "length", "protocol", "knobs", "perplexity", "tokens",
            "bits_per_byte", "ratio_to_sliding", "ratio_to_sliding_beyond_L", "ratio_to_unpatched")
