@@ -64,3 +64,13 @@ def one_line(prog: str, err: BaseException) -> str:
     """`prog: error: <message on one line> (rerun with --debug for the traceback)`."""
     text = " ".join(str(err).split()) or type(err).__name__
     return f"{prog}: error: {text} (rerun with --debug for the traceback)\n"
+
+
+def refuse_renamed(fn: str, kwargs, renamed: dict[str, str]) -> None:
+    """A keyword the API renamed (old name -> new name) fails with a TypeError naming the new one,
+    before any work: one name per input, never an alias (issue #36; `settings.settings_only` does
+    the same for the grid's fields)."""
+    for old, new in renamed.items():
+        if old in kwargs:
+            raise TypeError(f"{fn}() has no keyword {old}=: it is called {new}= here; pass "
+                            f"{new}={kwargs[old]!r}.")
