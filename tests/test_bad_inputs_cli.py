@@ -153,3 +153,28 @@ def test_eval_refuses_results_it_cannot_read(assets, tmp_path, capsys):
         cli_refused([*argv, "--resume"], capsys, says)
     (tmp_path / "perplexity.json").write_text(json.dumps({"rows": []}))
     cli_refused(argv, capsys, "already holds perplexity results", "--resume")
+
+
+# ------------------------------------------------------------------ serve: the grid commands' grammar
+@pytest.mark.parametrize("flags,says", [
+    ("--method warp --factor 4", "--methods: unknown method 'warp'"),
+    ("--method yarn,linear --factor 4", "--method takes one method, got 'yarn,linear'"),
+    ("--method none --factor 4", "--method takes one method, got 'none'"),
+    ("--method yarn --factor auto", "--factor takes one scale s >= 1 here"),
+    ("--method yarn --factor 2,4", "got '2,4'"),
+    ("--method yarn --factor 0.5", "--factor: factor must be >= 1.0, got 0.5"),
+    ("--method yarn --factor abc", "--factor: factor 'abc' is neither a number nor auto"),
+    ("--knobs beta_fast=64", "--knobs needs --method"),
+    ("--method yarn --factor 4 --knobs bogus=1", "unknown knob 'bogus'"),
+])
+def test_serve_reads_method_factor_and_knobs_as_the_grid_commands_do(assets, capsys, flags, says):
+    """serve's --method / --factor / --knobs are declared and parsed once with the grid commands'
+    (commands/session.py: add_method_args, method_flags): the same parsers, the same words."""
+    cli_refused(["serve", assets / "llama", "--engine", "vllm", *flags.split()], capsys, says)
+
+
+def test_search_and_the_grid_commands_share_the_model_flags(assets, capsys):
+    """--model / --gguf-file / --device: one declaration (session.add_model_args), one check."""
+    for command in (["search", "--length", "64", "--out", "x"], ["eval"]):
+        cli_refused([*command, "--model", assets / "llama", "--device", "tpu"], capsys, "--device 'tpu'")
+        cli_refused([*command, "--model", assets / "nowhere"], capsys, "nowhere")
