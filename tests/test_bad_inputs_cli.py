@@ -69,7 +69,8 @@ def test_eval_refuses(flags, assets, tmp_path, capsys):
 
 
 PASSKEY = {"--depths 2": "--depths: 2", "--depths -0.1": "--depths: -0.1", "--depths abc": "--depths: 'abc'",
-           "--seeds 0": "--seeds", "--seeds -1": "--seeds", "--seeds x": "--seeds: 'x'",
+           "--trials 0": "--trials must be at least 1", "--seed -1": "--seed must be an integer >= 0",
+           "--seed x": "--seed must be an integer >= 0, got 'x'", "--seeds 5": "--trials 5 for --seeds 5",
            "--lengths 1": "--lengths: 1 ", "--lengths 0": "--lengths: '0'",
            "--methods bogus": "--methods: unknown method 'bogus'", "--factor 0": "--factor: factor must be >= 1.0, got 0.0",
            "--model {tmp}/nope": "--model", "--dtype x": "--dtype", "--out {tmp}/a_file": "is a file, not a folder"}

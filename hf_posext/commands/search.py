@@ -60,7 +60,7 @@ def add_subcommand(sub) -> None:
     p.add_argument("--parents", type=int, default=3, help="evolution: best candidates bred from (default 3)")
     p.add_argument("--sigma", type=float, default=0.05,
                    help="evolution: std of a mutation step on a log-factor (default 0.05)")
-    p.add_argument("--seed", type=int, default=0, help="evolution: random seed (default 0)")
+    session.add_seed_arg(p, "evolution")
     p.add_argument("--short-factors", choices=SHORT_FACTORS, default="same",
                    help="factors for contexts <= the trained length: same (the searched ones at "
                         "every length, default) or identity (LongRoPE's separate short set as plain "
@@ -76,6 +76,7 @@ def add_subcommand(sub) -> None:
 
 def _checked(args) -> tuple[int, int | None, list[str]]:
     session.check_model(args)
+    session.seed_flag(args)
     length = parse_length(args.length)
     proxy = parse_length(args.proxy_length) if args.proxy_length else None
     if proxy is not None and proxy > length:
@@ -139,7 +140,7 @@ def run(args) -> int:
                             final_check=not args.no_final_check, progress=not args.no_progress,
                             objective=args.objective, needles=needle_docs)
     if args.algorithm == "evolution":
-        strategy = Evolution(args.population, args.parents, args.sigma, seed=args.seed,
+        strategy = Evolution(args.population, args.parents, args.sigma, seed=session.seed_flag(args),
                              max_generations=args.max_steps)
     else:
         strategy = Gradient(args.lr, args.max_steps)

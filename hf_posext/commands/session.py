@@ -16,10 +16,11 @@ from typing import NamedTuple
 from ..attention import is_attention_method
 from ..catalog import KNOB_HELP
 from ..data.embedded import DEFAULT_MODEL
+from ..errors import DEFAULT_SEED
 from ..evaluation.shared.identity import (attention_implementation, loaded_fingerprint, model_dtype,
                                    source_fingerprint)
 from ..evaluation.shared.inputs import (InputError, check_cells, check_device, check_model_arg, parse_factors, parse_floats01,
-                                 parse_knobs, parse_lengths, parse_methods)
+                                 parse_knobs, parse_lengths, parse_methods, parse_seed)
 from ..evaluation.retrieval.settings import DEPTHS
 from ..evaluation.shared.store import ResultsStore, RowsView
 from . import model_args
@@ -111,6 +112,32 @@ class GridFlags(NamedTuple):
     lengths: list[int]
     factors: list
     knobs: dict
+
+
+def add_seed_arg(g, what: str) -> None:
+    """--seed, one meaning for every command that draws random numbers (errors.check_seed)."""
+    g.add_argument("--seed", default=str(DEFAULT_SEED),
+                   help=f"{what}: where the random numbers start, an integer >= 0 (default {DEFAULT_SEED})")
+
+
+def seed_flag(args) -> int:
+    return parse_seed(args.seed)
+
+
+def add_trials_args(g, default: int | None, more: str = "") -> None:
+    """--trials and --seed of the commands that run seeded trials (passkey, retrieval): a cell
+    runs the trials of seeds seed .. seed + trials − 1."""
+    shown = "" if default is None else f" (default {default})"
+    g.add_argument("--trials", type=int, default=default, help=f"seeded trials per cell{shown}{more}")
+    add_seed_arg(g, "the first trial's seed (trials use seeds seed .. seed + trials - 1)")
+
+
+def trial_seeds(args) -> list[int]:
+    """The seeds `add_trials_args`' flags name, checked (InputError naming the flag)."""
+    seed = seed_flag(args)
+    if args.trials < 1:
+        raise InputError(f"--trials must be at least 1, got {args.trials}.")
+    return list(range(seed, seed + args.trials))
 
 
 def add_depths_arg(g) -> None:
