@@ -237,7 +237,7 @@ def main(argv=None) -> int:
                    "leaky_rerope_w4096_k3_logn", "leaky_rerope", "self_extend", "dual_chunk"])
     p.add_argument("--lengths", type=int, nargs="*", default=None,
                    help="tokens (default: 16384 32768; tune 16384; passkey 8192 16384 32768)")
-    p.add_argument("--seeds", default="1", help="passkey: seeds (count or list)")
+    p.add_argument("--trials", default="1", help="passkey: trials (seeds 0 .. trials - 1)")
     p.add_argument("--depths", default="0.1,0.5,0.9", help="passkey: depths")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--layers", type=int, default=2, help="cost: decoder layers kept")
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
     elif args.step == "passkey":
         methods = args.methods.split(",") if args.methods else list(ATTENTION)
         run_cli(grid_argv("passkey", None, args.out or run.eval_dir / "long-context-passkey", methods,
-                          ",".join(map(str, args.lengths)), run) + ["--depths", args.depths, "--seeds", args.seeds])
+                          ",".join(map(str, args.lengths)), run) + ["--depths", args.depths, "--trials", args.trials])
     elif args.step == "cost":
         cost_cells(args.config, args.layers, args.reps, args.lengths, run)
     else:

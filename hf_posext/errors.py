@@ -64,3 +64,28 @@ def one_line(prog: str, err: BaseException) -> str:
     """`prog: error: <message on one line> (rerun with --debug for the traceback)`."""
     text = " ".join(str(err).split()) or type(err).__name__
     return f"{prog}: error: {text} (rerun with --debug for the traceback)\n"
+
+
+def refuse_renamed(fn: str, kwargs, renamed: dict[str, str]) -> None:
+    """A keyword the API renamed (old name -> new name) fails with a TypeError naming the new one,
+    before any work: one name per input, never an alias (issue #36; `settings.settings_only` does
+    the same for the grid's fields)."""
+    for old, new in renamed.items():
+        if old in kwargs:
+            raise TypeError(f"{fn}() has no keyword {old}=: it is called {new}= here; pass "
+                            f"{new}={kwargs[old]!r}.")
+
+
+# One seed convention (docs/architecture.md, "Seeds"): a seed is where a run's random numbers
+# start, an integer >= 0, default 0, whatever draws them (the search's evolution, the recipe's
+# data order and PoSE, an evaluation's trials: seeds seed .. seed + trials − 1).
+DEFAULT_SEED = 0
+
+
+def check_seed(name: str, value) -> int:
+    """A seed: an integer >= 0 (numpy integers too), else a ValueError naming `name`."""
+    value = plain_number(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (where the random numbers start; default "
+                         f"{DEFAULT_SEED}), got {value!r}")
+    return value

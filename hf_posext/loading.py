@@ -21,7 +21,8 @@ from .rope import dynamic
 from .rope.compat import get_rope_parameters, rotary_dim, text_config, write_both_layouts
 from .catalog import KNOB_HELP
 from .rope.config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
-from .errors import ConfigError
+from .rope.knobs import TARGET_LENGTH, TRAINED_LENGTH
+from .errors import ConfigError, refuse_renamed
 from .patcher import apply_to_config, patch, plan_for_config
 from .portability.portable import BLOCK, logical_rope
 from .rope.registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, check_supported,
@@ -82,9 +83,12 @@ def _check_saved_rope(name_or_path, config) -> None:
             raise ConfigError(f"{name_or_path}: config.json rope {key}={value!r} is not finite; "
                               "restore the saved value (or re-save the model with hf_posext).")
     omp = rope.get("original_max_position_embeddings")
-    if omp is not None and (isinstance(omp, bool) or not isinstance(omp, int) or omp < 1):
-        raise ConfigError(f"{name_or_path}: config.json rope original_max_position_embeddings={omp!r} "
-                          "must be a positive integer (the trained length); restore the saved value.")
+    if omp is not None:
+        try:
+            TRAINED_LENGTH.check(omp, None)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{name_or_path}: config.json rope original_max_position_embeddings="
+                              f"{omp!r}: {err}; restore the saved value.") from None
     raw_path = Path(str(name_or_path)) / "config.json"
     if raw_path.is_file():
         try:
@@ -111,7 +115,7 @@ def _check_saved_rope(name_or_path, config) -> None:
 def _refuse_misspelt_knobs(kwargs: dict[str, Any]) -> None:
     """transformers turns unknown from_pretrained keywords into config attributes without a
     word, so a misspelt knob (`beta_fst=64`) would be dropped silently: refuse near misses."""
-    names = METHOD_KNOBS | {"max_position_embeddings", "factor", "method"}
+    names = METHOD_KNOBS | {TARGET_LENGTH.name, "factor", "method"}
     for key in kwargs:
         close = difflib.get_close_matches(key, names, n=1, cutoff=0.85)
         if close and key not in names:
@@ -124,16 +128,19 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
 
     With no method, a checkpoint saved extended (by hf_posext or with transformers' own rope
     types) loads as saved. With a method, the model is loaded, then `patch`ed:
-    `max_position_embeddings=` is then the target length (instead of `factor`) and the method's
+    `target_length=` is then the target length T (instead of `factor`) and the method's
     knobs (beta_fast, beta_slow, mscale_coefficient, attention_factor, finetuned,
     original_max_position_embeddings; llama3/longrope's own) are taken by name. Everything else
     goes to `AutoModelForCausalLM.from_pretrained` unchanged. Every argument error is raised
     before any weight loads (the patch is planned and validated on the config first).
     """
+    if method is not None:   # without one, max_position_embeddings= is transformers' config override
+        refuse_renamed("from_pretrained", kwargs, {"max_position_embeddings": TARGET_LENGTH.name})
     knobs = {k: kwargs.pop(k) for k in list(kwargs) if k in METHOD_KNOBS}
-    target = kwargs.pop("max_position_embeddings", None) if method is not None else None
-    if method is None and (knobs or factor is not None):
-        given = sorted(knobs) + (["factor"] if factor is not None else [])
+    target = kwargs.pop(TARGET_LENGTH.name, None)
+    if method is None and (knobs or factor is not None or target is not None):
+        given = sorted(knobs) + (["factor"] if factor is not None else []) + \
+            ([TARGET_LENGTH.name] if target is not None else [])
         raise ValueError(f"{given} need a method: pass method='yarn' (or another of "
                          "hf_posext.METHODS), or drop them to load the checkpoint as saved.")
     _refuse_misspelt_knobs(kwargs)
@@ -150,7 +157,7 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
     if kwargs.get("gguf_file"):
         _drop_spent_gguf_quantizer(model)
     if method is not None:
-        patch(model, method, factor, max_position_embeddings=target, **knobs)
+        patch(model, method, factor, target_length=target, **knobs)
     else:  # loaded as saved
         config = text_config(model.config)
         if getattr(config, BLOCK, None) is not None:

@@ -24,13 +24,13 @@ import torch
 
 from . import attention
 from .catalog import canonical_method
-from .errors import ConfigError, plain_number
+from .errors import ConfigError, plain_number, refuse_renamed
 from .portability import portable
 from .rope import dynamic
 from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
 from .rope.config import (KNOBS, MAX_FACTOR, PASSTHROUGH, PASSTHROUGH_TYPES, RopeExtensionConfig,
                           _check_number, check_target, method_of_rope_type)
-from .rope.knobs import FACTOR
+from .rope.knobs import FACTOR, TARGET_LENGTH
 from .rope.units import PASSTHROUGH_UNITS, TRAINED_LENGTH
 from .rope.registry import LONGROPE_ONLY, LONGROPE_REFUSED_V4, check_supported, rotary_modules
 
@@ -67,20 +67,15 @@ def _base_rope(rope: dict[str, Any], max_pos: int) -> tuple[dict[str, Any], int]
 
 def _resolve_factor(factor, target, trained: int) -> float:
     if target is not None:
-        if isinstance(target, bool) or not isinstance(target, int) or target <= 0:
-            raise ValueError(f"max_position_embeddings (the target length) must be a positive "
-                             f"integer, got {target!r}")
-        if target < trained:
-            raise ValueError(f"target length max_position_embeddings={target} is shorter than the "
-                             f"trained length {trained}; context extension needs a target >= {trained}.")
+        target = TARGET_LENGTH.check(target, trained)
         implied = target / trained
         if factor is None:
             return implied
         if isinstance(factor, (int, float)) and not math.isclose(factor, implied, rel_tol=1e-9):
-            raise ValueError(f"factor={factor} and max_position_embeddings={target} disagree: "
+            raise ValueError(f"factor={factor} and {TARGET_LENGTH.name}={target} disagree: "
                              f"{target} / trained length {trained} = {implied:g}. Pass only one.")
     if factor is None:
-        raise ValueError("Pass factor= (the scale s, e.g. 4.0) or max_position_embeddings= (the "
+        raise ValueError(f"Pass factor= (the scale s, e.g. 4.0) or {TARGET_LENGTH.name}= (the "
                          "target context length); got neither.")
     return factor
 
@@ -101,7 +96,7 @@ def _build_spec(method, factor, target, trained: int, params: dict[str, Any]) ->
     except TypeError as err:  # an unknown keyword: name it rather than drop it
         if "unexpected keyword" not in str(err):
             raise
-        known = ", ".join((*KNOBS, "original_max_position_embeddings", "max_position_embeddings"))
+        known = ", ".join((*KNOBS, "original_max_position_embeddings", TARGET_LENGTH.name))
         raise TypeError(f"Unknown parameter for method {method!r}: {err}. Known: {known}.") from None
 
 
@@ -272,15 +267,15 @@ _Model = TypeVar("_Model", bound=torch.nn.Module)   # patch returns the very mod
 
 
 def patch(model: _Model, method, factor: float | None = None, *,
-          max_position_embeddings: int | None = None, **params: Any) -> _Model:
+          target_length: int | None = None, **params: Any) -> _Model:
     """Extend a loaded model in place and return it.
 
     Args:
         model: a transformers causal LM (or base model) of a type in SUPPORTED_MODEL_TYPES.
         method: a name in `hf_posext.METHODS` (or `llama3` / `longrope`, passed to
             transformers), or a `RopeExtensionConfig`.
-        factor: the scale s >= 1. May be omitted when `max_position_embeddings` is given.
-        max_position_embeddings: the target context length; factor = target / trained length.
+        factor: the scale s >= 1. May be omitted when `target_length` is given.
+        target_length: the target context length T; factor = T / trained length.
         **params: the method's knobs (beta_fast, beta_slow, mscale_coefficient,
             attention_factor, finetuned, original_max_position_embeddings). Unknown ones raise.
 
@@ -291,6 +286,7 @@ def patch(model: _Model, method, factor: float | None = None, *,
     rotary modules get a per-module hook that makes each forward's frequencies and attention
     scale depend on that forward's length only (`hf_posext.rope.dynamic`).
     """
+    refuse_renamed("patch", params, {"max_position_embeddings": TARGET_LENGTH.name})
     check_supported(model)
     config = text_config(model.config)
     state: _PatchState | None = getattr(model, _STATE_ATTR, None)
@@ -300,7 +296,7 @@ def patch(model: _Model, method, factor: float | None = None, *,
             modules=rotary_modules(model),
             rope=_logical_rope(config),
             max_position_embeddings=config.max_position_embeddings)
-    new = plan(state.rope, state.max_position_embeddings, method, factor, max_position_embeddings,
+    new = plan(state.rope, state.max_position_embeddings, method, factor, target_length,
                params, dim=rotary_dim(config),
                saved_trained=attention.saved_trained_length(state.raw_config),
                model_type=getattr(config, "model_type", None))

@@ -107,7 +107,7 @@ def test_passthrough_types_get_the_same_guards(method, params):
     with pytest.raises(ValueError, match="factor must be >= 1"):  # used to lower L with a warning
         hf_posext.patch(model, method, 0.5, **params)
     with pytest.raises(ValueError, match="shorter than the trained length"):
-        hf_posext.patch(model, method, max_position_embeddings=TRAINED // 2, **params)
+        hf_posext.patch(model, method, target_length=TRAINED // 2, **params)
     with pytest.raises(TypeError, match="factor must be a number"):
         hf_posext.patch(model, method, "2", **params)
     with pytest.raises(ValueError, match="needs"):
@@ -148,8 +148,8 @@ def test_hand_written_config_with_missing_or_mistyped_factor(tmp_path, rope_type
 @pytest.mark.parametrize("args,kwargs,error,match", [
     (("llama3", 8.0), {}, ValueError, "needs"),
     (("llama3", 0.5), {"low_freq_factor": 1.0, "high_freq_factor": 4.0}, ValueError, "factor must be >= 1"),
-    (("yarn",), {"max_position_embeddings": TRAINED // 2}, ValueError, "shorter than the trained"),
-    (("yarn", 2.0), {"max_position_embeddings": 8 * TRAINED}, ValueError, "disagree"),
+    (("yarn",), {"target_length": TRAINED // 2}, ValueError, "shorter than the trained"),
+    (("yarn", 2.0), {"target_length": 8 * TRAINED}, ValueError, "disagree"),
     (("yarn",), {}, ValueError, "Pass factor="),
     (("yarn", 2.0), {"beta_fst": 64}, TypeError, "did you mean 'beta_fast'"),
     (("yarn", 2.0), {"finetuned": True}, ValueError, "'yarn' does not use 'finetuned'"),

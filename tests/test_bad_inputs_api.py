@@ -78,13 +78,19 @@ def test_patch_refuses_a_bad_knob(method, knobs, says):
 
 @pytest.mark.parametrize("target,value", [(0, "0"), (-5, "-5"), (10.5, "10.5"), (math.nan, "nan"), ("64k", "'64k'")])
 def test_patch_refuses_a_bad_target_length(target, value):
-    refused(lambda: hf_posext.patch(tiny_model(), "yarn", max_position_embeddings=target),
-            "max_position_embeddings", value)
+    refused(lambda: hf_posext.patch(tiny_model(), "yarn", target_length=target),
+            "target_length", value)
+
+
+def test_patch_refuses_the_old_name_of_the_target_length():
+    """One name per input (issue #36): transformers' config key is not an alias of target_length."""
+    refused(lambda: hf_posext.patch(tiny_model(), "yarn", max_position_embeddings=4 * TRAINED),
+            "patch() has no keyword max_position_embeddings=", f"pass target_length={4 * TRAINED}")
 
 
 def test_patch_refuses_a_factor_and_a_target_that_disagree():
-    refused(lambda: hf_posext.patch(tiny_model(), "yarn", factor=2, max_position_embeddings=4096),
-            "factor=2 and max_position_embeddings=4096 disagree", "Pass only one")
+    refused(lambda: hf_posext.patch(tiny_model(), "yarn", factor=2, target_length=4096),
+            "factor=2 and target_length=4096 disagree", "Pass only one")
     refused(lambda: hf_posext.RopeExtensionConfig("yarn", math.nan), "factor", "nan")
 
 
@@ -107,8 +113,11 @@ def folders(tmp_path_factory):
     (("llama", "rerope"), dict(factor=2, window=10_000), (f"window=10000 exceeds the trained length {TRAINED}",)),
     (("llama", "yarn"), dict(factor=0.5), ("factor", "0.5")),
     (("llama", "self_extend"), dict(factor=1e9, group_size="auto"), ("smaller factor",)),
+    (("llama", "yarn"), dict(max_position_embeddings=4 * TRAINED),
+     ("has no keyword max_position_embeddings=", f"pass target_length={4 * TRAINED}")),
+    (("llama",), dict(target_length=4 * TRAINED), ("['target_length'] need a method",)),
 ], ids=["missing", "gpt2", "factor-without-method", "misspelt-knob", "window-above-L", "factor-0.5",
-        "self-extend-auto-1e9"])
+        "self-extend-auto-1e9", "old-target-keyword", "target-without-method"])
 def test_from_pretrained_refuses_bad_arguments(folders, args, kwargs, says):
     refused(lambda: hf_posext.from_pretrained(str(folders / args[0]), *args[1:], **kwargs), *says)
 

@@ -69,7 +69,8 @@ def test_eval_refuses(flags, assets, tmp_path, capsys):
 
 
 PASSKEY = {"--depths 2": "--depths: 2", "--depths -0.1": "--depths: -0.1", "--depths abc": "--depths: 'abc'",
-           "--seeds 0": "--seeds", "--seeds -1": "--seeds", "--seeds x": "--seeds: 'x'",
+           "--trials 0": "--trials must be at least 1", "--seed -1": "--seed must be an integer >= 0",
+           "--seed x": "--seed must be an integer >= 0, got 'x'", "--seeds 5": "--trials 5 for --seeds 5",
            "--lengths 1": "--lengths: 1 ", "--lengths 0": "--lengths: '0'",
            "--methods bogus": "--methods: unknown method 'bogus'", "--factor 0": "--factor: factor must be >= 1.0, got 0.0",
            "--model {tmp}/nope": "--model", "--dtype x": "--dtype", "--out {tmp}/a_file": "is a file, not a folder"}
@@ -153,3 +154,28 @@ def test_eval_refuses_results_it_cannot_read(assets, tmp_path, capsys):
         cli_refused([*argv, "--resume"], capsys, says)
     (tmp_path / "perplexity.json").write_text(json.dumps({"rows": []}))
     cli_refused(argv, capsys, "already holds perplexity results", "--resume")
+
+
+# ------------------------------------------------------------------ serve: the grid commands' grammar
+@pytest.mark.parametrize("flags,says", [
+    ("--method warp --factor 4", "--methods: unknown method 'warp'"),
+    ("--method yarn,linear --factor 4", "--method takes one method, got 'yarn,linear'"),
+    ("--method none --factor 4", "--method takes one method, got 'none'"),
+    ("--method yarn --factor auto", "--factor takes one scale s >= 1 here"),
+    ("--method yarn --factor 2,4", "got '2,4'"),
+    ("--method yarn --factor 0.5", "--factor: factor must be >= 1.0, got 0.5"),
+    ("--method yarn --factor abc", "--factor: factor 'abc' is neither a number nor auto"),
+    ("--knobs beta_fast=64", "--knobs needs --method"),
+    ("--method yarn --factor 4 --knobs bogus=1", "unknown knob 'bogus'"),
+])
+def test_serve_reads_method_factor_and_knobs_as_the_grid_commands_do(assets, capsys, flags, says):
+    """serve's --method / --factor / --knobs are declared and parsed once with the grid commands'
+    (commands/session.py: add_method_args, method_flags): the same parsers, the same words."""
+    cli_refused(["serve", assets / "llama", "--engine", "vllm", *flags.split()], capsys, says)
+
+
+def test_search_and_the_grid_commands_share_the_model_flags(assets, capsys):
+    """--model / --gguf-file / --device: one declaration (session.add_model_args), one check."""
+    for command in (["search", "--length", "64", "--out", "x"], ["eval"]):
+        cli_refused([*command, "--model", assets / "llama", "--device", "tpu"], capsys, "--device 'tpu'")
+        cli_refused([*command, "--model", assets / "nowhere"], capsys, "nowhere")

@@ -40,7 +40,7 @@ def _saved(tmp_path: Path, name: str, method: str, edit=None, **kw) -> Path:
 
 # ------------------------------------------------------------------ numbers of any real type
 @pytest.mark.parametrize("method,kw", [
-    ("yarn", dict(max_position_embeddings=np.int64(128))), ("yarn", dict(factor=np.float32(2.0))),
+    ("yarn", dict(target_length=np.int64(128))), ("yarn", dict(factor=np.float32(2.0))),
     ("yarn", dict(factor=np.float64(2.0), beta_fast=np.int32(16))), ("ntk", dict(factor=np.int64(2))),
     ("rerope", dict(factor=np.float32(2.0), window=np.int64(8))),
     ("leaky_rerope", dict(factor=np.int16(2), leak=np.float32(4.0))),
@@ -108,7 +108,7 @@ def test_longrope_factor_lists_must_have_one_per_frequency(prf, n):
 def test_transformers_own_types_refuse_a_bad_trained_length(method, knobs, bad):
     """transformers' llama3 / longrope read L from their rope dict: a whole number of tokens > 0."""
     model = tiny_model()
-    with pytest.raises(ValueError, match="original_max_position_embeddings must be a positive integer"):
+    with pytest.raises(ValueError, match=r"the trained length \(original_max_position_embeddings; trained_length\) must be a positive integer"):
         hf_posext.patch(model, method, factor=2, original_max_position_embeddings=bad, **knobs)
     assert not hf_posext.is_patched(model)
 
@@ -179,10 +179,10 @@ def test_string_target_is_kept_inside_the_trained_length(T, S, W):
     fits = _farthest(T, S, W) <= TRAINED - 1
     model = tiny_model()
     if fits:
-        hf_posext.patch(model, "string", max_position_embeddings=T, shifted_offset=S, local_value=W)
+        hf_posext.patch(model, "string", target_length=T, shifted_offset=S, local_value=W)
         return
     with pytest.raises(BeyondReach) as err:
-        hf_posext.patch(model, "string", max_position_embeddings=T, shifted_offset=S, local_value=W)
+        hf_posext.patch(model, "string", target_length=T, shifted_offset=S, local_value=W)
     least = next((s for s in range(W, TRAINED + 1) if _farthest(T, s, W) <= TRAINED - 1), None)
     assert (f"shifted_offset >= {least}" if least else "no shifted_offset <= L can") in str(err.value)
     assert not hf_posext.is_patched(model)

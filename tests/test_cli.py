@@ -47,7 +47,7 @@ def test_parse_lengths_and_factors():
     assert inputs.parse_lengths("1.5k") == [1536]
     assert inputs.parse_factors("auto,2,4.5") == ["auto", 2.0, 4.5]
     assert inputs.parse_methods("yarn,pi,none,dynamic") == ["yarn", "linear", "none", "dynamic_ntk"]
-    assert inputs.parse_seeds("3") == [0, 1, 2] and inputs.parse_seeds("4,9") == [4, 9]
+    assert inputs.parse_seed("3") == 3 and inputs.parse_seed(" 0") == 0
     assert inputs.parse_floats01("0,50%,1", "--depths") == [0.0, 0.5, 1.0]
 
 
@@ -108,7 +108,10 @@ def test_methods_and_knobs_come_from_the_config(monkeypatch):
     (["eval", "--model", "./no/such/model"], "--model './no/such/model': no such folder"),
     (["eval", "--device", "gpu0"], "--device 'gpu0': use cpu"),
     (["passkey", "--depths", "0.5,2"], "--depths: 2 must be between 0 and 1"),
-    (["passkey", "--seeds", "0"], "--seeds: the number of seeds must be positive"),
+    (["passkey", "--trials", "0"], "--trials must be at least 1, got 0"),
+    (["passkey", "--seed", "-1"], "--seed must be an integer >= 0 (where the random numbers start; default 0), got -1"),
+    (["passkey", "--seeds", "5"], "passkey has no --seeds: it takes --trials N (seeds 0 .. N-1) and --seed S"),
+    (["retrieval", "--seed", "x"], "--seed must be an integer >= 0, got 'x'"),
 ])
 def test_bad_input_fails_before_loading(argv, message, capsys, no_model_load, tmp_path):
     code, err = run(argv + ["--out", str(tmp_path / "out")], capsys)
@@ -160,7 +163,7 @@ def test_eval_end_to_end_and_resume(model_dir, text_file, capsys, tmp_path):
 def test_passkey_end_to_end(model_dir, capsys, tmp_path):
     out = tmp_path / "pk"
     assert cli.main(["passkey", "--model", str(model_dir), "--lengths", "400,500", "--methods", "ntk",
-                     "--depths", "0,1", "--seeds", "2", "--out", str(out), "--no-progress"]) == 0
+                     "--depths", "0,1", "--trials", "2", "--out", str(out), "--no-progress"]) == 0
     rows = json.loads((out / "passkey.json").read_text())["rows"]
     assert len(rows) == 2 * 2 * 2 and all(r["seeds"] == 2 for r in rows)
     assert (out / "passkey_none.png").exists() and (out / "passkey_ntk.png").exists()
@@ -179,7 +182,7 @@ def test_a_resumed_run_draws_every_row_of_its_series(model_dir, text_file, capsy
                         lambda rows, path, title: drawn.setdefault(path.name, []).append(rows))
     monkeypatch.setattr(eval_command, "plot_perplexity",
                         lambda rows, path, title: drawn.setdefault(path.name, []).append(rows))
-    pk = ["passkey", "--model", str(model_dir), "--methods", "ntk", "--depths", "1", "--seeds", "1",
+    pk = ["passkey", "--model", str(model_dir), "--methods", "ntk", "--depths", "1", "--trials", "1",
           "--out", str(tmp_path / "pk"), "--no-progress", "--resume"]
     assert cli.main(pk + ["--lengths", "400"]) == 0
     assert cli.main(pk + ["--lengths", "500"]) == 0
@@ -210,7 +213,7 @@ def test_version_and_model_keyword_arguments(model_dir, capsys, tmp_path):
     # They reach the model: the rows record the attention implementation and the resolved dtype.
     out = tmp_path / "pk"
     assert cli.main(["passkey", "--model", str(model_dir), "--lengths", "400", "--methods", "none",
-                     "--depths", "1", "--seeds", "1", "--dtype", "float32", "--attn-implementation",
+                     "--depths", "1", "--trials", "1", "--dtype", "float32", "--attn-implementation",
                      "eager", "--out", str(out), "--no-progress", "--no-plot"]) == 0
     row = json.loads((out / "passkey.json").read_text())["rows"][0]
     assert row["attn_implementation"] == "eager" and row["dtype"] == "float32"

@@ -51,14 +51,14 @@ def test_knob_the_method_does_not_use_is_refused(model):
 
 
 def test_factor_and_target_length(model):
-    with pytest.raises(ValueError, match="factor= .*max_position_embeddings="):
+    with pytest.raises(ValueError, match="factor= .*target_length="):
         hf_posext.patch(model, "yarn")
     with pytest.raises(ValueError, match="disagree"):
-        hf_posext.patch(model, "yarn", factor=2, max_position_embeddings=8 * TRAINED)
+        hf_posext.patch(model, "yarn", factor=2, target_length=8 * TRAINED)
     with pytest.raises(ValueError, match="shorter than the trained length"):
-        hf_posext.patch(model, "yarn", max_position_embeddings=TRAINED // 2)
+        hf_posext.patch(model, "yarn", target_length=TRAINED // 2)
     with pytest.raises(ValueError, match="positive integer"):
-        hf_posext.patch(model, "yarn", max_position_embeddings=-5)
+        hf_posext.patch(model, "yarn", target_length=-5)
 
 
 def test_model_without_rope_is_refused():

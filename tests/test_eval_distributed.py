@@ -31,7 +31,7 @@ def _argv(kind, model, out, data, lengths):
                 "--methods", "linear,yarn,ntk", "--max-docs", "2", "--out", str(out),
                 "--no-progress", "--no-plot"]
     return ["passkey", "--model", str(model), "--lengths", lengths, "--methods", "yarn",
-            "--depths", "0,1", "--seeds", "2", "--out", str(out), "--no-progress", "--no-plot"]
+            "--depths", "0,1", "--trials", "2", "--out", str(out), "--no-progress", "--no-plot"]
 
 
 def _driver(runs) -> str:

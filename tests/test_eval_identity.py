@@ -202,7 +202,7 @@ def test_binary_dataset_cuda_and_repeated_seeds_fail_before_loading(tmp_path, ca
         code, err = run(["eval", "--model", str(model), "--device", "cuda", "--out",
                          str(tmp_path / "o2")], capsys)
         assert code == 2 and "CUDA is not available" in err
-    code, err = run(["passkey", "--model", str(model), "--seeds", "1,1", "--out",
+    code, err = run(["passkey", "--model", str(model), "--seed", "-2", "--out",
                      str(tmp_path / "o3")], capsys)
-    assert code == 2 and "seed(s) 1 given twice" in err
+    assert code == 2 and "--seed must be an integer >= 0" in err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o3").exists()

@@ -74,7 +74,7 @@ def test_native_types_load_without_hf_posext(tmp_path, tokens, method):
 
 def test_from_pretrained_hook_extends_and_passes_kwargs(arch, tokens, tmp_path):
     tiny_model(arch).save_pretrained(tmp_path)
-    model = hf_posext.from_pretrained(tmp_path, "yarn", max_position_embeddings=8 * TRAINED,
+    model = hf_posext.from_pretrained(tmp_path, "yarn", target_length=8 * TRAINED,
                                       beta_fast=128, beta_slow=2, dtype=torch.bfloat16,
                                       attn_implementation="sdpa")
     rope = get_rope_parameters(model.config)

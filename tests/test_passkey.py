@@ -119,7 +119,7 @@ def test_a_later_run_with_more_lengths_and_depths_resumes_the_cells_already_ther
 
 
 def test_a_passkey_run_with_more_seeds_is_a_new_cell_not_a_refused_block(tmp_path):
-    """The passkey's tables show each seed list as its own series, so `--seeds 2` after `--seeds
+    """The passkey's tables show each seed list as its own series, so `--trials 2` after `--trials
     1` (overlapping) runs as a new cell; the retrieval suite would refuse it (blocks.py)."""
     model = _stub(True)
     for seeds in ([0], [0, 1]):

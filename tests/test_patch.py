@@ -23,7 +23,7 @@ def test_factor_one_equals_unpatched(model, tokens, method):
     before = logits(model, tokens)
     hf_posext.patch(model, method, factor=1.0)
     torch.testing.assert_close(logits(model, tokens), before, rtol=1e-6, atol=1e-6)
-    hf_posext.patch(model, method, max_position_embeddings=TRAINED)  # target == trained length
+    hf_posext.patch(model, method, target_length=TRAINED)  # target == trained length
     torch.testing.assert_close(logits(model, tokens), before, rtol=1e-6, atol=1e-6)
 
 
@@ -51,7 +51,7 @@ def test_config_and_max_position_embeddings(model):
     assert rope["rope_type"] == "yarn" and rope["factor"] == 4.0
     assert rope["original_max_position_embeddings"] == TRAINED
     assert model.config.max_position_embeddings == 4 * TRAINED
-    hf_posext.patch(model, "linear", max_position_embeddings=6 * TRAINED)  # factor from the target
+    hf_posext.patch(model, "linear", target_length=6 * TRAINED)  # factor from the target
     assert get_rope_parameters(model.config)["factor"] == 6.0
     assert model.config.max_position_embeddings == 6 * TRAINED
     hf_posext.patch(model, "dynamic", factor=2.0)  # transformers' name accepted

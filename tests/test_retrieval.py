@@ -327,7 +327,7 @@ def test_dtype_auto_is_measured_in_eval_and_passkey_too(model_dir, tmp_path, cap
     monkeypatch.setattr(auto_dtype, "bf16_matmul_cpu", lambda cpuinfo="": True)
     monkeypatch.setattr(auto_dtype, "probe_times", probe(1.0, 0.5))          # bfloat16 2x faster
     out = tmp_path / command
-    extra = ["--depths", "1", "--seeds", "1"] if command == "passkey" else ["--no-baseline"]
+    extra = ["--depths", "1", "--trials", "1"] if command == "passkey" else ["--no-baseline"]
     argv = [command, "--model", str(model_dir), "--lengths", "400", "--methods", "none", "--dtype",
             "auto", "--out", str(out), "--no-progress", "--no-plot", *extra]
     assert cli.main(argv) == 0

@@ -54,7 +54,7 @@ def cheap(argv: list[str], model: Path, out: Path) -> list[str]:
     else:
         argv = _set(argv, "--lengths", "800")
     argv = _set(argv, "--depths", "1")
-    argv = _set(argv, "--seeds" if argv[0] == "passkey" else "--trials", "2")
+    argv = _set(argv, "--trials", "2")
     return argv + ["--model", str(model), "--out", str(out), "--no-progress", "--no-plot"]
 
 

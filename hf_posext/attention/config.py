@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..rope.knobs import MAX_FACTOR, MAX_TARGET_LENGTH, collect, knob_fields, tokens
-from .units import ATTENTION_METHODS, UNITS
+from ..rope.knobs import TARGET_LENGTH, TRAINED_LENGTH, collect, knob_fields
+from .units import ATTENTION_METHODS, LOGN_SCALING, UNITS
 
 # The methods, their knobs (each a spec with its default, check, help and "auto" fit), own
 # checks: one unit each (units.py).
@@ -26,9 +26,8 @@ KNOBS: dict[str, tuple[str, ...]] = {n: u.knob_names() for n, u in UNITS.items()
 ATTENTION_KNOBS = collect((u.knobs for u in UNITS.values()), "attention units")
 # Every knob of an attention method: the units' knobs and log-n (every method's; its default is
 # the unit's). The target T is not one: only "auto" knobs read it.
-ALL_KNOBS: tuple[str, ...] = (*ATTENTION_KNOBS, "logn")
-KNOB_HELP: dict[str, str] = {**{k.name: k.help for k in ATTENTION_KNOBS.values()},
-                             "logn": "scale each query by max(1, log n / log L) (n = its position + 1)"}
+ALL_KNOBS: tuple[str, ...] = (*ATTENTION_KNOBS, LOGN_SCALING.name)
+KNOB_HELP: dict[str, str] = {k.name: k.help for k in (*ATTENTION_KNOBS.values(), LOGN_SCALING)}
 
 
 @knob_fields(ATTENTION_KNOBS.values(), before=("logn", "target_length"))
@@ -63,7 +62,7 @@ class AttentionExtensionConfig:
             raise ValueError(f"Unknown attention method {self.method!r}; use one of "
                              f"{', '.join(ATTENTION_METHODS)}.")
         set_("method", self.method.lower())
-        L = tokens("trained_length", self.trained_length)
+        L = TRAINED_LENGTH.check(self.trained_length, None)
         set_("trained_length", L)
         unit = UNITS[self.method]
         used = KNOBS[self.method]
@@ -71,27 +70,21 @@ class AttentionExtensionConfig:
         for knob in ATTENTION_KNOBS.values():
             if knob.name not in used and getattr(self, knob.name) is not None:
                 raise ValueError(f"{self.method!r} does not use {knob.name!r} (it uses: "
-                                 f"{', '.join(used + ('logn',))}). Remove it.")
-        logn = unit.logn if self.logn is None else self.logn
-        if not isinstance(logn, bool):
-            raise TypeError(f"logn must be True or False, got {logn!r}")
+                                 f"{', '.join(used + (LOGN_SCALING.name,))}). Remove it.")
+        logn = unit.logn if self.logn is None else LOGN_SCALING.check(self.logn, L)
         if self.method == "logn" and not logn:
             raise ValueError("method 'logn' is the log-n scaling itself; logn=False leaves nothing. "
                              "Use no method (unpatch) instead.")
         set_("logn", logn)
         if self.target_length is not None:
-            set_("target_length", tokens("target_length", self.target_length))
-            if self.target_length > min(MAX_TARGET_LENGTH, MAX_FACTOR * L):
-                raise ValueError(f"target_length={self.target_length} (factor x trained length) is past "
-                                 f"{min(MAX_TARGET_LENGTH, MAX_FACTOR * L)} tokens (2^31 int32 positions, "
-                                 f"factor {MAX_FACTOR}); ask for a smaller factor.")
+            set_("target_length", TARGET_LENGTH.check(self.target_length, L))
         for knob in unit.knobs:
             value = given[knob.name]
             set_(knob.name, knob.validate(knob.default_at(L) if value is None else value, L))
         auto = [k for k in used if getattr(self, k) == "auto"]
         if auto and self.target_length is None:
             raise ValueError(f"{auto[0]}='auto' fits the knob to the target length: pass factor= (or "
-                             f"max_position_embeddings=) to patch, or target_length= here.")
+                             f"target_length=) to patch, or target_length= here.")
         if unit.check is not None:
             unit.check(self, given)
 
@@ -105,7 +98,7 @@ class AttentionExtensionConfig:
 
     @property
     def knobs(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in KNOBS[self.method] + ("logn",)}
+        out = {k: getattr(self, k) for k in KNOBS[self.method] + (LOGN_SCALING.name,)}
         if "auto" in out.values():
             out["target_length"] = self.target_length
         return out

@@ -18,7 +18,7 @@ from typing import Any
 from ..rope.compat import text_config
 from .config import ALL_KNOBS, ATTENTION_METHODS, AttentionExtensionConfig
 from .interface import CONFIG_KEY, IMPLEMENTATION
-from .units import UNITS
+from .units import LOGN_SCALING, UNITS
 
 # config attributes the patcher snapshots and `unpatch` restores
 RAW_KEYS = (CONFIG_KEY, "attn_implementation", "_attn_implementation_internal")
@@ -47,13 +47,11 @@ def split(method, params: dict[str, Any], trained: int, target_length: int | Non
         if reach is not None and target_length is not None:
             reach(spec, target_length)   # a target the knobs cannot keep inside L (STRING)
         return spec, None, {}
-    stray = sorted(set(params) & (set(ALL_KNOBS) - {"logn"}))
+    stray = sorted(set(params) & (set(ALL_KNOBS) - {LOGN_SCALING.name}))
     if stray:
         raise TypeError(f"{stray} are knobs of the attention methods ({', '.join(ATTENTION_METHODS)}), "
                         f"not of {method!r}.")
-    logn = params.pop("logn", False)
-    if not isinstance(logn, bool):
-        raise TypeError(f"logn must be True or False, got {logn!r}")
+    logn = LOGN_SCALING.check(params.pop(LOGN_SCALING.name, LOGN_SCALING.default), trained)
     return (AttentionExtensionConfig("logn", trained) if logn else None), method, params
 
 

@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any, Callable
 
 from ..errors import BeyondReach, plain_number
-from ..rope.knobs import Knob, tokens
+from ..rope.knobs import Knob, flag, tokens
 from . import positions as P
 from .plans import DualChunkPlan, WindowPlan
 
@@ -87,6 +87,11 @@ LEAK = Knob("leak", float, 16.0, lambda v, L: _leak(v, L),
 GROUP_SIZE = Knob("group_size", int, 8, lambda v, L: tokens("group_size", v),
                   "self_extend's G >= 1: distant positions are floor(p / G); auto: fitted to the "
                   "target length", auto=_fit_group)
+# log-n query scaling, every attention method's and, on top, any rope method's (`logn=True`);
+# a unit gives its own default (AttentionMethod.logn), a rope method's is off.
+LOGN_SCALING = flag("logn", "scale each query by max(1, log n / log L) (n = its position + 1)")
+
+
 def _chunk(L: int) -> int:
     return 3 * L // 4
 

@@ -4,8 +4,10 @@ whole suite: `hf-posext retrieval`)."""
 
 from __future__ import annotations
 
+import argparse
+
 from ..evaluation.shared.distributed import Ranks
-from ..evaluation.shared.inputs import InputError, parse_seeds
+from ..evaluation.shared.inputs import InputError
 from ..evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
 from ..evaluation.shared.results import plot_passkey_heatmap, print_table
 from ..evaluation.retrieval.settings import RetrievalGrid
@@ -21,14 +23,19 @@ def add_subcommand(sub) -> None:
     session.add_run_args(pk)
     g = pk.add_argument_group("passkey")
     session.add_depths_arg(g)
-    g.add_argument("--seeds", default="5", help="number of seeds (5 -> 0..4) or a list (default 5)")
+    session.add_trials_args(g, 5)
+    g.add_argument("--seeds", default=None, help=argparse.SUPPRESS)   # the old flag: refused with the fix
     pk.set_defaults(run=run)
 
 
 def run(args) -> int:
     ranks = Ranks()
     methods, lengths, factors, knobs = session.grid_flags(args)
-    depths, seeds = session.depths_flag(args), parse_seeds(args.seeds)
+    if args.seeds is not None:
+        raise InputError(f"passkey has no --seeds: it takes --trials N (seeds 0 .. N-1) and --seed S "
+                         f"(the first), as retrieval does; e.g. --trials {args.seeds} for --seeds "
+                         f"{args.seeds}.")
+    depths, seeds = session.depths_flag(args), session.trial_seeds(args)
     grid = session.without_unfit(RetrievalGrid(methods, lengths, depths, seeds=seeds, factors=factors,
                                                knobs=knobs), args, ranks)
     session.resolve_dtype(args, ranks, "passkey")

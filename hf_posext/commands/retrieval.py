@@ -36,11 +36,9 @@ def add_subcommand(sub) -> None:
     g.add_argument("--tasks", default="single_needle",
                    help=f"comma-separated tasks: {', '.join(TASKS)}, or all (default single_needle)")
     session.add_depths_arg(g)
-    g.add_argument("--trials", type=int, default=None,
-                   help=f"seeded trials per cell (default {DEFAULT_TRIALS}); with --sequential, per look")
-    g.add_argument("--seed", type=int, default=0,
-                   help="first trial seed (default 0). Trials come in blocks: after --trials 4, "
-                        "--seed 4 --trials 16 --resume adds 16 to each cell (20 in tables and plots)")
+    session.add_trials_args(g, None, f" (default {DEFAULT_TRIALS}); with --sequential, per look. "
+                            "Trials come in blocks: after --trials 4, --seed 4 --trials 16 --resume "
+                            "adds 16 to each cell (20 in tables and plots)")
     g.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help="effective length: accuracy may fall this far below the unpatched model's "
                         f"within the trained length (default {DEFAULT_MARGIN})")
@@ -72,7 +70,7 @@ def retrieval_grid(args, tasks: list[str] | None = None, seeds: list[int] | None
     if not 0.0 <= args.margin < 1.0:
         raise InputError(f"--margin must be in [0, 1), got {args.margin}.")
     return RetrievalGrid(methods, lengths, depths, tasks, trials=len(seeds) if seeds else args.trials,
-                         seed=args.seed, seeds=seeds, factors=factors, knobs=knobs,
+                         seed=session.seed_flag(args), seeds=seeds, factors=factors, knobs=knobs,
                          haystack=args.dataset, reuse_prefix=not args.no_prefix_reuse,
                          margin=args.margin)
 

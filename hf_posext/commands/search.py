@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 
 from ..data.documents import TextSource, load_documents
-from ..data.embedded import DEFAULT_MODEL
 from ..evaluation.shared.data import TokenCache, TokenizedDocs, select_documents
-from ..evaluation.shared.inputs import InputError, check_device, check_model_arg, parse_length
+from ..evaluation.shared.inputs import InputError, parse_length
 from ..search import SHORT_FACTORS, Evolution, Gradient, SearchOptions, run_search, save_best
 from ..search.needle import OBJECTIVES, needles
 from . import session
@@ -33,8 +32,7 @@ DEFAULT_TUNING = "embedded:shakespeare/king-lear"
 def add_subcommand(sub) -> None:
     p = sub.add_parser("search", help="search per-frequency rope factors (a portable longrope config)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"Hub id, local folder, or {DEFAULT_MODEL} (default)")
-    p.add_argument("--gguf-file", default=None, help="GGUF file name inside --model")
+    session.add_model_args(p)
     p.add_argument("--dataset", action="append", default=None,
                    help="tuning text, the sources of `eval` (default embedded:shakespeare/king-lear); "
                         "repeat it to tune on several kinds of text at once (--max-docs from each); "
@@ -62,7 +60,7 @@ def add_subcommand(sub) -> None:
     p.add_argument("--parents", type=int, default=3, help="evolution: best candidates bred from (default 3)")
     p.add_argument("--sigma", type=float, default=0.05,
                    help="evolution: std of a mutation step on a log-factor (default 0.05)")
-    p.add_argument("--seed", type=int, default=0, help="evolution: random seed (default 0)")
+    session.add_seed_arg(p, "evolution")
     p.add_argument("--short-factors", choices=SHORT_FACTORS, default="same",
                    help="factors for contexts <= the trained length: same (the searched ones at "
                         "every length, default) or identity (LongRoPE's separate short set as plain "
@@ -72,14 +70,13 @@ def add_subcommand(sub) -> None:
     p.add_argument("--no-final-check", action="store_true",
                    help="do not score the best config over the whole target length at the end "
                         "(saves one target-length forward; the printed figures are then the proxy's)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 
 def _checked(args) -> tuple[int, int | None, list[str]]:
-    check_device(args.device)
-    check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL)
+    session.check_model(args)
+    session.seed_flag(args)
     length = parse_length(args.length)
     proxy = parse_length(args.proxy_length) if args.proxy_length else None
     if proxy is not None and proxy > length:
@@ -143,7 +140,7 @@ def run(args) -> int:
                             final_check=not args.no_final_check, progress=not args.no_progress,
                             objective=args.objective, needles=needle_docs)
     if args.algorithm == "evolution":
-        strategy = Evolution(args.population, args.parents, args.sigma, seed=args.seed,
+        strategy = Evolution(args.population, args.parents, args.sigma, seed=session.seed_flag(args),
                              max_generations=args.max_steps)
     else:
         strategy = Gradient(args.lr, args.max_steps)

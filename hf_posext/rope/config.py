@@ -8,11 +8,9 @@ method does not use are refused rather than ignored, so nothing is silently drop
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import plain_number
-from .knobs import FACTOR, MAX_FACTOR, MAX_TARGET_LENGTH, collect, knob_fields
+from .knobs import FACTOR, MAX_FACTOR, MAX_TARGET_LENGTH, TRAINED_LENGTH, collect, knob_fields
 from .knobs import number as _check_number
 from .units import PASSTHROUGH_UNITS, ROPE_METHODS, UNITS
 
@@ -105,13 +103,9 @@ class RopeExtensionConfig:
         set_(self, "method", canonical_method(self.method))
         set_(self, "factor", FACTOR.check(self.factor, None))
         if self.original_max_position_embeddings is not None:
-            L = plain_number(self.original_max_position_embeddings)
-            if isinstance(L, bool) or not isinstance(L, (int, float)) or not math.isfinite(L) \
-                    or L <= 0 or int(L) != L:
-                raise ValueError(f"original_max_position_embeddings must be a positive integer "
-                                 f"(the trained context length), got {L!r}")
-            set_(self, "original_max_position_embeddings", int(L))
-            check_target(self.factor, int(L))
+            L = TRAINED_LENGTH.check(self.original_max_position_embeddings, None)
+            set_(self, "original_max_position_embeddings", L)
+            check_target(self.factor, L)
         unit = UNITS[self.method]
         used = tuple(k.name for k in unit.knobs)
         for knob in ROPE_KNOBS.values():

@@ -86,6 +86,45 @@ def tokens(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def _trained(value: Any, L: int | None) -> int:
+    """L: an integer >= 1 (numpy integers too; not 4096.0: transformers' llama3 / longrope
+    validators want an int) that is a countable position (int32)."""
+    value = plain_number(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{TRAINED_NAMES} must be a positive integer (a number of tokens), got {value!r}")
+    if value > MAX_TARGET_LENGTH:
+        raise ValueError(f"{TRAINED_NAMES}={value} is past {MAX_TARGET_LENGTH:,} positions (int32): "
+                         "no model is trained that long; pass the length the model was trained at.")
+    return value
+
+
+def _target(value: Any, L: int | None) -> int:
+    """T = s·L: a whole number of tokens, at least L (extension never shortens the context) and
+    within MAX_TARGET_LENGTH and MAX_FACTOR·L."""
+    value = tokens(TARGET_LENGTH_NAME, value)
+    if L is not None and value < L:
+        raise ValueError(f"{TARGET_LENGTH_NAME}={value} is shorter than the trained length {L}; "
+                         f"context extension needs a target >= {L}.")
+    limit = MAX_TARGET_LENGTH if L is None else min(MAX_TARGET_LENGTH, MAX_FACTOR * L)
+    if value > limit:
+        raise ValueError(f"{TARGET_LENGTH_NAME}={value} (factor x trained length) is past {limit:,} "
+                         f"tokens (2^31 int32 positions, factor {MAX_FACTOR:,}); ask for a smaller "
+                         "factor.")
+    return value
+
+
+# The two lengths every method reads, declared once like the knobs (issue #36): the trained
+# context L and the target T = s·L. transformers' rope dicts name L `original_max_position_embeddings`
+# (rope/units.py gives llama3 / longrope the same spec under that key), its configs name T
+# `max_position_embeddings`; hf_posext's API and rows say trained_length and target_length.
+TRAINED_LENGTH_NAME, TARGET_LENGTH_NAME = "trained_length", "target_length"
+TRAINED_NAMES = "the trained length (original_max_position_embeddings; trained_length)"
+TRAINED_LENGTH = Knob(TRAINED_LENGTH_NAME, int, lambda L: L, _trained,
+                      "the trained context L (read from the model by default)")
+TARGET_LENGTH = Knob(TARGET_LENGTH_NAME, int, None, _target,
+                     "the target context length T = s·L (instead of factor: s = T / L)")
+
+
 def _scale(value: Any, L: int | None) -> float:
     """s = target length / trained length: a finite number in [1, MAX_FACTOR]."""
     return number("factor", value, minimum=1.0, maximum=MAX_FACTOR)

@@ -22,11 +22,12 @@ Function arguments: `c` the validated `RopeExtensionConfig`, `d` the rotary dim,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from . import methods
 from .knobs import REQUIRED, Knob, flag, positive, tokens
+from .knobs import TRAINED_LENGTH as _TRAINED_LENGTH
 
 # YaRN paper defaults for Llama (§3.2): alpha = beta_slow = 1, beta = beta_fast = 32; mscale
 # coefficient 0.1 (eq. 22). The YaRN authors' Mistral runs used 128, 2 and 0.07.
@@ -47,17 +48,10 @@ def _given(name: str, kind: type, help: str,
     return Knob(name, kind, REQUIRED, check, help)
 
 
-def _trained_length(value: Any, L: int | None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"original_max_position_embeddings must be a positive integer (the trained "
-                         f"context length), got {value!r}")
-    return value
-
-
-# transformers' llama3 / longrope read the trained length L from their rope dict; by default the
-# model's (the patcher checks it before the factor, which it scales).
-TRAINED_LENGTH = Knob("original_max_position_embeddings", int, lambda L: L, _trained_length,
-                      "the trained context L (read from the model by default)")
+# transformers' llama3 / longrope read the trained length L from their rope dict under its own
+# key; by default the model's (the patcher checks it before the factor, which it scales). The
+# spec is the one trained length (knobs.TRAINED_LENGTH), under transformers' key.
+TRAINED_LENGTH = replace(_TRAINED_LENGTH, name="original_max_position_embeddings")
 
 
 def _positive_factors(name: str) -> Callable[[Any, int | None], Any]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import check_seed
 from .log import SearchLog
 from .space import Factors
 from .strategy import Point, as_best
@@ -49,6 +50,7 @@ class Evolution:
     kind, counter, desc, gradient, lr = "candidate", "generation", "evolve", False, 0.0
 
     def __post_init__(self):
+        check_seed("seed", self.seed)
         if self.population < 2 or self.parents < 1 or self.parents > self.population:
             raise ValueError(f"population ({self.population}) must be >= 2 and parents "
                              f"({self.parents}) in 1..population.")

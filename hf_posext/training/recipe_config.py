@@ -22,7 +22,7 @@ import os
 from ..catalog import canonical_method
 from ..data.documents import EMBEDDED_TEXT, looks_like_path
 from ..data.embedded import DEFAULT_MODEL
-from ..errors import ConfigError
+from ..errors import ConfigError, check_seed
 from ..rope.config import RopeExtensionConfig
 from .optim import SCHEDULES
 from .synthetic import FORMATS as SYNTHETIC_FORMATS, LOSSES as SYNTHETIC_LOSSES
@@ -266,6 +266,7 @@ def _validate(cfg: RecipeConfig) -> None:
         v = getattr(t, name)
         if not _is_int(v) or v < 1:
             raise ValueError(f"training.{name} must be a positive integer, got {v!r}")
+    check_seed("training.seed", t.seed)
     if not _is_int(t.warmup_steps) or t.warmup_steps < 0:
         raise ValueError(f"training.warmup_steps must be an integer >= 0, got {t.warmup_steps!r}")
     if not (_finite(t.learning_rate) and t.learning_rate > 0):

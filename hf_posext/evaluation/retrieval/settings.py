@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from ...errors import check_seed
 from ..shared.grid import Cell, knobs_for, method_factors
 from .blocks import seeds_text
 from .haystack import NOISE_NAME
@@ -62,6 +63,7 @@ class RetrievalGrid:
             raise ValueError("tasks is empty: give at least one task.")
         for t in self.tasks:
             get_task(t)
+        check_seed("seed", self.seed)
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
             raise ValueError(f"trials must be an integer >= 1, got {self.trials!r}.")
         if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):

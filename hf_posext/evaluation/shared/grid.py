@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from ... import catalog as _catalog   # read at call time: methods registered later count too
 from ...errors import BeyondReach
 from ...attention import is_attention_method, split
+from ...attention.units import LOGN_SCALING
 from ...rope.config import MAX_TARGET_LENGTH, RopeExtensionConfig
 from ...patcher import is_patched, patch, unpatch
 from .distributed import Ranks
@@ -79,7 +80,7 @@ def check_knobs(methods: Sequence[str], knobs: Mapping[str, Mapping[str, float]]
             else:
                 split(method, knobs_for(method, knobs), _ANY_TRAINED)   # refuses attention knobs but logn
                 RopeExtensionConfig(method, 2.0, **{k: v for k, v in knobs_for(method, knobs).items()
-                                                    if k != "logn"})
+                                                    if k != LOGN_SCALING.name})
         except BeyondReach:
             pass   # the target's reach depends on the model's L: `inputs.check_cells`, per length
         except (TypeError, ValueError) as err:

@@ -15,7 +15,7 @@ import torch
 from ... import catalog as _catalog   # read at call time: methods registered later count too
 from ...data.documents import looks_like_path
 from ...data.embedded import resolve_model
-from ...errors import BeyondReach, ConfigError
+from ...errors import BeyondReach, ConfigError, check_seed
 from ...loading import check_config_early
 from ...patcher import plan_for_config, trained_length
 from ...rope.knobs import factor_spec
@@ -127,23 +127,13 @@ def parse_floats01(text: str, flag: str) -> list[float]:
     return sorted(set(out))
 
 
-def parse_seeds(text: str) -> list[int]:
-    """`5` -> seeds 0..4; `3,7,11` -> those seeds (each once: a repeated seed would count twice)."""
+def parse_seed(text, flag: str = "--seed") -> int:
+    """--seed: one integer >= 0 (errors.check_seed: the one seed convention)."""
     try:
-        items = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise InputError(f"--seeds: {text!r} must be a count (5) or a list of integers (1,2,3).") from None
-    if len(items) == 1 and "," not in text:
-        if items[0] <= 0:
-            raise InputError("--seeds: the number of seeds must be positive.")
-        return list(range(items[0]))
-    repeated = sorted({i for i in items if items.count(i) > 1})
-    if repeated:
-        raise InputError(f"--seeds: seed(s) {', '.join(map(str, repeated))} given twice; each seed "
-                         "counts once.")
-    if not items:
-        raise InputError("--seeds is empty.")
-    return items
+        return check_seed(flag, int(str(text).strip()))
+    except ValueError as err:
+        raise InputError(str(err) if "must be" in str(err) else
+                         f"{flag} must be an integer >= 0, got {text!r}.") from None
 
 
 def positive_int(flag: str, value) -> int | None:
