@@ -2,6 +2,7 @@
 (docs/retrieval.md, "Cost"), and what sharing one prefix cache across depths saves.
 
     python benchmarks/prefix_reuse.py [--length 8192] [--depth 0.5] [--reps 1] [--share-depths 0.25,0.5,0.75]
+    python benchmarks/prefix_reuse.py --length 8192 --profile    # torch.profiler's top ops instead
 
 On the embedded SmolLM2-135M over Hamlet, in one process (timings are ratios within one run: the
 machines here differ and are sometimes shared; wall and CPU seconds are both printed, the CPU
@@ -42,6 +43,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--share-depths", default="", help="comma-separated depths for the sharing figure (empty: skip)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--profile", action="store_true",
+                   help="print torch.profiler's ops by self CPU time for full, suffix (sdpa) and suffix, once each")
     args = p.parse_args()
     depths = sorted(float(d) for d in args.share_depths.split(",") if d.strip())
     if not 0 < args.depth < 1 or args.length < 2 or args.reps < 1 or any(not 0 < d < 1 for d in depths):
@@ -74,6 +77,14 @@ def main() -> None:
                  "prefix": lambda: model(ids[:, :cut], use_cache=True, logits_to_keep=1),
                  "copy": lambda: copy.deepcopy(cache), "suffix (sdpa)": suffix, "suffix": new_suffix,
                  "trial": trial}
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+            for k in ("full", "suffix (sdpa)", "suffix"):
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    wall = timed(parts[k])[0]
+                print(f"{k}: {wall:.2f} s wall under the profiler\n"
+                      + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+            return
         for r in range(args.reps):   # rounds of every part: a change of load hits them alike
             for k, fn in parts.items():
                 t.setdefault(k, []).append(timed(fn))

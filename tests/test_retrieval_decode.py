@@ -4,6 +4,8 @@ prompt by transformers' own SDPA (same held rope scale), for static, dynamic and
 methods; a deeper cell's prefix extended from a shallower cell's cache gives the same tokens and
 logits as its own prefill; and the whole cell's answers match one full prefill per trial."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -89,3 +91,20 @@ def test_the_holder_starts_over_when_the_prefix_or_the_state_differs():
     assert holder.tokens == shallow.prefix
     again = holder.cache_of(model, shallow.prefix, "a")
     assert holder.cache_of(model, shallow.prefix, "b") is not again      # another model state
+
+
+def test_the_grid_extends_one_prefix_cache_over_a_columns_depths(monkeypatch):
+    """evaluate_retrieval hands answer_cell one SharedPrefix: the depths of a (task, method,
+    length) after the first prefill only the blocks between the needles, the methods start over,
+    and the answers are those of one full prefill per trial."""
+    from hf_posext.evaluation.retrieval import RetrievalGrid, decode, evaluate_retrieval
+    tok, model = char_tokenizer(), tiny_model()
+    extended, real = [], decode.prefill
+    monkeypatch.setattr(decode, "prefill", lambda m, p, cache=None: extended.append(
+        (len(p), cache is not None)) or real(m, p, cache))
+    grid = RetrievalGrid(["yarn"], [600], depths=[0.25, 0.5, 1.0], tasks=["single_needle"], trials=2)
+    rows = evaluate_retrieval(model, tok, grid, progress=False)
+    # per method: the first depth from scratch, the next two extended
+    assert [c for _, c in extended] == [False, True, True] * 2
+    full = evaluate_retrieval(model, tok, dataclasses.replace(grid, reuse_prefix=False), progress=False)
+    assert [r["outputs"] for r in rows] == [r["outputs"] for r in full]
