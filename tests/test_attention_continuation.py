@@ -27,7 +27,7 @@ def test_split_equals_sdpa_under_the_lower_right_causal_mask(heads, kv_heads, Q,
     j = torch.arange(K)[None, :]
     want = F.scaled_dot_product_attention(q, k.repeat_interleave(heads // kv_heads, 1),
                                           v.repeat_interleave(heads // kv_heads, 1), attn_mask=j <= i)
-    torch.testing.assert_close(split_attention(q, k, v, 16 ** -0.5), want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(split_attention(q, k, v, 16 ** -0.5), want.transpose(1, 2), atol=1e-6, rtol=1e-5)
 
 
 def test_only_the_exact_lower_right_mask_is_taken_for_one():

@@ -12,7 +12,7 @@ the attention of a full causal forward of all K tokens, for 3/4 of its query–k
 Here the keys split in two, as kernel.py splits a method's parts: the cached prefix, which every
 query sees (no mask; GQA by stacking each key head's query heads along the rows), and the Q new
 keys, a square under SDPA's `is_causal` (upper-left aligned, exact on a square). The two merge by
-their log-sum-exp (`kernel._merge`, as flash attention merges blocks). The log-sum-exp comes from
+their log-sum-exp (as flash attention merges blocks; for two parts one lerp). The log-sum-exp comes from
 the CPU flash kernel (`backends.py`), so the split runs on CPU tensors; anything else (another
 device, a mask that is not exactly the lower-right causal one: padding, a sliding window, a
 static cache's unfilled slots) goes to transformers' own SDPA function unchanged.
@@ -33,8 +33,6 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-from .kernel import _merge
 
 NAME = "hf_posext_continuation"
 _LOWER_RIGHT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> mask seen lower-right
@@ -68,19 +66,27 @@ def continuation_mask(**kwargs):
 def split_attention(query, key, value, scaling: float) -> torch.Tensor:
     """Lower-right causal attention of query [B, H, Q, D] over key/value [B, H_kv, K, D]
     (K > Q) on CPU: the K − Q prefix keys unmasked plus the last Q under `is_causal`, merged by
-    log-sum-exp. Returns [B, H, Q, D]."""
+    log-sum-exp. Returns [B, Q, H, D] (contiguous: the layout the model reads back)."""
     flash = _flash()
     B, H, Q, D = query.shape
     n_kv, P = key.shape[1], key.shape[2] - Q
     n_rep = H // n_kv
     # head h = kv * n_rep + r (transformers' repeat_kv order): [B, H_kv, n_rep·Q, D] rows
-    rows = query.reshape(B, n_kv, n_rep * Q, D)
-    o1, l1 = flash(rows, key[:, :, :P], value[:, :, :P], scale=scaling)
+    o1, l1 = flash(query.reshape(B, n_kv, n_rep * Q, D), key[:, :, :P], value[:, :, :P], scale=scaling)
     k2, v2 = key[:, :, P:], value[:, :, P:]
     if n_rep > 1:
         k2, v2 = k2.repeat_interleave(n_rep, dim=1), v2.repeat_interleave(n_rep, dim=1)
     o2, l2 = flash(query, k2, v2, is_causal=True, scale=scaling)
-    return _merge([o1.reshape(B, H, Q, D), o2], [l1.reshape(B, H, Q).float(), l2.float()])
+    # Two parts, each row seeing at least one key of each (every key of the prefix; itself): the
+    # merge Σ o_p·exp(lse_p)/Σ exp(lse_p) (kernel._merge) is o2 + σ(lse1 − lse2)·(o1 − o2), one
+    # fused lerp written straight into the [B, Q, H, D] output, in [B, H_kv, n_rep, Q, D] views
+    # (a general merge's stack/exp/sum passes cost a fifth of the attention itself here).
+    grouped = (B, n_kv, n_rep, Q)
+    w = torch.sigmoid(l1.float().reshape(grouped) - l2.float().reshape(grouped)).to(o1.dtype)
+    out = query.new_empty(B, Q, H, D)
+    torch.lerp(o2.reshape(*grouped, D), o1.reshape(*grouped, D), w[..., None],
+               out=out.view(B, Q, n_kv, n_rep, D).permute(0, 2, 3, 1, 4))
+    return out
 
 
 def continuation_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -93,8 +99,7 @@ def continuation_attention_forward(module, query, key, value, attention_mask, dr
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask,
                                                dropout=dropout, scaling=scaling, **kwargs)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    out = split_attention(query, key, value, scaling)
-    return out.transpose(1, 2).contiguous(), None
+    return split_attention(query, key, value, scaling), None
 
 
 def register() -> None:
