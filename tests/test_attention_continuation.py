@@ -87,3 +87,14 @@ def test_an_attention_method_keeps_its_own_implementation():
     before = model.config._attn_implementation
     with continuation_attention(model):
         assert model.config._attn_implementation == before != NAME
+
+
+def test_split_in_bfloat16_stays_within_bfloat16s_rounding():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 40, 16, generator=g)
+    k, v = (torch.randn(1, 2, 90, 16, generator=g) for _ in range(2))
+    mask = torch.arange(90)[None, :] <= torch.arange(50, 90)[:, None]
+    want = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=mask)
+    got = split_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.25)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.transpose(1, 2), atol=3e-2, rtol=2e-2)
