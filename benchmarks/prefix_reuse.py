@@ -100,8 +100,9 @@ def main() -> None:
                 holder, steps = SharedPrefix(), []
                 for c in cuts:
                     steps.append(timed(lambda c=c: holder.cache_of(model, ids[0, :c].tolist(), "embedded")))
-                    print(f"  prefix to {c}: alone {alone[len(steps) - 1][0]:.2f} s, extended {steps[-1][0]:.2f} s wall",
-                          flush=True)
+                    a = alone[len(steps) - 1]
+                    print(f"  prefix to {c}: alone {a[0]:.2f} s wall, {a[1]:.2f} s CPU; extended "
+                          f"{steps[-1][0]:.2f} s wall, {steps[-1][1]:.2f} s CPU", flush=True)
             shared = (cuts, alone, steps)
     print(f"{ids.shape[1]} tokens, depth {args.depth} ({cut} cached), best of {args.reps}, "
           f"{torch.get_num_threads()} threads, {args.dtype}, load average {load:.1f} at the start, "
