@@ -1,6 +1,10 @@
-"""Prefix-cache reuse: a trial continued from the shared prefix's cache gives the logits of a
-full recompute of its prompt (same held rope scale), for static, dynamic and attention-level
-methods; and the whole cell's answers match one full prefill per trial."""
+"""Prefix-cache reuse: a trial continued from the shared prefix's cache (attending by
+attention.continuation, as answer_cell runs it) gives the logits of a full recompute of its
+prompt by transformers' own SDPA (same held rope scale), for static, dynamic and attention-level
+methods; a deeper cell's prefix extended from a shallower cell's cache gives the same tokens and
+logits as its own prefill; and the whole cell's answers match one full prefill per trial."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -8,7 +12,8 @@ import torch
 import hf_posext
 from _evalkit import char_tokenizer, tiny_model
 from hf_posext.evaluation.retrieval import build_cell, get_task, noise_haystack
-from hf_posext.evaluation.retrieval.decode import answer_cell, generate_trial, prefill
+from hf_posext.attention.continuation import continuation_attention
+from hf_posext.evaluation.retrieval.decode import SharedPrefix, answer_cell, generate_trial, prefill
 from hf_posext.generation import fixed_rope_scale
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,11 +27,12 @@ def test_cached_trial_equals_full_recompute(method):
     cell = build_cell(tok, get_task("multi_key"), noise_haystack(tok), 700, 0.5, [0, 1])
     assert len(cell.prefix) > 100          # a real shared prefix
     with fixed_rope_scale(model, cell.hold_length):
-        cache = prefill(model, cell.prefix)
-        for i in range(2):
-            ids, m = cell.prompt(i), cell.max_new_tokens[i]
-            cached, cached_logits = generate_trial(model, tok, ids, m, cache, scores=True)
-            full, full_logits = generate_trial(model, tok, ids, m, None, scores=True)
+        with continuation_attention(model):
+            cache = prefill(model, cell.prefix)
+            runs = [generate_trial(model, tok, cell.prompt(i), cell.max_new_tokens[i], cache, scores=True)
+                    for i in range(2)]
+        for i, (cached, cached_logits) in enumerate(runs):
+            full, full_logits = generate_trial(model, tok, cell.prompt(i), cell.max_new_tokens[i], None, scores=True)
             assert cached == full
             for a, b in zip(cached_logits, full_logits):
                 torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
@@ -38,3 +44,67 @@ def test_cell_answers_with_and_without_prefix_reuse_agree():
     hf_posext.patch(model, "dynamic_ntk", 4.0)
     cell = build_cell(tok, get_task("single_needle"), noise_haystack(tok), 600, 1.0, [3, 4, 5])
     assert answer_cell(model, tok, cell, reuse_prefix=True) == answer_cell(model, tok, cell, reuse_prefix=False)
+
+
+@pytest.mark.parametrize("method", ["none", pytest.param("dynamic_ntk", marks=pytest.mark.slow),
+                                    pytest.param("dual_chunk", marks=pytest.mark.slow)])
+def test_deeper_cells_extend_the_shallower_prefix_cache(method):
+    """Depths 0.25 -> 0.5 -> 0.75 of one (task, length, seeds): each prefix is the next one's
+    first tokens (whole haystack blocks, tokenised once), so the holder extends its cache; each
+    trial's logits then equal those from the cell's own prefill, and the full recompute's."""
+    tok, model = char_tokenizer(), tiny_model()
+    if method != "none":
+        hf_posext.patch(model, method, 4.0)
+    hay = noise_haystack(tok)
+    cells = [build_cell(tok, get_task("multi_key"), hay, 700, d, [0]) for d in (0.25, 0.5, 0.75)]
+    for a, b in zip(cells, cells[1:]):
+        assert len(a.prefix) < len(b.prefix) and b.prefix[:len(a.prefix)] == a.prefix
+        assert a.prompt(0) != b.prompt(0) and len(a.prompt(0)) == len(b.prompt(0))  # the needle moved
+    assert len({c.hold_length for c in cells}) == 1       # one held rope scale for the column
+    holder = SharedPrefix()
+    with fixed_rope_scale(model, cells[0].hold_length), continuation_attention(model):
+        for cell in cells:
+            before = holder.cache
+            cache = holder.cache_of(model, cell.prefix, "state")
+            assert cache is before or before is None      # extended in place, not prefilled anew
+            assert cache.get_seq_length() == len(cell.prefix) and holder.tokens == cell.prefix
+            own = prefill(model, cell.prefix)
+            for i in range(len(cell.trials)):
+                ids, m = cell.prompt(i), cell.max_new_tokens[i]
+                got, got_logits = generate_trial(model, tok, ids, m, cache, scores=True)
+                want, want_logits = generate_trial(model, tok, ids, m, own, scores=True)
+                full, full_logits = generate_trial(model, tok, ids, m, None, scores=True)
+                assert got == want == full
+                for x, y, z in zip(got_logits, want_logits, full_logits):
+                    torch.testing.assert_close(x, y, atol=2e-5, rtol=1e-4)
+                    torch.testing.assert_close(x, z, atol=2e-5, rtol=1e-4)
+
+
+def test_the_holder_starts_over_when_the_prefix_or_the_state_differs():
+    tok, model = char_tokenizer(), tiny_model()
+    hay = noise_haystack(tok)
+    deep = build_cell(tok, get_task("single_needle"), hay, 600, 0.75, [0])
+    shallow = build_cell(tok, get_task("single_needle"), hay, 600, 0.25, [0])
+    holder = SharedPrefix()
+    first = holder.cache_of(model, deep.prefix, "a")
+    assert holder.cache_of(model, shallow.prefix, "a") is not first      # shorter: a new prefill
+    assert holder.tokens == shallow.prefix
+    again = holder.cache_of(model, shallow.prefix, "a")
+    assert holder.cache_of(model, shallow.prefix, "b") is not again      # another model state
+
+
+def test_the_grid_extends_one_prefix_cache_over_a_columns_depths(monkeypatch):
+    """evaluate_retrieval hands answer_cell one SharedPrefix: the depths of a (task, method,
+    length) after the first prefill only the blocks between the needles, the methods start over,
+    and the answers are those of one full prefill per trial."""
+    from hf_posext.evaluation.retrieval import RetrievalGrid, decode, evaluate_retrieval
+    tok, model = char_tokenizer(), tiny_model()
+    extended, real = [], decode.prefill
+    monkeypatch.setattr(decode, "prefill", lambda m, p, cache=None: extended.append(
+        (len(p), cache is not None)) or real(m, p, cache))
+    grid = RetrievalGrid(["yarn"], [600], depths=[0.25, 0.5, 1.0], tasks=["single_needle"], trials=2)
+    rows = evaluate_retrieval(model, tok, grid, progress=False)
+    # per method: the first depth from scratch, the next two extended
+    assert [c for _, c in extended] == [False, True, True] * 2
+    full = evaluate_retrieval(model, tok, dataclasses.replace(grid, reuse_prefix=False), progress=False)
+    assert [r["outputs"] for r in rows] == [r["outputs"] for r in full]

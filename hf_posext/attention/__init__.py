@@ -9,6 +9,7 @@ Attention, STRING and log-n query scaling, through transformers' `AttentionInter
     plans.py      each method's parts of a query chunk
     interface.py  the registered attention function
     install.py    what `hf_posext.patch` writes into one model's config
+    continuation.py  a cached prefix's continuation under plain SDPA: prefix + causal square by log-sum-exp
 """
 
 from .config import ALL_KNOBS, ATTENTION_METHODS, AttentionExtensionConfig

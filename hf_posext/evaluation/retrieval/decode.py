@@ -3,6 +3,16 @@
 The prefix (head + haystack before the depth) is run once with a cache; each trial continues
 from a deep copy of that cache (transformers' documented prefix-cache reuse: pass the copy as
 `past_key_values` to `generate` with the whole prompt; generate feeds only the uncached tokens).
+The copy costs ~20 ms against a trial's seconds (benchmarks/results/prefix_reuse.md), so the
+cache is copied, not cropped back (DynamicCache.crop's argument changed meaning in 5.x).
+Every forward that continues a cache attends by `attention.continuation` (the cached keys
+unmasked, the new ones causal, merged by log-sum-exp), not by SDPA over a materialised mask.
+
+Across the depths of one (task, method, length): a deeper cell's prefix extends a shallower
+one's token for token (prompt.py: the head, then whole haystack blocks, the same blocks at every
+depth), so `SharedPrefix` keeps the last prefix's cache and a deeper cell only prefills the
+blocks between the two needles on top of it. It checks the tokens, not the depths, and holds
+one cache per model state (the caller's key: method, factor, knobs) and rope hold length.
 A dynamic method's frequencies depend on the forward's length: they are held at the cell's
 `hold_length` for the prefix and every trial (`generation.fixed_rope_scale`), so the cached keys
 and the trial's queries are rotated alike. tests/test_retrieval_decode.py checks that a cached
@@ -12,10 +22,12 @@ trial's logits equal a full recompute under the same hold.
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 from transformers.generation import utils as _generation_utils
 
+from ...attention.continuation import continuation_attention
 from ...generation import fixed_rope_scale
 from .prompt import CellPrompts
 
@@ -34,12 +46,32 @@ def _pad(tokenizer) -> int | None:
 
 
 @torch.inference_mode()
-def prefill(model, prefix: list[int]):
+def prefill(model, prefix: list[int], cache=None):
     """The cache of `prefix` (logits of its last position only: a 16k × vocab logit matrix
-    would take gigabytes)."""
-    ids = torch.tensor([prefix], device=_device(model))
-    out = model(ids, use_cache=True, logits_to_keep=1)
+    would take gigabytes); with `cache` (of a prefix of `prefix`, extended in place) only the
+    tokens after it run."""
+    done = 0 if cache is None else cache.get_seq_length()
+    ids = torch.tensor([prefix[done:]], device=_device(model))
+    extra = {} if cache is None else {CACHE_KWARG: cache}
+    out = model(ids, use_cache=True, logits_to_keep=1, **extra)
     return out[CACHE_KWARG] if CACHE_KWARG in out else out.past_key_values
+
+
+class SharedPrefix:
+    """The last prefix prefilled, reused by a later cell whose prefix extends it (module doc)."""
+
+    def __init__(self):
+        self.key, self.tokens, self.cache = None, [], None
+
+    def cache_of(self, model, prefix: list[int], key) -> object:
+        """The cache of `prefix` under `key`, extending the held one when it is a prefix of it."""
+        n = len(self.tokens)
+        if self.cache is None or key != self.key or n > len(prefix) or prefix[:n] != self.tokens:
+            self.key, self.tokens, self.cache = key, [], None   # freed before the new prefill
+        if len(prefix) > len(self.tokens):
+            self.cache = prefill(model, prefix, self.cache)
+            self.tokens = list(prefix)
+        return self.cache
 
 
 @torch.inference_mode()
@@ -57,11 +89,25 @@ def generate_trial(model, tokenizer, ids: list[int], max_new_tokens: int, cache=
     return (new, [l[0] for l in out.logits]) if scores else new
 
 
-def answer_cell(model, tokenizer, cell: CellPrompts, reuse_prefix: bool = True) -> list[str]:
-    """The decoded answer of every trial of the cell."""
+def takes_shared(fn) -> bool:
+    """Whether an `answer_fn` accepts answer_cell's `shared` keyword (a user's may not)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "shared" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def answer_cell(model, tokenizer, cell: CellPrompts, reuse_prefix: bool = True,
+                shared: tuple[SharedPrefix, object] | None = None) -> list[str]:
+    """The decoded answer of every trial of the cell; `shared` = (holder, model-state key):
+    the prefix's cache from (and left in) the holder, extended from a shallower cell's."""
     texts = []
-    with fixed_rope_scale(model, cell.hold_length):
-        cache = prefill(model, cell.prefix) if reuse_prefix and len(cell.prefix) > 1 else None
+    with fixed_rope_scale(model, cell.hold_length), continuation_attention(model):
+        cache = None
+        if reuse_prefix and len(cell.prefix) > 1:
+            cache = (shared[0].cache_of(model, cell.prefix, (shared[1], cell.hold_length))
+                     if shared is not None else prefill(model, cell.prefix))
         for i, m in enumerate(cell.max_new_tokens):
             new = generate_trial(model, tokenizer, cell.prompt(i), m, cache)
             texts.append(tokenizer.decode(new, skip_special_tokens=True))

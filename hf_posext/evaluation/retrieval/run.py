@@ -15,7 +15,7 @@ from ..shared.inputs import check_device
 from ..perplexity.loss import PeakMemory
 from ..shared.settings import RunInfo, settings_only
 from .blocks import check_blocks
-from .decode import answer_cell
+from .decode import SharedPrefix, answer_cell, takes_shared
 from .haystack import Haystack, load_haystack
 from .prompt import LAYOUT, CellPrompts, build_cell
 from .settings import RetrievalGrid
@@ -46,7 +46,9 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
 
     haystack: default the grid's (`load_haystack`; a document source is read now).
     answer_fn(model, tokenizer, CellPrompts, reuse_prefix) -> answer texts: default greedy
-    decoding with the shared prefix prefilled once (`decode.answer_cell`).
+    decoding with the shared prefix prefilled once (`decode.answer_cell`); one that takes a
+    `shared` keyword gets `decode.SharedPrefix`'s (holder, key), so the depths of a (task,
+    method, length) extend one prefix cache.
     seed_blocks: the stored rows of a cell are blocks of trials its tables pool (`blocks.py`), so
     seeds overlapping a stored block are refused; False where each seed list is its own series
     (the passkey's tables: a run with more seeds is a new cell, not a second block).
@@ -67,6 +69,7 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
     if engine is not None:
         engine.plan(cells)   # refusals before any engine loads
     memo: dict[tuple, CellPrompts] = {}
+    shared = SharedPrefix() if takes_shared(answer_fn) else None
 
     def prompts(cell: Cell) -> CellPrompts:
         where = (cell.extra["task"], cell.length, cell.extra["depth"])
@@ -78,8 +81,11 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
     def compute(cell: Cell) -> dict:
         task, cp = get_task(cell.extra["task"]), prompts(cell)
         with PeakMemory(run.device) as peak:
+            # the model's state for the prefix cache: the patch (run_grid's _enter) and the length
+            key = (cell.method, cell.factor, knob_text(cell.knobs), cell.length, cell.as_is)
             texts = engine.answer(model, tokenizer, cell, cp) if engine is not None else \
-                answer_fn(model, tokenizer, cp, grid.reuse_prefix)
+                answer_fn(model, tokenizer, cp, grid.reuse_prefix,
+                          **({"shared": (shared, key)} if shared is not None else {}))
         scores = [score_trial(t, tr.answers, task.multi_answer) for t, tr in zip(texts, cp.trials)]
         correct = sum(s == 1.0 for s in scores)
         low, high = wilson(correct, len(scores))

@@ -32,7 +32,7 @@ from typing import Callable
 from ...patcher import trained_length
 from ..shared.grid import knob_text
 from ..shared.settings import RunInfo
-from .decode import answer_cell
+from .decode import answer_cell, takes_shared
 from .run import evaluate_retrieval
 from .sequential import ABOVE, BELOW, UNDECIDED, SequentialRule, call, effective_bounds
 from .settings import RetrievalGrid
@@ -209,11 +209,12 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
         nonlocal spent_trials
         j, computed = len(q.looks) + 1, []
 
-        def answer(model_, tokenizer_, cell, reuse_prefix):
+        def answer(model_, tokenizer_, cell, reuse_prefix, shared=None):
             if not compute:
                 raise _NotStored
             computed.append(len(cell.trials))
-            return answer_fn(model_, tokenizer_, cell, reuse_prefix)
+            extra = {"shared": shared} if shared is not None and takes_shared(answer_fn) else {}
+            return answer_fn(model_, tokenizer_, cell, reuse_prefix, **extra)
 
         sub = dataclasses.replace(
             grid, methods=[q.method], lengths=[q.length], tasks=[q.task], factors=[q.factor_spec],
