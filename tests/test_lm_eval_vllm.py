@@ -33,9 +33,12 @@ def serve_line(capsys, *argv) -> list[str]:
 
 def test_model_args_are_serves(tiny_dir, capsys):
     line = serve_line(capsys, str(tiny_dir), "--method", "yarn", "--factor", "4")
+    # lm-eval's VLLM takes tensor_parallel_size / data_parallel_size itself (its DP: ray workers)
     got = vllm_model_args({"pretrained": str(tiny_dir), "method": "yarn", "factor": 4,
-                           "dtype": "float32", "enforce_eager": True})
+                           "dtype": "float32", "enforce_eager": True, "tensor_parallel_size": 2,
+                           "data_parallel_size": 2})
     assert got == {"pretrained": str(tiny_dir), "dtype": "float32", "enforce_eager": True,
+                   "tensor_parallel_size": 2, "data_parallel_size": 2,
                    "max_model_len": int(line[line.index("--max-model-len") + 1]),
                    "hf_overrides": json.loads(line[line.index("--hf-overrides") + 1])}
     # factor auto: s = max_length / L (64), as the `hf-posext` type reads it
