@@ -137,7 +137,8 @@ def lm_eval(route: str, args, method: str, work: Path) -> dict:
     return dict(task=args.lm_eval_task, length=length, samples=len(samples), model=route,
                 score=results[args.lm_eval_task][f"{length},none"], seconds=round(seconds, 1),
                 command="hf-posext " + shlex.join(argv),
-                responses={str(s["doc_id"]): s["resps"][0][0] for s in samples})
+                responses={str(s["doc_id"]): s["resps"][0][0] for s in samples},
+                prompts={str(s["doc_id"]): s["prompt_hash"] for s in samples})
 
 
 def main() -> None:
@@ -224,8 +225,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as work:
             runs = [lm_eval(route, args, args.lm_eval_method, Path(work)) for route in ("hf-posext-vllm", "hf-posext")]
         same = sum(runs[0]["responses"].get(k) == v for k, v in runs[1]["responses"].items())
+        prompts = sum(runs[0]["prompts"].get(k) == v for k, v in runs[1]["prompts"].items())
         for r in runs:
-            r["same_responses"] = same
+            r["same_responses"], r["same_prompts"] = same, prompts
         result["lm_eval"] = runs
     result["load"] += f" / {os.getloadavg()[0]:.1f}"
     save(args.out, result)

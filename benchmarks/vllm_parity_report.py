@@ -91,10 +91,10 @@ def logprob_lines(result: dict) -> list[str]:
 def lm_eval_lines(result: dict) -> list[str]:
     if not result.get("lm_eval"):
         return []
-    lines = ["", "| lm-eval task, length | samples | route (`--model`) | score | identical responses | "
-             "wall time (s) | command |", "|---|---|---|---|---|---|---|"]
+    lines = ["", "| lm-eval task, length | samples | route (`--model`) | score | identical prompts / "
+             "responses | wall time (s) | command |", "|---|---|---|---|---|---|---|"]
     for e in result["lm_eval"]:
-        same = "" if e.get("same_responses") is None else f"{e['same_responses']} of {e['samples']}"
+        same = f"{e.get('same_prompts', '?')} / {e.get('same_responses', '?')} of {e['samples']}"
         lines.append(f"| {e['task']}, {e['length']} | {e['samples']} | {e['model']} | {e['score']} | "
                      f"{same} | {e['seconds']} | `{e['command']}` |")
     return lines
