@@ -174,7 +174,7 @@ def main() -> None:
     tok = embedded.load_tokenizer()
     haystack = load_haystack(tok, "noise", max(int(x) for x in args.lengths.split(",")))
     result: dict[str, Any] = {"title": args.title,
-              "command": " ".join(["python", "benchmarks/vllm_parity.py", *sys.argv[1:]]),
+              "command": shlex.join(["python", "benchmarks/vllm_parity.py", *sys.argv[1:]]),
               "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
               "model": "SmolLM2-135M (embedded GGUF, dequantized, float32)", "cells": [], "logprobs": [],
               "engines": [], "lm_eval": [], "load": f"{os.getloadavg()[0]:.1f}"}

@@ -45,18 +45,17 @@ def cells_table(result: dict) -> list[str]:
         else:
             lines.append(f"| {where}, vLLM without prefix caching | {c['trials']} | | | | {c['vllm_s']} | |")
     compared = [c for c in result["cells"] if "transformers_s" in c]
-    if len(compared) > 1:
-        t, v = sum(c["transformers_s"] for c in compared), sum(c["vllm_s"] for c in compared)
-        lines.append(f"| all cells above | {sum(c['trials'] for c in compared)} | "
-                     f"{sum(len(c['differ']) for c in compared)} | "
-                     f"{sum(c['correct_transformers'] for c in compared)} / "
-                     f"{sum(c['correct_vllm'] for c in compared)} | {t:.1f} | {v:.1f} | {ratio(v, t)} |")
-    for length in sorted({c["length"] for c in compared}):
-        at = [c for c in compared if c["length"] == length]
-        if len(at) > 1 and len(at) < len(compared):
-            t, v = sum(c["transformers_s"] for c in at), sum(c["vllm_s"] for c in at)
-            lines.append(f"| cells at {length} | {sum(c['trials'] for c in at)} | "
-                         f"{sum(len(c['differ']) for c in at)} | | {t:.1f} | {v:.1f} | {ratio(v, t)} |")
+    groups = [("all cells above", compared)] if len(compared) > 1 else []
+    for field, name in (("method", "{} cells"), ("length", "cells at {}")):
+        values = sorted({c[field] for c in compared})
+        if len(values) > 1:
+            groups += [(name.format(v), [c for c in compared if c[field] == v]) for v in values]
+    for name, group in groups:
+        t, v = sum(c["transformers_s"] for c in group), sum(c["vllm_s"] for c in group)
+        lines.append(f"| {name} | {sum(c['trials'] for c in group)} | "
+                     f"{sum(len(c['differ']) for c in group)} | "
+                     f"{sum(c['correct_transformers'] for c in group)} / "
+                     f"{sum(c['correct_vllm'] for c in group)} | {t:.1f} | {v:.1f} | {ratio(v, t)} |")
     for c in compared:
         for d in c["differ"]:
             lines.append(f"\nDiffers: {c.get('task', 'single_needle')}, {c['method']} at {c['length']} "
