@@ -33,9 +33,12 @@ def serve_line(capsys, *argv) -> list[str]:
 
 def test_model_args_are_serves(tiny_dir, capsys):
     line = serve_line(capsys, str(tiny_dir), "--method", "yarn", "--factor", "4")
+    # lm-eval's VLLM takes tensor_parallel_size / data_parallel_size itself (its DP: ray workers)
     got = vllm_model_args({"pretrained": str(tiny_dir), "method": "yarn", "factor": 4,
-                           "dtype": "float32", "enforce_eager": True})
+                           "dtype": "float32", "enforce_eager": True, "tensor_parallel_size": 2,
+                           "data_parallel_size": 2})
     assert got == {"pretrained": str(tiny_dir), "dtype": "float32", "enforce_eager": True,
+                   "tensor_parallel_size": 2, "data_parallel_size": 2,
                    "max_model_len": int(line[line.index("--max-model-len") + 1]),
                    "hf_overrides": json.loads(line[line.index("--hf-overrides") + 1])}
     # factor auto: s = max_length / L (64), as the `hf-posext` type reads it
@@ -80,3 +83,19 @@ def test_runs_in_vllms_python(tiny_dir, tmp_path, monkeypatch):
     assert json.loads(argv[argv.index("--model_args") + 1]) == {
         "pretrained": str(tiny_dir), "method": "yarn", "factor": 4}
     assert argv[-4:] == ["--tasks", "tiny_gen", "--limit", "2"]
+
+
+def test_building_the_model_keeps_lm_evals_random_state():
+    """lm-eval seeds `random`, builds the model, then RULER's samples from `random`: a model type
+    that reseeds it (vLLM's seed) or draws from it must leave lm-eval's state, so both routes
+    build the same prompts."""
+    import random
+
+    from hf_posext.evaluation.harness import lm_eval_random_state
+    random.seed(0)
+    expected = [random.random() for _ in range(3)]
+    random.seed(0)
+    with lm_eval_random_state():
+        random.seed(1234)          # as vLLM's LLM(seed=...) does
+        random.random()
+    assert [random.random() for _ in range(3)] == expected

@@ -52,6 +52,7 @@ def serve_line(capsys, *argv) -> dict:
 
 
 def test_every_argument_reaches_the_engine(model_dir, fake_vllm, capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(model_args, "load_model_from", lambda args: pytest.fail("transformers loaded"))
     out = tmp_path / "r"
     argv = ["retrieval", "--model", str(model_dir), "--engine", "vllm", "--vllm-python", sys.executable,
@@ -62,30 +63,37 @@ def test_every_argument_reaches_the_engine(model_dir, fake_vllm, capsys, tmp_pat
     assert cli.main(argv) == 0
     capsys.readouterr()
     log = calls(fake_vllm)
-    engines = [c["llm"] for c in log if "llm" in c]
     # one engine per (method, factor): none, then yarn s=16, each as `hf-posext serve` prints it
-    # (the none row at 700 > L = 64: serve's length raised to the cell's, plain RoPE)
+    # (the none row at 700 > L = 64: serve's length raised to the cell's, plain RoPE), on 3
+    # replicas of 2 devices each (vLLM's LLM refuses data_parallel_size > 1: one engine each)
     none = serve_line(capsys, str(model_dir))
     none = {**none, "max_model_len": 700, "hf_overrides": {"max_position_embeddings": 700}}
     yarn = serve_line(capsys, str(model_dir), "--method", "yarn", "--factor", "16")
-    passed = {"tensor_parallel_size": 2, "data_parallel_size": 3, "max_num_seqs": 8,
+    passed = {"tensor_parallel_size": 2, "max_num_seqs": 8,
               "enforce_eager": True, "enable_prefix_caching": True, "dtype": "float32", "seed": 0}
-    assert engines == [{**none, **passed}, {**yarn, **passed}]
-    # each cell: its trials in one call, the prompts and stop rule of the transformers path
+    replicas = ["0,1", "2,3", "4,5"]
+    engines = [(c["llm"], c["devices"]) for c in log if "llm" in c]
+    assert sorted(engines[:3], key=str) == [({**none, **passed}, d) for d in replicas]
+    assert sorted(engines[3:], key=str) == [({**yarn, **passed}, d) for d in replicas]
+    # each cell: its trials split between the replicas (one each), the prompts and stop rule of
+    # the transformers path
     tok = char_tokenizer()
     gens = [c for c in log if "generate" in c]
-    assert len(gens) == 4
-    for got, depth in zip(gens, [0.0, 1.0, 0.0, 1.0]):
+    assert len(gens) == 4 * 3
+    for at, depth in zip(range(0, 12, 3), [0.0, 1.0, 0.0, 1.0]):
+        shares = sorted(gens[at:at + 3], key=lambda c: c["devices"])
+        assert [c["devices"] for c in shares] == replicas
         cell = build_cell(tok, get_task("single_needle"), noise_haystack(tok), 700, depth, range(3))
-        assert got["generate"] == [cell.prompt(i) for i in range(3)]
-        assert [p["max_tokens"] for p in got["params"]] == cell.max_new_tokens
+        assert [p for c in shares for p in c["generate"]] == [cell.prompt(i) for i in range(3)]
+        assert [p["max_tokens"] for c in shares for p in c["params"]] == cell.max_new_tokens
         assert all(p["temperature"] == 0.0 and p["stop_token_ids"] == [tok.eos_token_id]
-                   for p in got["params"])
+                   for c in shares for p in c["params"])
     rows = json.loads((out / "retrieval.json").read_text())["rows"]
     assert {(r["engine"], r["engine_version"]) for r in rows} == {("vllm", "0.0.fake")}
-    assert "tensor_parallel_size=2" in rows[0]["engine_args"]
+    assert {"tensor_parallel_size=2", "data_parallel_size=3"} <= set(rows[0]["engine_args"].split(","))
     # the answer: the stand-in's tokens up to the stop id, decoded as the transformers path does
-    last = tok.decode([gens[0]["generate"][0][-1]])
+    first = min(gens[:3], key=lambda c: c["devices"])
+    last = tok.decode([first["generate"][0][-1]])
     assert rows[0]["outputs"].split(" | ")[0] == (last * (cell.max_new_tokens[0] - 1)).strip()[:60]
     # a transformers run never resumes into this folder (nor the reverse)
     monkeypatch.undo()
@@ -151,3 +159,17 @@ def test_an_extended_checkpoint_is_refused(tmp_path):
     model.save_pretrained(tmp_path / "yarn")
     with pytest.raises(ValueError, match="is already extended .*pass the base folder"):
         VllmEngine(tmp_path / "yarn", python=sys.executable)
+
+
+def test_data_parallel_replicas_get_their_own_devices(model_dir, monkeypatch):
+    """--data-parallel-size N: N engines (vLLM's LLM refuses data_parallel_size > 1 in one
+    process), replica i on devices i·tp .. (i+1)·tp − 1 of CUDA_VISIBLE_DEVICES; too few devices
+    is refused before any worker starts."""
+    from hf_posext.evaluation.retrieval.vllm_engine import VllmEngine
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    engine = VllmEngine(model_dir, python=sys.executable, tensor_parallel_size=2, data_parallel_size=2)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in engine.replica_env] == ["4,5", "6,7"]
+    assert "data_parallel_size" not in engine.engine_kwargs("none", 1.0, {}, 64)
+    with pytest.raises(ValueError, match="--data-parallel-size 3 × --tensor-parallel-size 2 needs 6 "
+                                         "devices; CUDA_VISIBLE_DEVICES names 4"):
+        VllmEngine(model_dir, python=sys.executable, tensor_parallel_size=2, data_parallel_size=3)

@@ -96,3 +96,33 @@ def test_lm_eval_on_vllm_answers_as_transformers(setup, tmp_path, monkeypatch):
         generated[model] = [json.loads(x)["resps"] for x in samples[-1].read_text().splitlines()]
     assert len(generated["hf-posext"]) == 3
     assert generated["hf-posext-vllm"] == generated["hf-posext"]
+
+
+def test_data_parallel_replicas_and_engine_args_reach_vllm(setup):
+    """--data-parallel-size 2: two real engines (vLLM's LLM refuses data_parallel_size > 1 in
+    one process), a cell's trials split between them, the answers those of transformers; an
+    --engine-arg reaches vLLM's own EngineArgs, which refuses an unknown one before loading."""
+    folder, model, tok = setup
+    torch.set_num_threads(2)
+    grid = RetrievalGrid(["yarn"], [900], depths=[0.5], trials=3, factors=[measure.FACTOR],
+                         skip=[("none", 900, 1.0)])
+    reference = evaluate_retrieval(model, tok, grid, progress=False)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    python = str(measure.venv_python(VENV))
+    engine = vllm_engine.VllmEngine(folder, python=python, data_parallel_size=2,
+                                    engine_args={"enforce_eager": True, "max_num_seqs": 4}, env=env)
+    try:
+        rows = evaluate_retrieval(vllm_engine.planning_model(folder), tok, grid, engine=engine,
+                                  progress=False)
+        assert len(engine._workers) == 2 and all(w.proc.poll() is None for w in engine._workers)
+        assert [r["outputs"] for r in rows] == [r["outputs"] for r in reference]
+        assert "data_parallel_size=2" in rows[0]["engine_args"].split(",")
+    finally:
+        engine.close()
+    bad = vllm_engine.VllmEngine(folder, python=python, engine_args={"no_such_engine_arg": 1}, env=env)
+    try:
+        bad.plan(grid.cells(measure.L))
+        with pytest.raises(RuntimeError, match="vLLM: .*no_such_engine_arg"):
+            bad.check()
+    finally:
+        bad.close()

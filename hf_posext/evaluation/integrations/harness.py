@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from lm_eval.api.registry import register_model
@@ -86,11 +88,30 @@ def tokenizer_folder(pretrained: str, gguf_file: str | None = None,
     return str(out)
 
 
+@contextmanager
+def lm_eval_random_state():
+    """Python's `random` state as lm-eval seeded it, restored after a model is built. lm-eval
+    seeds `random` (`--seed`, evaluator.simple_evaluate), then builds the model, then the tasks:
+    RULER draws its keys and values from the global `random` (tasks/ruler/prepare_niah.py
+    `generate_random_number`), so whatever model construction draws or reseeds (vLLM's
+    `seed` reseeds it) would change the samples; kept, both routes (`hf-posext`,
+    `hf-posext-vllm`) build the same RULER prompts."""
+    state = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(state)
+
+
 @register_model(MODEL_TYPE)
 class PosextLM(HFLM):
     """HFLM with an hf_posext method applied to the loaded model (see the module docstring)."""
 
     def __init__(self, pretrained, **kwargs):
+        with lm_eval_random_state():
+            self._build(pretrained, **kwargs)
+
+    def _build(self, pretrained, **kwargs):
         method, factor, knobs, rest = split_model_args(kwargs)
         if isinstance(pretrained, str):
             pretrained, gguf = resolve_model(pretrained, rest.get("gguf_file"))

@@ -72,6 +72,8 @@ def register() -> None:
 
     from lm_eval.api.registry import register_model
 
+    from .harness import lm_eval_random_state
+
     real = metadata.version
     try:
         real("vllm")
@@ -95,4 +97,5 @@ def register() -> None:
         """lm-eval's VLLM with `hf-posext serve`'s arguments for the method (module docstring)."""
 
         def __init__(self, **kwargs):
-            super().__init__(**vllm_model_args(kwargs))
+            with lm_eval_random_state():   # the same RULER samples as `hf-posext` (harness.py)
+                super().__init__(**vllm_model_args(kwargs))

@@ -143,23 +143,32 @@ class _Worker:
         self.proc = subprocess.Popen([python, str(WORKER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
         self.engine: dict | None = None   # the engine it loaded (after its first generate)
+        self.request: dict = {}
 
-    def ask(self, request: dict) -> dict:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+    def send(self, request: dict) -> None:
+        assert self.proc.stdin is not None
+        self.request = request
         try:
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
         except BrokenPipeError:
-            line = ""
+            pass   # receive() reports the stopped worker
+
+    def receive(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the vLLM worker stopped (exit {self.proc.wait()}); its log is above.")
         answer = json.loads(line)
         if "error" in answer:
             raise RuntimeError(f"vLLM: {answer['error']}")
-        if request["op"] != "check":
-            self.engine = request["engine"]
+        if self.request["op"] != "check":
+            self.engine = self.request["engine"]
         return answer
+
+    def ask(self, request: dict) -> dict:
+        self.send(request)
+        return self.receive()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -175,7 +184,14 @@ class _Worker:
 class VllmEngine:
     """vLLM for the retrieval suite: `plan` (every cell's engine arguments, refusals), `check`
     (the worker starts; vLLM's version; every argument checked by vLLM's EngineArgs), `answer`
-    (a cell's trials, all in one call). `folder`: a base checkpoint folder (`hf_folder`)."""
+    (a cell's trials, all in one call). `folder`: a base checkpoint folder (`hf_folder`).
+
+    data_parallel_size N: N engine replicas, one worker process each, a cell's trials split
+    between them. vLLM's offline `LLM` refuses `data_parallel_size` > 1 in one process
+    (vllm/entrypoints/llm.py, 0.29 and 0.32: "not supported for single-process usage ... use
+    the explicit multi-process data-parallel example"), which is what this does: each replica
+    is a separate engine, given its own `tensor_parallel_size` devices through
+    CUDA_VISIBLE_DEVICES (replica i: devices i·tp .. (i+1)·tp − 1 of those visible)."""
 
     name = ENGINE
 
@@ -189,15 +205,25 @@ class VllmEngine:
                         ("--data-parallel-size", data_parallel_size)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{flag} must be an integer >= 1, got {n!r}.")
+        self.replicas = data_parallel_size
         self.common = {"dtype": dtype, "enable_prefix_caching": bool(prefix_caching),
-                       "tensor_parallel_size": tensor_parallel_size,
-                       "data_parallel_size": data_parallel_size, "seed": 0, **dict(engine_args or {})}
+                       "tensor_parallel_size": tensor_parallel_size, "seed": 0,
+                       **dict(engine_args or {})}
         # one engine, one process: vLLM's engine core in the worker itself (as tests/engines'
         # harness runs it) saves a second `import vllm` and start-up; several ranks need vLLM's own
         # (a value in the environment wins)
-        single = tensor_parallel_size == 1 == data_parallel_size and \
-            "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+        single = tensor_parallel_size == 1 and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         self.env = ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if single else {}) | dict(env or {})
+        self.replica_env = [self.env]
+        if data_parallel_size > 1:   # each replica its own tensor_parallel_size devices
+            tp, visible = tensor_parallel_size, os.environ.get("CUDA_VISIBLE_DEVICES")
+            devices = visible.split(",") if visible else [str(d) for d in range(data_parallel_size * tp)]
+            if len(devices) < data_parallel_size * tp:
+                raise ValueError(f"--data-parallel-size {data_parallel_size} × --tensor-parallel-size "
+                                 f"{tp} needs {data_parallel_size * tp} devices; CUDA_VISIBLE_DEVICES "
+                                 f"names {len(devices)}.")
+            self.replica_env = [{**self.env, "CUDA_VISIBLE_DEVICES": ",".join(devices[i * tp:(i + 1) * tp])}
+                                for i in range(data_parallel_size)]
         base = meaning(load_config(self.folder))
         if base.spec is not None or base.attention is not None:
             raise ValueError(f"{self.folder} is already extended ({base.label}); on vLLM a retrieval "
@@ -205,7 +231,7 @@ class VllmEngine:
                              "base): pass the base folder with --methods M --factor S.")
         self.version: str | None = None
         self._fingerprint: str | None = None
-        self._worker: _Worker | None = None
+        self._workers: list[_Worker] = []
         self._plans: dict[tuple, dict] = {}
 
     @property
@@ -248,40 +274,48 @@ class VllmEngine:
             except ValueError as err:
                 raise ValueError(f"{where}: {err}") from None
 
-    def check(self) -> str:
-        """Start the worker and have vLLM's EngineArgs check every planned argument set (nothing
-        loads); returns vLLM's version."""
-        worker = self._start()
-        for kwargs in self._plans.values() or [self.common]:
-            self.version = worker.ask({"op": "check", "engine": kwargs})["version"]
-        return str(self.version)
-
     def identity(self) -> dict:
         """What the rows record and the cell keys hash (so the engines never share a cell)."""
         if self.version is None:
             self.check()
         passed = {k: v for k, v in self.common.items() if k not in ("dtype", "seed")}
-        return {"engine": ENGINE, "engine_version": self.version, "engine_args": knob_text(passed)}
+        return {"engine": ENGINE, "engine_version": self.version,
+                "engine_args": knob_text({**passed, "data_parallel_size": self.replicas})}
 
-    def _start(self) -> _Worker:
-        if self._worker is None:
-            self._worker = _Worker(self.python, self.env)
-        return self._worker
+    def _start(self, n: int = 1) -> list[_Worker]:
+        while len(self._workers) < n:
+            self._workers.append(_Worker(self.python, self.replica_env[len(self._workers)]))
+        return self._workers[:n]
 
-    def _engine_for(self, kwargs: dict) -> _Worker:
-        if self._worker is not None and self._worker.engine not in (None, kwargs):
+    def check(self) -> str:
+        """Start a worker and have vLLM's EngineArgs check every planned argument set (nothing
+        loads); returns vLLM's version."""
+        worker = self._start()[0]
+        for kwargs in self._plans.values() or [self.common]:
+            self.version = worker.ask({"op": "check", "engine": kwargs})["version"]
+        return str(self.version)
+
+    def _engines_for(self, kwargs: dict, n: int) -> list[_Worker]:
+        if any(w.engine not in (None, kwargs) for w in self._workers):
             self.close()   # one engine per worker process (vllm_worker.py)
-        return self._start()
+        return self._start(n)
 
     def generate(self, kwargs: dict, prompts: list[list[int]], max_tokens: list[int],
                  stop: list[int]) -> list[list[int]]:
-        """Greedy continuations (token ids, ending at a stop id or after max_tokens)."""
-        return self._engine_for(kwargs).ask({"op": "generate", "engine": kwargs, "prompts": prompts,
-                                             "max_tokens": max_tokens, "stop": stop})["outputs"]
+        """Greedy continuations (token ids, ending at a stop id or after max_tokens), the prompts
+        split in consecutive shares between the replicas, which run at the same time."""
+        n = max(1, min(self.replicas, len(prompts)))
+        bounds = [len(prompts) * i // n for i in range(n + 1)]
+        workers = self._engines_for(kwargs, n)
+        for w, a, b in zip(workers, bounds, bounds[1:]):
+            w.send({"op": "generate", "engine": kwargs, "prompts": prompts[a:b],
+                    "max_tokens": max_tokens[a:b], "stop": stop})
+        return [out for w in workers for out in w.receive()["outputs"]]
 
     def logprobs(self, kwargs: dict, ids: list[int]) -> list[float | None]:
         """vLLM's per-position prompt logprobs (None at position 0)."""
-        return self._engine_for(kwargs).ask({"op": "logprobs", "engine": kwargs, "ids": ids})["logprobs"]
+        return self._engines_for(kwargs, 1)[0].ask({"op": "logprobs", "engine": kwargs,
+                                                    "ids": ids})["logprobs"]
 
     def answer(self, model, tokenizer, cell: Cell, prompts) -> list[str]:
         """The decoded greedy answer of every trial of the cell (all submitted together), stopped
@@ -298,6 +332,6 @@ class VllmEngine:
         return texts
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
+        for worker in self._workers:
+            worker.close()
+        self._workers = []

@@ -2,7 +2,9 @@
 hf_posext's vllm_worker.py imports it instead. It records every LLM(...) and generate(...) call
 as JSON lines in $FAKE_VLLM_LOG and answers each prompt greedily by repeating the prompt's last
 token up to `max_tokens`, the last of them the first stop id (so the caller's stop rule and
-decoding show)."""
+decoding show). Each entry names the process's CUDA_VISIBLE_DEVICES (a data-parallel replica's
+devices). As vLLM's own `LLM` (vllm/entrypoints/llm.py, 0.29 and 0.32), it refuses
+data_parallel_size > 1 in one process."""
 
 import json
 import os
@@ -41,15 +43,22 @@ class _Output:
         self.outputs = [_Completion(token_ids)]
 
 
+def _devices():
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
 class LLM:
     def __init__(self, **kwargs):
+        if int(kwargs.get("data_parallel_size", 1)) > 1:
+            raise ValueError(f"LLM(data_parallel_size={kwargs['data_parallel_size']}) is not "
+                             "supported for single-process usage and may hang.")
         EngineArgs(**kwargs)
-        _log({"llm": kwargs})
+        _log({"llm": kwargs, "devices": _devices()})
 
     def generate(self, prompts, params, use_tqdm=True):
         prompts = prompts if isinstance(prompts, list) else [prompts]
         params = params if isinstance(params, list) else [params] * len(prompts)
         _log({"generate": [p["prompt_token_ids"] for p in prompts],
-              "params": [p.kwargs for p in params]})
+              "params": [p.kwargs for p in params], "devices": _devices()})
         return [_Output([p["prompt_token_ids"][-1]] * (s.kwargs["max_tokens"] - 1)
                         + s.kwargs["stop_token_ids"][:1]) for p, s in zip(prompts, params)]
