@@ -91,7 +91,7 @@ def test_building_the_model_keeps_lm_evals_random_state():
     build the same prompts."""
     import random
 
-    from hf_posext.evaluation.harness import lm_eval_random_state
+    from hf_posext.evaluation.integrations.harness import lm_eval_random_state
     random.seed(0)
     expected = [random.random() for _ in range(3)]
     random.seed(0)
