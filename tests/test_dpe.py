@@ -257,3 +257,12 @@ def test_knobs_on_the_command_line(tmp_path):
 def test_dpe_detect_refuses_bad_flags_before_loading(run_cli, argv, message):
     code, _, err = run_cli(["dpe-detect", *argv])
     assert code == 2 and message in err
+
+
+def test_one_group_is_self_extend(tokens):
+    """One group (every component at G) is Self-Extend with group_size G (docs/attention.md)."""
+    se = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "self_extend", 3.0,
+                         window=20, group_size=3)
+    one = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "dpe", 3.0, window=20,
+                          group_scales=[3])
+    torch.testing.assert_close(logits(one, tokens), logits(se, tokens), rtol=0, atol=0)

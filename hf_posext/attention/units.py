@@ -148,7 +148,8 @@ class AttentionMethod:
     name: str
     knobs: tuple[Knob, ...]                     # its knobs, with their defaults (functions of L)
     logn: bool                                  # log-n query scaling on by default
-    plan: Callable[[Any], Any] | None = None    # spec -> plan; None: queries scaled only (logn)
+    # spec -> plan (layered: (spec, layer, rotary half) -> plan); None: queries scaled only (logn)
+    plan: Callable[..., Any] | None = None
     absolute: bool = False                      # positions of index i, not only of i − j
     check: Callable[[Any, dict[str, Any]], None] | None = None  # (spec, knobs given) -> raise
     reach: Callable[[Any, int], None] | None = None  # (spec, target length T) -> raise if T unfit
