@@ -266,3 +266,31 @@ def test_one_group_is_self_extend(tokens):
     one = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "dpe", 3.0, window=20,
                           group_scales=[3])
     torch.testing.assert_close(logits(one, tokens), logits(se, tokens), rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_dpe_detect_end_to_end_on_a_local_model_and_text(tmp_path, capsys):
+    """`hf-posext dpe-detect` with the real loaders: a saved tiny model and its tokenizer, a local
+    text; the JSON it writes patches through `--knobs dpe:...=@FILE` and from Python."""
+    from _evalkit import char_tokenizer
+
+    from hf_posext import cli
+    from hf_posext.evaluation.inputs import parse_knobs
+
+    folder = tmp_path / "tiny"
+    tiny_model("llama", attn_implementation="sdpa").save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"word{i % 37} said kingly things" for i in range(300)))
+    out = tmp_path / "found.json"
+    assert cli.main(["dpe-detect", "--model", str(folder), "--dataset", str(text), "--length", "1024",
+                     "--window", "16", "--groups", "4", "--shortest", "512", "--top-dims", "3",
+                     "--out", str(out)]) == 0
+    found = json.loads(out.read_text())
+    assert len(found["group_scales"]) == 4 and set(found["group_scales"]) <= {1, 2}
+    assert len(found["key_dims"]) == 2 and all(len(h) == 3 for layer in found["key_dims"] for h in layer)
+    assert len(out.with_suffix(".log.jsonl").read_text().splitlines()) == 4 * 2
+    assert "written to" in capsys.readouterr().out
+    knobs = parse_knobs(f"dpe:group_scales=@{out},dpe:key_dims=@{out}", ["dpe"])["dpe"]
+    model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "dpe", 16.0, window=16, **knobs)
+    assert hf_posext.is_patched(model)
