@@ -253,6 +253,10 @@ def test_knobs_on_the_command_line(tmp_path):
     pytest.param(["--length", "4k", "--out", "found.json"], "--length above it", marks=pytest.mark.slow),
     pytest.param(["--length", "16k", "--window", "8192", "--out", "found.json"],
                  "--window below the trained length 8192", marks=pytest.mark.slow),   # reads the GGUF header
+    pytest.param(["--length", "16k", "--groups", "5", "--out", "found.json"],
+                 "--groups 5 cannot split the model's 32 rotary frequencies", marks=pytest.mark.slow),
+    pytest.param(["--length", "16k", "--top-dims", "33", "--out", "found.json"],
+                 "--top-dims 33 is more than the model's 32", marks=pytest.mark.slow),
 ])
 def test_dpe_detect_refuses_bad_flags_before_loading(run_cli, argv, message):
     code, _, err = run_cli(["dpe-detect", *argv])

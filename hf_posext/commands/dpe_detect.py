@@ -22,6 +22,7 @@ from ..data.documents import TextSource, load_documents
 from ..data.embedded import DEFAULT_MODEL
 from ..evaluation.data import TokenCache, select_documents
 from ..evaluation.inputs import InputError, check_device, check_model_arg, parse_length
+from ..rope.compat import rotary_dim, text_config
 from ..search.dpe import GROUPS, component_norms, detect, select_key_dims
 from . import session
 from .model_args import load_model_from, load_tokenizer_from
@@ -70,6 +71,13 @@ def _checked(args) -> tuple[int, int | None, int]:
     if window >= L or length <= L:
         raise InputError(f"dpe-detect needs --window below the trained length {L} and --length "
                          f"above it, got window {window}, length {length}.")
+    half = rotary_dim(text_config(config)) // 2
+    if half % args.groups:
+        raise InputError(f"--groups {args.groups} cannot split the model's {half} rotary frequencies "
+                         f"evenly; use a divisor of {half} (the authors use 8).")
+    if args.top_dims is not None and args.top_dims > half:
+        raise InputError(f"--top-dims {args.top_dims} is more than the model's {half} rotary "
+                         "frequencies per head (the authors keep 48 of 64).")
     return length, shortest, window
 
 
