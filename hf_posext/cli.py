@@ -7,6 +7,7 @@
     hf-posext check     how transformers, vLLM, SGLang, TGI and llama.cpp read a checkpoint's rope
     hf-posext export    write the rope form a named reader runs exactly
     hf-posext search    search per-frequency rope factors: a portable longrope config
+    hf-posext dpe-detect  DPE's per-group position scales for your model (the method dpe reads them)
     hf-posext serve     the command line that serves a checkpoint in vLLM, SGLang, llama.cpp or TGI
 
 Each subcommand is one module of hf_posext/commands/ (the steps the grid commands share:
@@ -24,7 +25,7 @@ import argparse
 import sys
 
 from ._version import __version__
-from .commands import check, eval as eval_command, lm_eval, passkey, retrieval, search, serve
+from .commands import check, dpe_detect, eval as eval_command, lm_eval, passkey, retrieval, search, serve
 from .errors import PosextError, exit_status, one_line
 
 
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     eval_command.add_subcommand(sub)
     check.add_subcommands(sub)   # `check` and `export`
     search.add_subcommand(sub)
+    dpe_detect.add_subcommand(sub)
     serve.add_subcommand(sub)
     retrieval.add_subcommand(sub)
     lm_eval.add_subcommand(sub)

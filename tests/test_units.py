@@ -267,7 +267,7 @@ print("toy ok")
 @pytest.mark.slow
 def test_a_toy_attention_method_is_one_edit_of_attention_units_py(tmp_path):
     _run_toy(tmp_path, Path("attention/units.py"), "UNITS: dict[str, AttentionMethod] = ",
-             TOY_ATTENTION_UNIT, ("DUAL_CHUNK, STRING, LOGN)}", "DUAL_CHUNK, STRING, LOGN, TOY_WINDOW)}"),
+             TOY_ATTENTION_UNIT, ("DUAL_CHUNK, STRING, DPE, LOGN)}", "DUAL_CHUNK, STRING, DPE, LOGN, TOY_WINDOW)}"),
              TOY_ATTENTION_CHECKS)
 
 

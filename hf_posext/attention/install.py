@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..rope.compat import text_config
+from ..rope.compat import rotary_dim, text_config
 from .config import ALL_KNOBS, ATTENTION_METHODS, AttentionExtensionConfig
 from .interface import CONFIG_KEY, IMPLEMENTATION
 from .units import LOGN_SCALING, UNITS
@@ -64,6 +64,7 @@ def saved_trained_length(raw_config: dict[str, Any]) -> int | None:
 def install(config, spec: AttentionExtensionConfig | None, raw_config: dict[str, Any]) -> None:
     """Switch this config to `spec`, or back to the attention it had before hf_posext (None)."""
     if spec is not None:
+        fits(spec, config)
         setattr(config, CONFIG_KEY, spec.to_dict())
         config.attn_implementation = IMPLEMENTATION      # what save_pretrained writes
         config._attn_implementation = IMPLEMENTATION     # what the attention modules read
@@ -98,7 +99,15 @@ def check_block(name, config) -> None:
                          "Restore the block from the saved checkpoint, or load with "
                          "attn_implementation='sdpa' to run plain attention.")
     if isinstance(getattr(config, CONFIG_KEY, None), dict):
-        AttentionExtensionConfig.from_dict(getattr(config, CONFIG_KEY))
+        fits(AttentionExtensionConfig.from_dict(getattr(config, CONFIG_KEY)), config)
+
+
+def fits(spec: AttentionExtensionConfig, config) -> None:
+    """The unit's check of its knobs against the model's shape (DPE's groups and key_dims)."""
+    check = UNITS[spec.method].fits
+    if check is not None:
+        config = text_config(config)
+        check(spec, config.num_hidden_layers, config.num_attention_heads, rotary_dim(config) // 2)
 
 
 def after_load(model, explicit: bool = False) -> None:

@@ -44,12 +44,17 @@ def _spec(items: tuple) -> AttentionExtensionConfig:
     return AttentionExtensionConfig.from_dict(dict(items))
 
 
+def _frozen(value):
+    """A knob value as a hashable key (DPE's list knobs: group_scales, key_dims)."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
 def spec_of(config) -> AttentionExtensionConfig:
     block = getattr(config, CONFIG_KEY, None)
     if not isinstance(block, dict):
         raise ValueError(f"attn_implementation {IMPLEMENTATION!r} needs the config block "
                          f"{CONFIG_KEY!r} (the method and its knobs); set it with hf_posext.patch.")
-    return _spec(tuple(sorted(block.items())))
+    return _spec(tuple(sorted((k, _frozen(v)) for k, v in block.items())))
 
 
 def _keep_mask(attention_mask, Q: int, K: int):
@@ -156,7 +161,8 @@ def _attention(module, spec, query, key, value, attention_mask, keep, scaling, o
         raise ValueError(f"{spec.method!r} re-rotates plain RoPE, but this model's rope_type is "
                          f"{rope['rope_type']!r}. Patch with hf_posext.patch, which sets plain RoPE.")
     inv_freq = default_inv_freq(rotary_dim(config), float(rope["rope_theta"]), query.device)
-    out = attend(query, key, value, keep, scaling, plan_for(spec), inv_freq, offset)
+    plan = plan_for(spec, getattr(module, "layer_idx", None), inv_freq.numel())
+    out = attend(query, key, value, keep, scaling, plan, inv_freq, offset)
     return out.transpose(1, 2).contiguous()
 
 

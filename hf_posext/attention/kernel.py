@@ -44,17 +44,24 @@ def _allowed(rule: tuple, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate x [..., n, D] (rotate_half layout, as transformers' Llama) by delta [n] positions.
+    """Rotate x [..., n, D] (rotate_half layout, as transformers' Llama) by delta [n] positions,
+    or by delta [n, d/2] / [H, n, d/2] positions per rotary component (DPE's groups, per head).
     Angles in float64: the extra rotation then adds no error of its own past a few thousand."""
     half = inv_freq.numel()
     rd = 2 * half
-    ang = delta.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None]   # [n, d/2]
-    ang = torch.cat([ang, ang], dim=-1)                                         # [n, d]
+    delta = delta.to(torch.float64)
+    ang = (delta[:, None] if delta.dim() == 1 else delta) * inv_freq.to(torch.float64)  # [.., n, d/2]
+    ang = torch.cat([ang, ang], dim=-1)                                         # [.., n, d]
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     xr = x[..., :rd]
     rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
     out = xr * cos + rot * sin
     return out if rd == x.shape[-1] else torch.cat([out, x[..., rd:]], dim=-1)
+
+
+def _shift(pos: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """The extra rotation pos − i, for positions [n] or per component [.., n, d/2]."""
+    return pos - (i if pos.dim() == 1 else i[:, None])
 
 
 def _merge(outs: list[torch.Tensor], lses: list[torch.Tensor]) -> torch.Tensor:
@@ -121,7 +128,7 @@ def _rotated_queries(query, plan, inv_freq, offset: int) -> dict:
     for part in plan.parts(offset, offset + 1) + plan.parts(offset + Q - 1, offset + Q):
         if part.q_pos not in queries:
             i = torch.arange(offset, offset + Q, device=dev, dtype=torch.float64)
-            queries[part.q_pos] = rotate(query, part.q_pos(i) - i, inv_freq)
+            queries[part.q_pos] = rotate(query, _shift(part.q_pos(i), i), inv_freq)
     return queries
 
 
@@ -164,10 +171,15 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keep: to
     around each block (as an earlier version did) races with other threads of a server."""
     block = resolve(backend, query.device)
     Q, K = query.shape[2], key.shape[2]
+    if getattr(plan, "per_head", False) and key.shape[1] != query.shape[1]:
+        # far keys rotated per query head (DPE's key dimensions): keys and values repeated as
+        # transformers' repeat_kv does (kv head h serves query heads h·n_rep .. h·n_rep + n_rep − 1)
+        n_rep = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(n_rep, dim=1), value.repeat_interleave(n_rep, dim=1)
     keys = {"orig": key}
     if plan.key_pos is not None:
         j = torch.arange(K, device=query.device, dtype=torch.float64)
-        keys["far"] = rotate(key, plan.key_pos(j) - j, inv_freq)
+        keys["far"] = rotate(key, _shift(plan.key_pos(j), j), inv_freq)
     queries = _rotated_queries(query, plan, inv_freq, offset)
     out = torch.empty_like(query)
     a, end = offset, offset + Q

@@ -30,6 +30,7 @@ class WindowPlan:
     far_query: Callable[[torch.Tensor], torch.Tensor]
     key_pos: Callable[[torch.Tensor], torch.Tensor] | None   # None: far keys keep their rotation
     period: int | None = None
+    per_head: bool = False   # far positions [H, n, d/2]: keys rotated per query head (DPE)
 
     def parts(self, a: int, b: int) -> list[Part]:
         w = self.window

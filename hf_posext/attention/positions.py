@@ -84,3 +84,38 @@ def logn_scale(positions: torch.Tensor, trained_length: int) -> torch.Tensor:
     """max(1, log n / log L) with n = position + 1: queries past L sharpen their logits."""
     n = positions.to(torch.float64) + 1.0
     return torch.clamp(torch.log(n) / math.log(trained_length), min=1.0)
+
+
+# --- DPE (Lu et al. 2025, arXiv 2504.18857; LuLuLuyi/DPE dpe_for_llama.py @46b85de) --------------
+# Self-Extend per dimension group: the rotary components (inv_freq index c = 0 .. d/2 − 1, highest
+# frequency first) are split into equal groups, `dimension_groups_range` [0, 8, .., 64] of the
+# reference (`concat_tensors`, lines 224-232, takes group g's slice of both rotate-half halves);
+# beyond the local window each group reads its positions floor-divided by its own scale
+# (lines 328-330: query ⌊i/s⌋ + w − w/s, key ⌊j/s⌋). Components left out by the key-dimension
+# selection keep their positions (lines 348-354: `torch.where(dim_mask, scale_cos, normal_cos)`).
+
+def dpe_component_scales(group_scales, half: int) -> torch.Tensor:
+    """The scale of each of the `half` rotary components: group g covers components
+    [g·half/G, (g+1)·half/G), as `dimension_groups_range` splits them evenly."""
+    groups = len(group_scales)
+    if half % groups:
+        raise ValueError(f"dpe: {groups} group_scales cannot split {half} rotary frequencies (rotary "
+                         f"dim {2 * half} / 2) into equal groups; give a number of groups that "
+                         f"divides {half} (the authors use 8).")
+    return torch.tensor([float(s) for s in group_scales],
+                        dtype=torch.float64).repeat_interleave(half // groups)
+
+
+def dpe_far_query(i: torch.Tensor, scales: torch.Tensor, window: int,
+                  keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-component far query positions [n, d/2] (or [H, n, d/2] when `keep`, bool [H, d/2],
+    marks each head's scaled components): ⌊i/s⌋ + w − w/s, or i where not scaled."""
+    s = scales.to(i.device)
+    scaled = torch.floor(i[:, None] / s) + window - window / s
+    return scaled if keep is None else torch.where(keep.to(i.device)[:, None, :], scaled, i[:, None])
+
+
+def dpe_far_key(j: torch.Tensor, scales: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    s = scales.to(j.device)
+    scaled = torch.floor(j[:, None] / s)
+    return scaled if keep is None else torch.where(keep.to(j.device)[:, None, :], scaled, j[:, None])

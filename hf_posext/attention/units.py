@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable
@@ -92,6 +93,40 @@ GROUP_SIZE = Knob("group_size", int, 8, lambda v, L: tokens("group_size", v),
 LOGN_SCALING = flag("logn", "scale each query by max(1, log n / log L) (n = its position + 1)")
 
 
+def _group_scales(value: Any, L: int | None) -> tuple[int, ...]:
+    """DPE's scale of each dimension group: integers >= 1 (the reference floor-divides positions
+    by them, `query_position // i`), one per group, groups in rotary-frequency order."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"group_scales must be a non-empty list of integers >= 1, one per "
+                         f"dimension group (e.g. [2, 8, 2, 8, 32, 32, 32, 4]; hf-posext dpe-detect "
+                         f"finds them), got {value!r}")
+    return tuple(tokens(f"group_scales[{g}]", s) for g, s in enumerate(value))
+
+
+def _key_dims(value: Any, L: int | None) -> tuple | None:
+    """DPE's key dimensions: per layer, per query head, the rotary components (0 .. d/2 − 1)
+    whose positions are scaled; None: every component (the reference's default)."""
+    if value is None:
+        return None
+    def seq(v, what):
+        if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple)):
+            raise ValueError(f"key_dims must be a list per layer of a list per head of rotary "
+                             f"component indices (hf-posext dpe-detect --top-dims writes it), "
+                             f"but {what} is {v!r}")
+        return v
+    return tuple(tuple(tuple(_count(f"key_dims[{li}][{h}]", c) for c in seq(head, f"key_dims[{li}][{h}]"))
+                       for h, head in enumerate(seq(layer, f"key_dims[{li}]")))
+                 for li, layer in enumerate(seq(value, "key_dims")))
+
+
+GROUP_SCALES = Knob("group_scales", list, (8,), _group_scales,
+                    "dpe: one position scale per dimension group (rotary frequencies split evenly, "
+                    "highest first); beyond the window a group reads ⌊p/s⌋ (one group: Self-Extend)")
+KEY_DIMS = Knob("key_dims", list, None, _key_dims,
+                "dpe: per layer and head, the rotary components scaled (by q·k 2-norm "
+                "contribution; hf-posext dpe-detect --top-dims); none: every component")
+
+
 def _chunk(L: int) -> int:
     return 3 * L // 4
 
@@ -116,10 +151,14 @@ class AttentionMethod:
     name: str
     knobs: tuple[Knob, ...]                     # its knobs, with their defaults (functions of L)
     logn: bool                                  # log-n query scaling on by default
-    plan: Callable[[Any], Any] | None = None    # spec -> plan; None: queries scaled only (logn)
+    # spec -> plan (layered: (spec, layer, rotary half) -> plan); None: queries scaled only (logn)
+    plan: Callable[..., Any] | None = None
     absolute: bool = False                      # positions of index i, not only of i − j
     check: Callable[[Any, dict[str, Any]], None] | None = None  # (spec, knobs given) -> raise
     reach: Callable[[Any, int], None] | None = None  # (spec, target length T) -> raise if T unfit
+    layered: bool = False   # its plan also needs the layer index and the rotary half (DPE)
+    # (spec, layers, query heads, rotary half) -> raise: knobs that must fit the model's shape
+    fits: Callable[[Any, int, int, int], None] | None = None
 
     def knob_names(self) -> tuple[str, ...]:
         return tuple(k.name for k in self.knobs)
@@ -214,17 +253,62 @@ STRING = AttentionMethod(
     "string", (SHIFTED_OFFSET, LOCAL_VALUE), logn=False, check=_string_check, reach=_string_reach,
     plan=lambda spec: WindowPlan(spec.shifted_offset, partial(
         P.string_far_query, shifted_offset=spec.shifted_offset, local_value=spec.local_value), None))
+
+
+def _dpe_plan(spec, layer: int | None, half: int) -> WindowPlan:
+    """DPE's plan: Self-Extend's window parts (dpe_for_llama.py `atten_merge_forward`, lines
+    141-221: the band of the last w keys at plain RoPE, older keys at the grouped positions,
+    merged by log-sum-exp), its far positions per component (positions.dpe_*)."""
+    scales = P.dpe_component_scales(spec.group_scales, half)
+    keep = None
+    if spec.key_dims is not None:
+        if layer is None or not 0 <= layer < len(spec.key_dims):
+            raise ValueError(f"dpe: key_dims holds {len(spec.key_dims)} layers, but layer {layer} "
+                             "attends; run hf-posext dpe-detect on this model.")
+        heads = spec.key_dims[layer]
+        keep = torch.zeros(len(heads), half, dtype=torch.bool)
+        for h, comps in enumerate(heads):
+            if comps and max(comps) >= half:
+                raise ValueError(f"dpe: key_dims[{layer}][{h}] names component {max(comps)}, but "
+                                 f"the rotary dim has {half} (0 .. {half - 1}).")
+            keep[h, list(comps)] = True
+    w = spec.window
+    return WindowPlan(w, partial(P.dpe_far_query, scales=scales, window=w, keep=keep),
+                      partial(P.dpe_far_key, scales=scales, keep=keep), per_head=keep is not None)
+
+
+def _dpe_fits(spec, layers: int, heads: int, half: int) -> None:
+    """Before any forward (patch, and a checkpoint before its weights load): the groups split
+    the rotary frequencies evenly, key_dims has one row per layer and query head."""
+    P.dpe_component_scales(spec.group_scales, half)
+    if spec.key_dims is None:
+        return
+    shape = {len(layer) for layer in spec.key_dims}
+    if len(spec.key_dims) != layers or shape != {heads}:
+        raise ValueError(f"dpe: key_dims holds {len(spec.key_dims)} layers × {sorted(shape)} heads, "
+                         f"but the model has {layers} layers × {heads} query heads; run "
+                         "hf-posext dpe-detect --top-dims on this model.")
+    for layer in range(layers):
+        _dpe_plan(spec, layer, half)
+
+
+# LuLuLuyi/DPE config/dpe_config.yaml: local_window_size 1024 for every model (L = 8k); eight
+# groups; key dimensions off in the README's quick start (`select_topk_dim = False`).
+DPE = AttentionMethod("dpe", (replace(WINDOW, default=lambda L: min(1024, L // 2)), GROUP_SCALES,
+                              KEY_DIMS), logn=False, absolute=True, plan=_dpe_plan, layered=True,
+                      fits=_dpe_fits)
 # plain RoPE, only the log-n query scaling (also combines with any rope method: logn=True)
 LOGN = AttentionMethod("logn", (), logn=True)
 
 UNITS: dict[str, AttentionMethod] = {u.name: u for u in (REROPE, LEAKY_REROPE, SELF_EXTEND,
-                                                          DUAL_CHUNK, STRING, LOGN)}
+                                                          DUAL_CHUNK, STRING, DPE, LOGN)}
 ATTENTION_METHODS: tuple[str, ...] = tuple(UNITS)
 
 
-def plan_for(spec):
-    """The kernel's plan of a validated `AttentionExtensionConfig` (kernel.attend)."""
+def plan_for(spec, layer: int | None = None, half: int | None = None):
+    """The kernel's plan of a validated `AttentionExtensionConfig` (kernel.attend); `layer` (the
+    module's layer_idx) and `half` (rotary dim / 2) for the methods whose plan needs them."""
     unit = UNITS[spec.method]
     if unit.plan is None:
         raise ValueError(f"{spec.method!r} has no attention plan (it only scales queries)")
-    return unit.plan(spec)
+    return unit.plan(spec, layer, half) if unit.layered else unit.plan(spec)

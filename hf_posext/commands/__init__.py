@@ -5,6 +5,7 @@ builds the parser from them and runs the chosen one).
     passkey.py     `hf-posext passkey`: the retrieval suite's single-needle task, as a shortcut
     check.py       `hf-posext check` and `hf-posext export`
     search.py      `hf-posext search` (the search itself: hf_posext/search/)
+    dpe_detect.py  `hf-posext dpe-detect`: DPE's per-group scales and key dimensions (search/dpe.py)
     serve.py       `hf-posext serve`: the command that serves a checkpoint in an engine
     retrieval.py   `hf-posext retrieval`: the RULER-style retrieval suite (hf_posext/evaluation/retrieval/)
     retrieval_plan.py  `hf-posext retrieval --sequential / --budget`: flags, run, decisions

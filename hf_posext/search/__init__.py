@@ -11,6 +11,7 @@ target length with the weights frozen; `hf-posext search` is its command line.
     space.py      the searched factors, the rotary module computing cos/sin from them, the seeds
     objective.py  the proxy objective: mean NLL over spans at their true positions
     needle.py     the needle-driven objective (LongRoPE2): answer-token loss of needle documents
+    dpe.py        DPE's detection: per-group scales by a needle probe, key dimensions by q·k norm
     log.py        the JSON-lines log and the settings a resumed run must share
     saving.py     `save_best`: the best point as a checkpoint in its most portable exact form
 

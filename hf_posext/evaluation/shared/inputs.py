@@ -4,6 +4,7 @@ with exit status 2."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -68,7 +69,20 @@ def parse_methods(text: str) -> list[str]:
 
 
 def _knob_value(item: str, name: str, value: str):
-    """A number, true/false (`logn`), or `auto` (leaky ReRoPE's leak, Self-Extend's group_size)."""
+    """A number, true/false (`logn`), `auto` (leaky ReRoPE's leak, Self-Extend's group_size), a
+    dash-separated list (DPE's group_scales=2-8-2-8-32-32-32-4, the reference's --group_sizes
+    form) or @FILE.json: the knob of that name in a JSON object (what hf-posext dpe-detect writes)."""
+    if value.startswith("@"):
+        try:
+            data = json.loads(Path(value[1:]).read_text())
+        except (OSError, ValueError) as err:
+            raise InputError(f"--knobs: {item!r}: cannot read {value[1:]!r} as JSON ({err}).") from None
+        if not isinstance(data, dict) or name not in data:
+            raise InputError(f"--knobs: {item!r}: {value[1:]!r} holds no {name!r} (hf-posext "
+                             "dpe-detect writes group_scales, and key_dims with --top-dims).")
+        return data[name]
+    if "-" in value.strip("-") and all(p.strip().isdigit() for p in value.split("-")):
+        return [int(p) for p in value.split("-")]
     if value.lower() in ("true", "false"):
         return value.lower() == "true"
     if value.lower() == "auto":
