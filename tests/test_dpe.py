@@ -235,7 +235,7 @@ def test_detection_on_a_tiny_model(tmp_path):
 
 def test_knobs_on_the_command_line(tmp_path):
     """--knobs takes the reference's dash form and @FILE.json (what dpe-detect writes)."""
-    from hf_posext.evaluation.inputs import InputError, parse_knobs
+    from hf_posext.evaluation.shared.inputs import InputError, parse_knobs
 
     assert parse_knobs("dpe:group_scales=2-8-2-8", ["dpe"]) == {"dpe": {"group_scales": [2, 8, 2, 8]}}
     found = tmp_path / "dpe.json"
@@ -279,7 +279,7 @@ def test_dpe_detect_end_to_end_on_a_local_model_and_text(tmp_path, capsys):
     from _evalkit import char_tokenizer
 
     from hf_posext import cli
-    from hf_posext.evaluation.inputs import parse_knobs
+    from hf_posext.evaluation.shared.inputs import parse_knobs
 
     folder = tmp_path / "tiny"
     tiny_model("llama", attn_implementation="sdpa").save_pretrained(folder)

@@ -20,8 +20,8 @@ import torch
 
 from ..data.documents import TextSource, load_documents
 from ..data.embedded import DEFAULT_MODEL
-from ..evaluation.data import TokenCache, select_documents
-from ..evaluation.inputs import InputError, check_device, check_model_arg, parse_length
+from ..evaluation.shared.data import TokenCache, select_documents
+from ..evaluation.shared.inputs import InputError, check_device, check_model_arg, parse_length
 from ..rope.compat import rotary_dim, text_config
 from ..search.dpe import GROUPS, component_norms, detect, select_key_dims
 from . import session

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.facts import draw, pieces
-from ..evaluation.loss import decoder_and_head
+from ..evaluation.perplexity.loss import decoder_and_head
 from ..patcher import patch, unpatch
 from ..rope.compat import rotary_dim
 from .needle import WORDING
