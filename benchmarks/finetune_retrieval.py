@@ -13,10 +13,19 @@ Each arm is evaluated on Hamlet, held out of every training run (the recipe chec
     perplexity  `hf-posext eval --methods none` on each arm's checkpoint at 4k/8k/16k: truncate
                 protocol, the model's own sliding 8k baseline, per-position buckets (the
                 table's "past 8k" column)
-    retrieval   the retrieval suite's single-needle task (`hf_posext.evaluation.evaluate_retrieval`,
-                RULER's niah_single: a number in RULER's noise haystack, neither of which the
-                mix's synthetic formats use) at --retrieval-lengths x --depths, --trials seeded
-                trials per cell, greedy, exact match, Wilson 95 % intervals
+    retrieval   the retrieval suite (`hf_posext.evaluation.evaluate_retrieval`) at --retrieval-lengths
+                x --depths x --tasks (single_needle, niah_single: RULER's wording, multi_key:
+                distractors) x --haystacks (RULER's noise, or a document held out of training:
+                --eval-document takes several), greedy, exact match, Wilson 95 % intervals;
+                --trials seeded trials a cell, or --sequential looks of --trials per depth up to
+                --max-trials, stopped once the cell is surely above or below --bar
+                (`evaluation.retrieval.schedule.evaluate_sequential`)
+
+--seeds 0,1 trains each fine-tuned arm once per seed (`training.seed`; folders `<arm>` for seed 0,
+`<arm>-seed<s>` for the others) and the report says how far the seeds differ. Every setting is
+checked before anything trains (a bad depth or task, a haystack that is a training document, a
+seed list with repeats, ...), and the report stands for any grid accepted (a grid without a length
+past L shows "—" for the past-L column).
 
 Resumable: each arm writes into its own folder under --out (default
 benchmarks/results/finetune-retrieval/<arm>/); an arm with a `done.json` is skipped, an
@@ -36,6 +45,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+if str(HERE) not in sys.path:   # the report module beside this script (also under runpy)
+    sys.path.insert(0, str(HERE))
+
+from finetune_report import report, run_name  # noqa: E402
 OUT = HERE / "results" / "finetune-retrieval"
 ARMS = ("free", "docs", "mix")
 DEMO_CONFIG = ROOT / "recipes" / "cpu-smollm2-demo.yaml"
@@ -47,7 +60,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {ARMS}")
     p.add_argument("--model", default="embedded:smollm2-135m")
     p.add_argument("--dataset", default="embedded:shakespeare", help="training documents")
-    p.add_argument("--eval-document", default="hamlet", help="held out of training, evaluated on")
+    p.add_argument("--eval-document", default="hamlet",
+                   help="held out of training (comma-separated: several); perplexity on the first")
     p.add_argument("--factor", type=float, default=2.0, help="YaRN scale s (target = s x trained length)")
     p.add_argument("--window", type=int, default=1024, help="PoSE window (tokens)")
     # 200 steps of 1,024 tokens: ~7-9 s a step on the 2 quiet cores (the demo's 155 tokens/s),
@@ -65,7 +79,18 @@ def parse(argv=None) -> argparse.Namespace:
     # 0.5: at 16k the needle sits ~8k tokens (= L) before a question past L; the prefix up to
     # the needle is prefilled once per cell (a trial costs ~2/3 of a full prefill; at 0.25 ~9/10)
     p.add_argument("--depths", default="0.5", help="retrieval depths (0 = start of the haystack)")
-    p.add_argument("--trials", type=int, default=20, help="retrieval trials per cell (seeded needles)")
+    p.add_argument("--trials", type=int, default=20,
+                   help="retrieval trials per cell (seeded needles); with --sequential, per look at each depth")
+    p.add_argument("--tasks", default="single_needle", help="retrieval tasks (single_needle, niah_single, multi_key, ...)")
+    p.add_argument("--haystacks", default="noise",
+                   help="noise (RULER's) and/or held-out documents named in --eval-document, comma-separated")
+    p.add_argument("--seeds", default="0", help="training seeds of each fine-tuned arm (one run per seed)")
+    p.add_argument("--sequential", action="store_true",
+                   help="retrieval in looks (evaluation.retrieval.sequential): a cell stops once its "
+                        "Clopper-Pearson interval over its depths is wholly above or below --bar")
+    p.add_argument("--max-trials", type=int, default=None, help="with --sequential: the most trials per depth")
+    p.add_argument("--bar", type=float, default=None,
+                   help="with --sequential: the accuracy a cell is decided against (default 0.9, issue #40's target)")
     p.add_argument("--smoke", action="store_true",
                    help="tiny run for the tests: 2 steps, window 128, factor 8, lengths 128,512, 3 trials")
     if p.parse_args(argv).smoke:   # the smoke sizes are defaults: a flag given still wins
@@ -80,27 +105,120 @@ def parse(argv=None) -> argparse.Namespace:
         p.error(f"--share must be in (0, 1], got {args.share}")
     if args.trials < 1 or args.steps < 1:
         p.error("--trials and --steps must be >= 1")
-    try:   # the retrieval grid checked now, not after hours of training ("free" has every length)
-        retrieval_grid(args, "free")
+    try:
+        check_grid(args)
     except ValueError as error:
-        p.error(f"--retrieval-lengths / --free-lengths / --depths: {error}")
+        p.error(str(error))
     return args
 
 
-def settings(args, arm: str) -> dict:
-    """What an arm's results depend on (stored in done.json; a mismatch is refused)."""
+def names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def check_grid(args) -> None:
+    """Every evaluation setting, checked before anything trains (ValueError naming the flag and the
+    fix); sets args.task_list, haystack_list, held_out, seed_list and the sequential defaults."""
+    args.task_list, args.haystack_list, args.held_out = names(args.tasks), names(args.haystacks), names(args.eval_document)
+    if not args.held_out:
+        raise ValueError("--eval-document is empty: name the document(s) held out of training.")
+    try:
+        args.seed_list = [int(x) for x in names(args.seeds)]
+    except ValueError:
+        raise ValueError(f"--seeds {args.seeds!r}: give integers, e.g. 0,1") from None
+    if not args.seed_list or len(set(args.seed_list)) != len(args.seed_list) or min(args.seed_list) < 0:
+        raise ValueError(f"--seeds {args.seeds!r}: give distinct integers >= 0, e.g. 0,1")
+    if not args.sequential:
+        for flag, value in (("--max-trials", args.max_trials), ("--bar", args.bar)):
+            if value is not None:
+                raise ValueError(f"{flag} is for sequential trials; add --sequential.")
+    else:
+        args.max_trials = 20 if args.max_trials is None else args.max_trials
+        args.bar = 0.9 if args.bar is None else args.bar
+        if args.max_trials < args.trials:
+            raise ValueError(f"--max-trials {args.max_trials} is below --trials {args.trials} "
+                             "(the trials per look); raise --max-trials.")
+        if not 0 < args.bar <= 1:
+            raise ValueError(f"--bar must be in (0, 1], got {args.bar}.")
+    if not args.haystack_list or not args.task_list:
+        raise ValueError("--tasks and --haystacks need at least one name each.")
+    check_documents(args)
+    for hay in args.haystack_list:   # RetrievalGrid checks lengths, depths, tasks and trials
+        try:
+            retrieval_grid(args, "free", hay)
+        except ValueError as error:
+            raise ValueError(f"--retrieval-lengths / --free-lengths / --depths / --tasks: {error}") from None
+    check_prompts(args)
+
+
+def check_prompts(args) -> None:
+    """Every task's prompt fits the shortest retrieval length in every haystack (and the document
+    haystacks hold the longest): the prompts are built now, with the model's tokenizer, as
+    `hf-posext retrieval` builds them before its model loads."""
+    from hf_posext.data import embedded
+    from hf_posext.evaluation.retrieval.haystack import load_haystack
+    from hf_posext.evaluation.retrieval.prompt import build_cell
+    from hf_posext.evaluation.retrieval.tasks import get_task
+    tokenizer = embedded.load_tokenizer(args.model)
+    for hay in args.haystack_list:
+        grid = retrieval_grid(args, "free", hay)
+        try:
+            haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths))
+            for task in grid.tasks:
+                build_cell(tokenizer, get_task(task), haystack, min(grid.lengths), 0.5, grid.trial_seeds()[:1])
+        except ValueError as error:
+            raise ValueError(f"--retrieval-lengths / --haystacks {hay}: {error}") from None
+
+
+def check_documents(args) -> None:
+    """Held-out documents exist, and every document haystack is one of them: a haystack the
+    recipe trained on would measure recall of memorised text, not retrieval."""
+    from hf_posext.data.documents import TextSource, is_embedded, load_documents
+    known = None
+    if is_embedded(args.dataset) or Path(args.dataset).exists():   # a Hub dataset is listed by the recipe
+        known = [d.name for d in load_documents(TextSource(args.dataset), streaming=True)]
+        missing = [d for d in args.held_out if d not in known]
+        if missing:
+            raise ValueError(f"--eval-document: {missing} not among the documents of {args.dataset} "
+                             f"({', '.join(known[:8])}{' ...' if len(known) > 8 else ''}).")
+    for hay in args.haystack_list:
+        if hay == "noise" or hay in args.held_out:
+            continue
+        if known is not None and hay in known:
+            raise ValueError(f"--haystacks {hay}: a training document of {args.dataset}; hold it out "
+                             f"with --eval-document {args.eval_document},{hay}, or use noise.")
+        raise ValueError(f"--haystacks {hay}: give noise or a document held out with --eval-document "
+                         f"({args.eval_document}).")
+
+
+def settings(args, arm: str, seed: int = 0) -> dict:
+    """What an arm's results depend on (stored in done.json; a mismatch is refused). Settings at
+    their first runs' values are left out, so those runs' done.json still match."""
     keys = ["model", "dataset", "eval_document", "factor", "lengths", "depths", "trials"]
     if arm != "free":
         keys += ["window", "steps", "lr"] + (["share", "min_span"] if arm == "mix" else [])
-    return {**{k: getattr(args, k) for k in keys},
+    extra = {k: getattr(args, k) for k, first in (("tasks", "single_needle"), ("haystacks", "noise"))
+             if getattr(args, k) != first}
+    if args.sequential:
+        extra.update(sequential=True, max_trials=args.max_trials, bar=args.bar)
+    if seed and arm != "free":
+        extra["seed"] = seed
+    return {**{k: getattr(args, k) for k in keys}, **extra,
             "retrieval_lengths": ",".join(map(str, retrieval_lengths(args, arm)))}
 
 
-def retrieval_grid(args, arm: str):
-    """The arm's single-needle grid (`RetrievalGrid` validates lengths, depths and trials)."""
+def haystack_source(args, hay: str) -> str:
+    """The grid's haystack: `noise`, or the held-out document as a text source."""
+    return hay if hay == "noise" else eval_source(args, hay)
+
+
+def retrieval_grid(args, arm: str, hay: str = "noise"):
+    """The arm's grid on one haystack (`RetrievalGrid` validates lengths, depths, tasks, trials)."""
     from hf_posext.evaluation import RetrievalGrid
+    trials = args.max_trials if args.sequential else args.trials
     return RetrievalGrid(["none"], retrieval_lengths(args, arm), [float(x) for x in args.depths.split(",")],
-                         tasks=("single_needle",), trials=args.trials)
+                         tasks=tuple(args.task_list), trials=trials,
+                         haystack=haystack_source(args, hay))
 
 
 def added_lengths(have: dict, wanted: dict) -> bool:
@@ -115,9 +233,10 @@ def retrieval_lengths(args, arm: str) -> list[int]:
     return sorted({int(x) for x in f"{args.retrieval_lengths},{extra}".split(",") if x.strip()})
 
 
-def recipe_argv(args, arm: str, out: Path) -> list[str]:
+def recipe_argv(args, arm: str, out: Path, seed: int = 0) -> list[str]:
     argv = ["--config", str(DEMO_CONFIG), "--model.name", args.model, "--model.factor", str(args.factor),
             "--data.source", args.dataset, "--data.eval_documents", f"[{args.eval_document}]",
+            "--training.seed", str(seed),
             "--training.seq_len", str(args.window), "--training.max_steps", str(args.steps),
             "--training.learning_rate", str(args.lr), "--training.save_every", str(max(args.steps // 4, 1)),
             "--training.warmup_steps", str(min(10, args.steps // 2)), "--pose.enabled", "true",
@@ -129,7 +248,7 @@ def recipe_argv(args, arm: str, out: Path) -> list[str]:
     return argv
 
 
-def train(args, arm: str, folder: Path) -> Path:
+def train(args, arm: str, folder: Path, seed: int = 0) -> Path:
     """The recipe (hf_posext.training), resumed from its last checkpoint if it was stopped."""
     from hf_posext.training.recipe import run
     from hf_posext.training.recipe_config import parse_args
@@ -138,7 +257,7 @@ def train(args, arm: str, folder: Path) -> Path:
     if (final / "config.json").exists():
         return final
     resume = "latest" if any((out / "checkpoints").glob("checkpoint_*")) else None
-    cfg, _ = parse_args(recipe_argv(args, arm, out))
+    cfg, _ = parse_args(recipe_argv(args, arm, out, seed))
     run(cfg, resume=resume)
     return final
 
@@ -156,14 +275,15 @@ def extended_copy(args, folder: Path) -> Path:
     return out
 
 
-def eval_source(args) -> str:
-    """The held-out document as `hf-posext eval --dataset` names it."""
+def eval_source(args, name: str | None = None) -> str:
+    """A held-out document (default the first) as `hf-posext eval --dataset` names it."""
+    name = name or names(args.eval_document)[0]
     if args.dataset.startswith("embedded:"):
-        return f"{args.dataset}/{args.eval_document}"
+        return f"{args.dataset}/{name}"
     folder = Path(args.dataset)
-    found = sorted(p for p in folder.glob(f"{args.eval_document}.*") if p.suffix in (".txt", ".md"))
+    found = sorted(p for p in folder.glob(f"{name}.*") if p.suffix in (".txt", ".md"))
     if not found:
-        raise SystemExit(f"--eval-document {args.eval_document!r}: no {args.eval_document}.txt/.md in {folder}")
+        raise SystemExit(f"--eval-document {name!r}: no {name}.txt/.md in {folder}")
     return str(found[0])
 
 
@@ -177,144 +297,67 @@ def perplexity(args, arm: str, model: str, folder: Path) -> None:
         raise SystemExit(f"{arm}: hf-posext eval failed")
 
 
-def retrieval(args, arm: str, model_path: str, folder: Path) -> list[dict]:
-    """Single-needle retrieval (the retrieval suite) of the arm's checkpoint as saved (YaRN in
-    its config; `none` = not patched again)."""
+def retrieval(args, name: str, model_path: str, folder: Path) -> None:
+    """The retrieval suite on the run's checkpoint as saved (YaRN in its config; `none` = not
+    patched again), one grid per haystack; sequential looks against --bar with --sequential."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from hf_posext.data import embedded
     from hf_posext.evaluation import ResultsStore, RunInfo, evaluate_retrieval
-    grid = retrieval_grid(args, arm)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    from hf_posext.evaluation.retrieval.haystack import load_haystack
+    from hf_posext.evaluation.retrieval.schedule import evaluate_sequential
+    from hf_posext.evaluation.retrieval.sequential import SequentialRule
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     tokenizer = embedded.load_tokenizer(args.model)
+    run = RunInfo(model_name=name.partition("-seed")[0], dtype="float32")
     with ResultsStore(folder / "retrieval", "retrieval", resume=True) as store:
-        return evaluate_retrieval(model.eval(), tokenizer, grid, store=store, progress=True,
-                                  run=RunInfo(model_name=arm, dtype="float32"))
+        for hay in args.haystack_list:
+            grid = retrieval_grid(args, name.partition("-seed")[0], hay)
+            haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths))
+            if args.sequential:
+                evaluate_sequential(model, tokenizer, grid, SequentialRule(args.trials, args.max_trials),
+                                    run=run, haystack=haystack, store=store, bar=args.bar)
+            else:
+                evaluate_retrieval(model, tokenizer, grid, store=store, progress=True, run=run, haystack=haystack)
 
 
-def run_arm(args, arm: str) -> None:
-    folder = args.out / arm
+def run_arm(args, arm: str, seed: int = 0) -> None:
+    name = run_name(arm, seed)
+    folder = args.out / name
     done = folder / "done.json"
-    wanted = settings(args, arm)
+    wanted = settings(args, arm, seed)
+
+    def model() -> str:
+        return str(extended_copy(args, folder) if arm == "free" else train(args, arm, folder, seed))
     if done.exists():
         have = json.loads(done.read_text())
         if have == wanted:
-            print(f"{arm}: done, skipped", flush=True)
+            print(f"{name}: done, skipped", flush=True)
             return
         if not added_lengths(have, wanted):
             raise SystemExit(f"{folder} holds results made with other settings; pass another --out.")
         # Only retrieval lengths were added: their cells run on the model as saved (the results
         # store resumes, so the cells already there are kept, not recomputed).
-        print(f"{arm}: adding retrieval lengths {wanted['retrieval_lengths']} "
+        print(f"{name}: adding retrieval lengths {wanted['retrieval_lengths']} "
               f"(had {have['retrieval_lengths']})", flush=True)
-        retrieval(args, arm, str(extended_copy(args, folder) if arm == "free" else train(args, arm, folder)),
-                  folder)
+        retrieval(args, name, model(), folder)
         done.write_text(json.dumps(wanted, indent=2))
         return
     folder.mkdir(parents=True, exist_ok=True)
-    model = str(extended_copy(args, folder) if arm == "free" else train(args, arm, folder))
-    perplexity(args, arm, model, folder)
-    retrieval(args, arm, model, folder)
+    path = model()
+    perplexity(args, arm, path, folder)
+    retrieval(args, name, path, folder)
     done.write_text(json.dumps(wanted, indent=2))
-
-
-LABELS = {"free": "training-free", "docs": "fine-tuned, documents", "mix": "fine-tuned, documents + synthetic"}
-
-
-def stored(folder: Path, name: str) -> list[dict]:
-    return json.loads((folder / name / f"{name}.json").read_text())["rows"]
-
-
-def relabel(rows: list[dict], arm: str) -> list[dict]:
-    """Copies named after the arm for the shared plots (every arm's rows say `none`)."""
-    return [{**r, "method": LABELS[arm], "factor_spec": "auto"} for r in rows if r.get("protocol") != "baseline"]
-
-
-def mean_nll(row: dict, start: int) -> float:
-    """Mean NLL per token over the positions >= start of a row with position buckets."""
-    from hf_posext.evaluation.perplexity.buckets import nll_from
-    found = nll_from(row, start)
-    if found is None:
-        raise SystemExit(f"a {row['length']}-token row has no position buckets at {start}; rerun its cells")
-    return found[0] / found[1]
-
-
-def arm_line(arm: str, ppl: list[dict], ret: list[dict], free_short: float | None, rlengths: list[int]) -> str:
-    """The arm's line of the side-by-side table (markdown)."""
-    from hf_posext.evaluation.retrieval.plots import by_length
-    from hf_posext.evaluation.retrieval.stats import rate_text
-    trained = int(ppl[0]["trained_length"])
-    truncate = {int(r["length"]): r for r in ppl if r["protocol"] == "truncate"}
-    longest, short = max(truncate), min(truncate)
-    # the sliding baseline exists only at lengths past L: a grid within L has no "past L" column
-    base = next((r for r in ppl if r["protocol"] == "baseline" and int(r["length"]) == longest), None)
-    cells = [f"{truncate[n]['perplexity']:.2f}" for n in sorted(truncate)]
-    change = f"{100 * (truncate[short]['perplexity'] / free_short - 1):+.1f} %" if free_short else "—"
-    past = "—" if base is None else f"{mean_nll(truncate[longest], trained) - mean_nll(base, trained):+.3f}"
-    found = {n: (k, t) for n, k, t in by_length(ret)}
-    hits = [rate_text(*found[n]) if n in found else "not run" for n in rlengths]
-    return "| " + " | ".join([LABELS[arm], *cells, change, past, *hits]) + " |"
-
-
-def report(args) -> Path:
-    """report.md and its two plots, from the stored results only: the arms side by side
-    (perplexity; the change at the shortest length against the training-free arm; mean NLL past
-    L minus the arm's own sliding baseline's; retrieval with Wilson 95 % intervals), then each
-    arm's `hf-posext eval` table and retrieval cells with the answers given."""
-    from hf_posext.evaluation.shared.results import format_length, format_table, plot_nll_by_position
-    from hf_posext.evaluation.retrieval.plots import plot_accuracy
-    from hf_posext.evaluation.retrieval.stats import wilson
-    arms = [a for a in ARMS if (args.out / a / "done.json").exists()]
-    if not arms:
-        raise SystemExit(f"no finished arm in {args.out}: nothing to report")
-    data = {a: (stored(args.out / a, "perplexity"), stored(args.out / a, "retrieval")) for a in arms}
-    ppl0 = data[arms[0]][0]
-    lengths = sorted({int(r["length"]) for r in ppl0 if r["protocol"] == "truncate"})
-    rlengths = sorted({int(r["length"]) for a in arms for r in data[a][1]})
-    trained = format_length(int(ppl0[0]["trained_length"]))
-    free_short = next((r["perplexity"] for r in data["free"][0] if r["protocol"] == "truncate"
-                       and int(r["length"]) == lengths[0]), None) if "free" in data else None
-    head = (["arm"] + [f"ppl {format_length(n)}" for n in lengths]
-            + [f"ppl {format_length(lengths[0])} vs training-free",
-               f"NLL past {trained} minus own sliding ({format_length(lengths[-1])})"]
-            + [f"retrieval {format_length(n)} [Wilson 95 %]" for n in rlengths])
-    lines = ["# Fine-tuning for the extended context: three arms (issue #31)", "",
-             f"Each arm's checkpoint as saved (YaRN s={args.factor:g} in its config), on `{args.eval_document}` "
-             f"(held out of training) and the retrieval suite's single-needle task (depths {args.depths}, "
-             f"{args.trials} trials a cell). Made by `python benchmarks/finetune_retrieval.py` (settings in each "
-             "arm's done.json).", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += [arm_line(a, *data[a], free_short, rlengths) for a in arms]
-    plot_accuracy([r for a in arms for r in relabel(data[a][1], a)], args.out / "retrieval_arms.png",
-                  f"single needle by arm (YaRN s={args.factor:g}; {args.trials} trials a cell, depths {args.depths})")
-    longest = [r for a in arms for r in relabel(data[a][0], a) if int(r["length"]) == lengths[-1]]
-    base = [r for r in ppl0 if r["protocol"] == "baseline" and int(r["length"]) == lengths[-1]]
-    plot_nll_by_position(longest + base, args.out / "loss_by_position_arms.png",
-                         f"loss by position on {args.eval_document}; dashed: the {LABELS[arms[0]]} arm "
-                         "read in sliding windows of its trained length")
-    lines += ["", "![retrieval by arm](retrieval_arms.png)", "",
-              "![loss by position by arm](loss_by_position_arms.png)", ""]
-    for a in arms:
-        lines += [f"## {a}", "", "```", format_table(data[a][0]), "```", "",
-                  "| length | depth | correct / trials | Wilson 95 % | answers given (first 60 characters) |",
-                  "|---|---|---|---|---|"]
-        for r in data[a][1]:
-            k, n = int(r["correct"]), int(r["trials"])
-            lo, hi = wilson(k, n)
-            lines.append(f"| {r['length']} | {r['depth']} | {k} / {n} | [{lo:.2f}, {hi:.2f}] | "
-                         f"{r['outputs'][:60].replace('|', '/')} |")
-        lines.append("")
-    path = args.out / "report.md"
-    path.write_text("\n".join(lines))
-    return path
 
 
 def main(argv=None) -> int:
     args = parse(argv)
     for arm in args.arms:
-        run_arm(args, arm)
-    print(f"report: {report(args)}", flush=True)
+        for seed in [0] if arm == "free" else args.seed_list:
+            run_arm(args, arm, seed)
+    every = dict.fromkeys(run_name(a, s) for a in ARMS for s in args.seed_list)   # the done ones are reported
+    print(f"report: {report(args, list(every))}", flush=True)
     return 0
 
 

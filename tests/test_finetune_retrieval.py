@@ -50,7 +50,16 @@ def test_help_does_nothing_else(tmp_path):
 @pytest.mark.parametrize("argv,flag", [(["--arms", "docs,nope"], "--arms"), (["--depths", "1.5"], "--depths"),
                                        (["--depths", "half"], "--depths"),
                                        (["--retrieval-lengths", "16k"], "--retrieval-lengths"),
-                                       (["--trials", "0"], "--trials")])
+                                       (["--trials", "0"], "--trials"),
+                                       (["--tasks", "single_needle,needle_in_a_box"], "--tasks"),
+                                       # a play the recipe trains on is no held-out haystack
+                                       (["--haystacks", "noise,macbeth"], "--eval-document hamlet,macbeth"),
+                                       (["--haystacks", "pg19"], "--haystacks pg19"),
+                                       (["--eval-document", "hamlet,nope"], "--eval-document"),
+                                       (["--seeds", "0,0"], "--seeds"), (["--seeds", "one"], "--seeds"),
+                                       (["--max-trials", "6"], "--max-trials"), (["--bar", "0.9"], "--bar"),
+                                       (["--sequential", "--trials", "4", "--max-trials", "2"], "--max-trials"),
+                                       (["--sequential", "--bar", "1.5"], "--bar")])
 def test_bad_settings_are_refused_before_training(argv, flag, tmp_path, capsys, monkeypatch):
     assert run_script(monkeypatch, argv + ["--out", str(tmp_path / "out")]) == 2
     assert flag in capsys.readouterr().err and not (tmp_path / "out").exists()
@@ -127,6 +136,38 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys, monkey
     assert "other settings" in run_script(monkeypatch, argv + ["--retrieval-lengths", "384", "--free-lengths", ""])
 
 
+@pytest.mark.slow
+def test_smoke_of_the_generalization_grid(tmp_path, capsys, monkeypatch):
+    """Issue #40's grid, tiny: two tasks, RULER's noise and a held-out document as haystacks,
+    sequential looks against a fixed bar, two training seeds of the mix arm; resumable."""
+    assets = make_assets(tmp_path / "assets", archs=("llama",))
+    rng = random.Random(1)
+    (assets / "docs" / "held.txt").write_text("".join(rng.choice(CHARS) for _ in range(3000)))
+    out = tmp_path / "out"
+    argv = ["--smoke", "--model", str(assets / "llama"), "--dataset", str(assets / "docs"), "--eval-document", "held",
+            "--out", str(out), "--arms", "free,mix", "--seeds", "0,1", "--tasks", "niah_single,multi_key",
+            "--haystacks", "noise,held", "--sequential", "--trials", "1", "--max-trials", "2", "--bar", "0.5",
+            "--free-lengths", ""]
+    # multi_key's prompt does not fit 512 tokens: refused before anything trains
+    assert run_script(monkeypatch, argv) == 2 and "too short for a multi_key prompt" in capsys.readouterr().err
+    assert not out.exists()
+    argv += ["--retrieval-lengths", "1024"]
+    assert run_script(monkeypatch, argv) == 0
+    seeds = [json.loads((out / name / "train" / "config.json").read_text())["training"]["seed"]
+             for name in ("mix", "mix-seed1")]
+    assert seeds == [0, 1] and not (out / "docs").exists()
+    for name in ("free", "mix", "mix-seed1"):
+        rows = json.loads((out / name / "retrieval" / "retrieval.json").read_text())["rows"]
+        assert {(r["task"], r["haystack"].rsplit("/", 1)[-1]) for r in rows} == {
+            (t, h) for t in ("niah_single", "multi_key") for h in ("noise", "held.txt")}
+        assert all(r["look"] in (1, 2) and int(r["trials"]) == 1 and r["bar"] == 0.5 for r in rows)
+    report = (out / "report.md").read_text()
+    assert "multi_key, held 1k [Wilson 95 %]" in report and "Seeds of fine-tuned, documents + synthetic" in report
+    capsys.readouterr()
+    assert run_script(monkeypatch, argv) == 0
+    assert capsys.readouterr().out.count("done, skipped") == 3
+
+
 def stored_rows(folder) -> dict:
     rows = json.loads((folder / "retrieval" / "retrieval.json").read_text())["rows"]
     return {int(r["length"]): {k: r[k] for k in ("trials", "correct", "outputs")} for r in rows}
@@ -163,7 +204,7 @@ def test_committed_report_is_its_rows_and_the_readme_quotes_it(tmp_path, capsys,
 def test_the_report_line_of_a_grid_within_the_trained_length():
     """A grid with no length past L has no sliding baseline: the arm's line says "—" there instead
     of dying in the report after the training (issue #40: a raw StopIteration after 45 minutes)."""
-    script = runpy.run_path(str(SCRIPT), run_name="finetune_retrieval")   # its functions, no run
+    script = runpy.run_path(str(ROOT / "benchmarks" / "finetune_report.py"), run_name="finetune_report")
     rows = [{"trained_length": 8192, "protocol": "truncate", "length": 4096, "perplexity": 20.0}]
     line = script["arm_line"]("mix", rows, [], None, [8192])
     assert line == "| fine-tuned, documents + synthetic | 20.00 | — | — | not run |"

@@ -7,7 +7,7 @@ bar (reference - margin). A look runs one block of seeds at every depth of a que
 are: `blocks.py` merges them, resume reads them back, overlapping seeds are refused). Order:
 
 1. the reference questions (the unpatched model at lengths <= L) run every look, first: they
-   set the bar;
+   set the bar (unless a fixed `bar` is given, e.g. a target accuracy: then none is a reference);
 2. then, look by look, the open questions the effective length depends on (undecided, fewer
    than J looks, no shorter length of their series decided `below`): a series' first length not
    yet `above` before later ones, fewer looks before more, shorter lengths before longer;
@@ -118,13 +118,15 @@ class _NotStored(Exception):
     """A look asked without computing found a cell not stored yet."""
 
 
-def questions_of(grid: RetrievalGrid, trained: int) -> list[Question]:
+def questions_of(grid: RetrievalGrid, trained: int, reference: bool = True) -> list[Question]:
+    """One question per (task, method, factor, knobs, length); `reference` False: none is the
+    reference (a fixed bar is given instead)."""
     out: dict[tuple, Question] = {}
     for c in grid.cells(trained):
         key = (c.extra["task"], c.method, c.factor_spec, knob_text(c.knobs), c.length)
         if key not in out:
             out[key] = Question(*key[:3], c.factor, key[3], c.length, 0,
-                                c.method == "none" and c.length <= trained, len(out))
+                                reference and c.method == "none" and c.length <= trained, len(out))
         out[key].depths += 1
     return list(out.values())
 
@@ -186,23 +188,26 @@ def _estimate(q: Question, state: SequentialResult, rule: SequentialRule, budget
 
 def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialRule, *,
                         run: RunInfo | None = None, haystack=None, store=None,
-                        budget: Budget | None = None, answer_fn=None,
+                        budget: Budget | None = None, answer_fn=None, bar: float | None = None,
                         clock: Callable[[], float] = time.monotonic,
                         log: Callable[[str], None] = lambda s: print(s, flush=True)) -> SequentialResult:
     """Run `grid`'s questions look by look (the module docstring); each block row gains `look`,
     `max_trials`, `confidence`, `indifference`, and the question's `decision`, `decision_low`, `decision_high`
     and `bar` after that look. `clock` and `answer_fn` are injectable (tests: a fake clock the
-    stub answers advance)."""
+    stub answers advance). bar: a fixed bar in (0, 1] instead of the reference's (e.g. a target
+    accuracy such as issue #40's 0.9): no cell is then a reference and no length <= L is needed."""
+    if bar is not None and not 0.0 < bar <= 1.0:
+        raise ValueError(f"a fixed bar must be in (0, 1], got {bar}.")
     run = run or RunInfo()
     run = dataclasses.replace(run, extra_columns={**run.extra_columns, "max_trials": rule.max_trials,
                                                   "confidence": rule.confidence,
                                                   "indifference": rule.indifference})
     trained = trained_length(model)
-    if not any(length <= trained for length in grid.lengths):
+    if bar is None and not any(length <= trained for length in grid.lengths):
         raise ValueError(f"sequential trials need a length <= the trained length {trained} in the "
                          "grid: the bar is the unpatched model's accuracy there (add it to --lengths).")
     answer_fn = answer_fn or answer_cell
-    state = SequentialResult([], questions_of(grid, trained), {}, rule)
+    state = SequentialResult([], questions_of(grid, trained, reference=bar is None), {}, rule)
     start, spent_trials = clock(), 0
 
     def look(q: Question, compute: bool) -> bool:
@@ -230,7 +235,7 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
         q.looks.append((sum(int(r["correct"]) for r in rows), sum(int(r["trials"]) for r in rows)))
         q.seconds.append(clock() - began if computed else sum(float(r["seconds"]) for r in rows))
         spent_trials += sum(computed)
-        state.bars = _bars(state.questions, grid.margin)
+        state.bars = _bars(state.questions, grid.margin) if bar is None else {t: bar for t in grid.tasks}
         for r in state.questions:
             if r.looks:
                 r.decision, r.low, r.high = rule.decide(r.correct, r.trials, state.bars[r.task])

@@ -1,0 +1,78 @@
+"""benchmarks/finetune_report.py (issue #40): the report of benchmarks/finetune_retrieval.py stands
+for every grid the script accepts: several tasks and haystacks, two training seeds (with how far
+they differ), a grid without a length past L (no sliding baseline: "—"), an arm not finished (left
+out). Perplexity rows are the committed experiment's; retrieval rows are made up here, and the
+expected cells are Wilson intervals from the literature (Wilson 1927; e.g. 3/6 -> [0.188, 0.812])."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from argparse import Namespace
+
+from _recipekit import ROOT
+
+RESULTS = ROOT / "benchmarks" / "results" / "finetune-retrieval"
+TASKS, HAYSTACKS = ["single_needle", "multi_key"], ["noise", "embedded:shakespeare/hamlet"]
+# (correct at depth 0.25, correct at depth 0.75) of 3 trials each, per run and (task, haystack)
+CORRECT = {"free": lambda t, h: (0, 0), "mix": lambda t, h: (3, 3) if (t, h) == ("single_needle", "noise") else (2, 1),
+           "mix-seed1": lambda t, h: (2, 1)}
+PPL_FROM = {"free": "free", "mix": "mix", "mix-seed1": "docs"}   # committed rows standing in for a seed
+
+
+def ppl_rows(arm: str, within_l: bool) -> list[dict]:
+    rows = json.loads((RESULTS / arm / "perplexity" / "perplexity.json").read_text())["rows"]
+    return [r for r in rows if not within_l or (r["protocol"] == "truncate" and int(r["length"]) <= 8192)]
+
+
+def make_out(tmp_path, within_l: bool):
+    for name, src in PPL_FROM.items():
+        for part, rows in (("perplexity", ppl_rows(src, within_l)), ("retrieval", [
+                {"task": t, "haystack": h, "length": 16384, "depth": d, "trials": 3, "correct": c,
+                 "outputs": "12345 | 0"} for t in TASKS for h in HAYSTACKS
+                for d, c in zip((0.25, 0.75), CORRECT[name](t, h))])):
+            (tmp_path / name / part).mkdir(parents=True)
+            (tmp_path / name / part / f"{part}.json").write_text(json.dumps({"rows": rows}))
+        (tmp_path / name / "done.json").write_text("{}")
+    (tmp_path / "docs").mkdir()            # started, not finished: no done.json, not reported
+    return Namespace(out=tmp_path, task_list=TASKS, haystack_list=["noise", "hamlet"], sequential=False,
+                     depths="0.25,0.75", trials=3, factor=2.0, eval_document="hamlet", max_trials=None, bar=None)
+
+
+def table(report: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in report.splitlines()
+            if line.startswith(("| training-free", "| fine-tuned"))]
+
+
+def report_of(tmp_path, within_l: bool) -> str:
+    script = runpy.run_path(str(ROOT / "benchmarks" / "finetune_report.py"), run_name="finetune_report")
+    args = make_out(tmp_path, within_l)
+    path = script["report"](args, ["free", "docs", "docs-seed1", "mix", "mix-seed1"], plots=False)
+    return path.read_text()
+
+
+def test_a_grid_of_tasks_haystacks_and_seeds(tmp_path):
+    report = report_of(tmp_path, within_l=False)
+    head = next(line for line in report.splitlines() if line.startswith("| arm |"))
+    columns = [c.strip() for c in head.strip("|").split("|")]
+    assert columns[-4:] == [f"{t}, {h} 16k [Wilson 95 %]" for t in TASKS for h in ("noise", "hamlet")]
+    rows = {r[0]: r for r in table(report)}
+    assert list(rows) == ["training-free", "fine-tuned, documents + synthetic",
+                          "fine-tuned, documents + synthetic (seed 1)"]
+    assert rows["training-free"][-4:] == ["0/6 = 0.00 [0.00, 0.39]"] * 4
+    assert rows["fine-tuned, documents + synthetic"][-4:] == ["6/6 = 1.00 [0.61, 1.00]"] + ["3/6 = 0.50 [0.19, 0.81]"] * 3
+    assert rows["fine-tuned, documents + synthetic (seed 1)"][-4:] == ["3/6 = 0.50 [0.19, 0.81]"] * 4
+    # how far the seeds differ: ppl at 4k from the rows themselves, accuracy 1.0 vs 0.5
+    ppl4k = [next(r["perplexity"] for r in ppl_rows(a, False) if r["protocol"] == "truncate"
+                  and int(r["length"]) == 4096) for a in ("mix", "docs")]
+    spread = next(line for line in report.splitlines() if line.startswith("Seeds of"))
+    assert f"ppl 4k {abs(ppl4k[0] - ppl4k[1]):.3g};" in spread
+    assert "single_needle, noise 16k [Wilson 95 %] 0.5;" in spread and "multi_key, hamlet 16k [Wilson 95 %] 0 " in spread
+    assert "## docs" not in report and "## mix-seed1" in report
+    assert "| multi_key | hamlet | 16384 | 0.75 | 1 / 3 |" in report
+
+
+def test_a_grid_within_the_trained_length_reports_no_past_l_column(tmp_path):
+    rows = table(report_of(tmp_path, within_l=True))
+    assert len(rows) == 3 and all(r[4] == "—" for r in rows)          # arm, 4k, 8k, change, past L
+    assert rows[0][3] == "+0.0 %"
