@@ -179,7 +179,7 @@ def log_ticks(lo: float, hi: float, most: int = 8) -> list[float]:
     of 3, else 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10^k, so the ticks sit where the data are."""
     from matplotlib.ticker import MaxNLocator
 
-    if hi <= lo:
+    if hi <= lo * (1 + 1e-6):   # equal up to rounding (a flat curve): a 1 % band around it
         lo, hi = lo * 0.99, hi * 1.01
     if hi / lo < 3:
         nice = [float(t) for t in MaxNLocator(nbins=most - 2, steps=[1, 2, 2.5, 5, 10])
@@ -225,13 +225,15 @@ def plot_perplexity(rows: Sequence[dict], path: str | Path, title: str = "") -> 
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [format_length(n) for n in lengths])
     ax.xaxis.set_minor_locator(NullLocator())
-    values = [r["perplexity"] for r in rows if r.get("perplexity")]
+    # an overflowed perplexity (inf) is in the table, not on a log axis
+    values = [r["perplexity"] for r in rows if r.get("perplexity") and math.isfinite(r["perplexity"])]
     ax.set_yscale("log")
-    ticks = log_ticks(min(values), max(values))
-    ax.set_yticks(ticks, [f"{v:.4g}" for v in ticks])
-    ax.yaxis.set_minor_locator(NullLocator())
-    pad = (ticks[-1] / ticks[0]) ** 0.04       # 4 % of the ticked span (log axis) each side
-    ax.set_ylim(ticks[0] / pad, ticks[-1] * pad)
+    if values:
+        ticks = log_ticks(min(values), max(values))
+        ax.set_yticks(ticks, [f"{v:.4g}" for v in ticks])
+        ax.yaxis.set_minor_locator(NullLocator())
+        pad = (ticks[-1] / ticks[0]) ** 0.04       # 4 % of the ticked span (log axis) each side
+        ax.set_ylim(ticks[0] / pad, ticks[-1] * pad)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity (log scale)")
     ax.grid(True, alpha=0.3)
