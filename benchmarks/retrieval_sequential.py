@@ -79,7 +79,8 @@ def _k(length: int | None) -> str:
     return f"{length // 1024}k" if length else "—"
 
 
-def tables(rows: list[dict], rule: SequentialRule, margin: float) -> list[str]:
+def tables(rows: list[dict], rule: SequentialRule, margin: float,
+           tally_out: dict[str, list[int]] | None = None) -> list[str]:
     merged = merge_blocks(rows)
     per = outcomes(rows)
     trained = int(rows[0]["trained_length"])
@@ -135,6 +136,8 @@ def tables(rows: list[dict], rule: SequentialRule, margin: float) -> list[str]:
         + f". All cells: {n_used} of {n_committed} committed trials replayed."]
     eff = ["| task | method | effective length, fixed (committed rows) | sequential (replayed calls) |",
            "|---|---|---|---|", *eff_lines]
+    if tally_out is not None:   # per kind: questions, as the fixed design, trials used, committed
+        tally_out.update(tally)
     return [*summary, "", *lines, "", *eff]
 
 
@@ -155,7 +158,7 @@ def simulation(rule: SequentialRule, runs: int) -> list[str]:
 
 
 def at_committed_rates(rows: list[dict], rule: SequentialRule, margin: float, runs: int,
-                       totals: list[float] | None = None) -> list[str]:
+                       totals: dict[str, float] | None = None) -> list[str]:
     """A live run's expected cost, simulated with each depth cell's committed accuracy as its
     true rate (few trials: a rough stand-in, 0/4 read as 0): per question the chance the rule
     decides, the chance its call equals the fixed design's, and the mean trials, against
@@ -164,7 +167,7 @@ def at_committed_rates(rows: list[dict], rule: SequentialRule, margin: float, ru
     trained = int(rows[0]["trained_length"])
     lines = ["| task | method | length | committed rates by depth | decided | call as fixed | mean trials (fixed) |",
              "|---|---|---|---|---|---|---|"]
-    total_seq = total_fixed = 0.0
+    total_seq = total_fixed = not_as_fixed = 0.0
     for task in dict.fromkeys(r["task"] for r in merged):
         ref = [r for r in merged if r["task"] == task and r["method"] == "none" and int(r["length"]) <= trained]
         k, n = pooled(ref)
@@ -187,12 +190,13 @@ def at_committed_rates(rows: list[dict], rule: SequentialRule, margin: float, ru
             decided = (counts[ABOVE] + counts[BELOW]) / runs
             # undecided at the last look falls back on the point estimate, itself random: not counted
             same = counts[fixed] / runs
+            not_as_fixed += 1 - same
             total_seq += mean
             lines.append(f"| {task} | {method} s={factor:g} | {_k(length)} | {', '.join(f'{x:.2f}' for x in rates)} | "
                          f"{decided:.2f} | ≥ {same:.2f} | {mean:.1f} ({fixed_n}) |")
     lines.append(f"| all | | | | | | **{total_seq:.0f} ({total_fixed:.0f}) = {total_seq / total_fixed:.0%}** |")
     if totals is not None:
-        totals[:] = [total_seq, total_fixed]
+        totals.update(seq=total_seq, fixed=total_fixed, not_as_fixed=not_as_fixed)
     return lines
 
 
@@ -204,15 +208,13 @@ def zones(rows: list[dict], rule: SequentialRule, margin: float, runs: int) -> l
              "|---|---|---|---|"]
     for delta in (0.0, 0.05, 0.10):
         zoned = dataclasses.replace(rule, indifference=delta)
-        totals: list[float] = []
-        table = at_committed_rates(rows, zoned, margin, runs, totals)
-        # "≥ x" is each question's chance of the fixed design's call; 1 - x summed: expected differing calls
-        differ = sum(1 - float(line.split("|")[6].strip(" ≥")) for line in table[2:-1])
-        replayed = tables(rows, zoned, margin)[0]
-        decided = replayed.split("decided by the rule: ")[1].split("**")[0]
-        same = replayed.split("decided by the rule: ")[1].split(", ")[1].split(" of them")[0]
-        lines.append(f"| {delta:g} | {totals[0]:.0f} ({totals[1]:.0f}) = {totals[0] / totals[1]:.0%} | "
-                     f"{differ:.2f} | {decided} / {same} |")
+        totals: dict[str, float] = {}
+        at_committed_rates(rows, zoned, margin, runs, totals)
+        tally: dict[str, list[int]] = {}
+        tables(rows, zoned, margin, tally)
+        decided, same = tally["decided"][:2]
+        lines.append(f"| {delta:g} | {totals['seq']:.0f} ({totals['fixed']:.0f}) = "
+                     f"{totals['seq'] / totals['fixed']:.0%} | {totals['not_as_fixed']:.2f} | {decided} / {same} |")
     return lines
 
 

@@ -73,13 +73,13 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
         raise InputError(f"--max-trials {max_trials} is below --trials {block} (the trials per look); "
                          "raise --max-trials.")
     confidence = DEFAULT_CONFIDENCE if args.confidence is None else args.confidence
-    if not 0.5 <= confidence < 1.0:
-        raise InputError(f"--confidence must be in [0.5, 1), e.g. 0.95; got {confidence}.")
     indifference = 0.0 if args.indifference is None else args.indifference
-    if not 0.0 <= indifference < 0.5:
-        raise InputError(f"--indifference must be in [0, 0.5), e.g. 0.1; got {indifference}.")
+    try:   # the rule checks its own ranges (block and max_trials are checked above, in flag words)
+        rule = SequentialRule(block, max_trials, confidence, indifference)
+    except ValueError as err:   # "confidence must be in ..." -> "--confidence must be in ..."
+        raise InputError(f"--{err}") from None
     args.trials = max_trials   # the grid's seeds: every look's prompts are built (checked) before the model
-    return SequentialRule(block, max_trials, confidence, indifference), budget
+    return rule, budget
 
 
 def run(args, grid, plan, tokenizer, haystack, ranks, report) -> int:
