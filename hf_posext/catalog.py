@@ -9,7 +9,7 @@ from typing import Any
 from .attention import config as _attention_config
 from .attention.config import ATTENTION_METHODS
 from .rope import config as _rope_config
-from .rope.units import TRAINED_LENGTH
+from .rope.knobs import TRAINED_LENGTH
 
 METHODS: tuple[str, ...] = _rope_config.ROPE_METHODS + ATTENTION_METHODS
 

@@ -66,12 +66,16 @@ def one_line(prog: str, err: BaseException) -> str:
     return f"{prog}: error: {text} (rerun with --debug for the traceback)\n"
 
 
-def refuse_renamed(fn: str, kwargs, renamed: dict[str, str]) -> None:
+def refuse_renamed(fn: str | None, kwargs, renamed: dict[str, str]) -> None:
     """A keyword the API renamed (old name -> new name) fails with a TypeError naming the new one,
     before any work: one name per input, never an alias (issue #36; `settings.settings_only` does
-    the same for the grid's fields)."""
+    the same for the grid's fields). `fn` None: `kwargs` are a method's knobs (`--knobs`, a
+    grid's knobs, a recipe's `model.knobs`), refused with a ValueError in the knobs' words."""
     for old, new in renamed.items():
         if old in kwargs:
+            if fn is None:
+                raise ValueError(f"there is no knob {old}: it is called {new} here; give "
+                                 f"{new}={kwargs[old]!r}.")
             raise TypeError(f"{fn}() has no keyword {old}=: it is called {new}= here; pass "
                             f"{new}={kwargs[old]!r}.")
 

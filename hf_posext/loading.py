@@ -21,7 +21,7 @@ from .rope import dynamic
 from .rope.compat import get_rope_parameters, rotary_dim, text_config, write_both_layouts
 from .catalog import KNOB_HELP
 from .rope.config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_type
-from .rope.knobs import TARGET_LENGTH, TRAINED_LENGTH
+from .rope.knobs import NATIVE_TRAINED_KEY, RENAMED, TARGET_LENGTH, TRAINED_LENGTH
 from .errors import ConfigError, refuse_renamed
 from .patcher import apply_to_config, patch, plan_for_config
 from .portability.portable import BLOCK, logical_rope
@@ -82,12 +82,12 @@ def _check_saved_rope(name_or_path, config) -> None:
         if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
             raise ConfigError(f"{name_or_path}: config.json rope {key}={value!r} is not finite; "
                               "restore the saved value (or re-save the model with hf_posext).")
-    omp = rope.get("original_max_position_embeddings")
+    omp = rope.get(NATIVE_TRAINED_KEY)
     if omp is not None:
         try:
             TRAINED_LENGTH.check(omp, None)
         except (TypeError, ValueError) as err:
-            raise ConfigError(f"{name_or_path}: config.json rope original_max_position_embeddings="
+            raise ConfigError(f"{name_or_path}: config.json rope {NATIVE_TRAINED_KEY}="
                               f"{omp!r}: {err}; restore the saved value.") from None
     raw_path = Path(str(name_or_path)) / "config.json"
     if raw_path.is_file():
@@ -130,12 +130,12 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
     types) loads as saved. With a method, the model is loaded, then `patch`ed:
     `target_length=` is then the target length T (instead of `factor`) and the method's
     knobs (beta_fast, beta_slow, mscale_coefficient, attention_factor, finetuned,
-    original_max_position_embeddings; llama3/longrope's own) are taken by name. Everything else
+    trained_length; llama3/longrope's own) are taken by name. Everything else
     goes to `AutoModelForCausalLM.from_pretrained` unchanged. Every argument error is raised
     before any weight loads (the patch is planned and validated on the config first).
     """
-    if method is not None:   # without one, max_position_embeddings= is transformers' config override
-        refuse_renamed("from_pretrained", kwargs, {"max_position_embeddings": TARGET_LENGTH.name})
+    if method is not None:   # without one, transformers' keys are its config overrides
+        refuse_renamed("from_pretrained", kwargs, RENAMED)
     knobs = {k: kwargs.pop(k) for k in list(kwargs) if k in METHOD_KNOBS}
     target = kwargs.pop(TARGET_LENGTH.name, None)
     if method is None and (knobs or factor is not None or target is not None):

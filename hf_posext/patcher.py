@@ -30,13 +30,13 @@ from .rope import dynamic
 from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
 from .rope.config import (KNOBS, MAX_FACTOR, PASSTHROUGH, PASSTHROUGH_TYPES, RopeExtensionConfig,
                           _check_number, check_target, method_of_rope_type)
-from .rope.knobs import FACTOR, TARGET_LENGTH
-from .rope.units import PASSTHROUGH_UNITS, TRAINED_LENGTH
+from .rope.knobs import FACTOR, NATIVE_TRAINED_KEY, RENAMED, TARGET_LENGTH, TRAINED_LENGTH
+from .rope.units import PASSTHROUGH_UNITS
 from .rope.registry import LONGROPE_ONLY, LONGROPE_REFUSED_V4, check_supported, rotary_modules
 
 _STATE_ATTR = "_hf_posext_state"
 _RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "head_dim",
-             "original_max_position_embeddings", "rope_local_base_freq", portable.BLOCK,
+             NATIVE_TRAINED_KEY, "rope_local_base_freq", portable.BLOCK,
              *attention.RAW_KEYS)
 
 
@@ -59,7 +59,7 @@ def _base_rope(rope: dict[str, Any], max_pos: int) -> tuple[dict[str, Any], int]
         return base, max_pos
     if method_of_rope_type(rope_type) is not None:
         spec = RopeExtensionConfig.from_rope_dict(rope, max_pos)
-        return base, spec.original_max_position_embeddings
+        return base, spec.trained_length
     raise ValueError(f"This model already uses transformers' rope_type {rope_type!r}; hf_posext does "
                      "not stack a second extension on it. Load the un-extended base model, or keep "
                      f"{rope_type!r} as it is.")
@@ -84,11 +84,11 @@ def _build_spec(method, factor, target, trained: int, params: dict[str, Any]) ->
     if isinstance(method, RopeExtensionConfig):
         if factor is not None or target is not None or params:
             raise ValueError("Pass either a RopeExtensionConfig or method/factor/params, not both.")
-        if method.original_max_position_embeddings is None:
-            return dataclasses.replace(method, original_max_position_embeddings=trained)
+        if method.trained_length is None:
+            return dataclasses.replace(method, trained_length=trained)
         return method  # immutable: safe to share
     canonical_method(method)  # an unknown name: the error lists every method (catalog.METHODS)
-    L = params.pop("original_max_position_embeddings", None)
+    L = params.pop(TRAINED_LENGTH.name, None)
     L = trained if L is None else L
     factor = _resolve_factor(factor, target, L)
     try:
@@ -96,7 +96,7 @@ def _build_spec(method, factor, target, trained: int, params: dict[str, Any]) ->
     except TypeError as err:  # an unknown keyword: name it rather than drop it
         if "unexpected keyword" not in str(err):
             raise
-        known = ", ".join((*KNOBS, "original_max_position_embeddings", TARGET_LENGTH.name))
+        known = ", ".join((*KNOBS, TRAINED_LENGTH.name, TARGET_LENGTH.name))
         raise TypeError(f"Unknown parameter for method {method!r}: {err}. Known: {known}.") from None
 
 
@@ -112,7 +112,8 @@ def _passthrough_rope(method: str, factor, target, trained: int, base: dict, par
     """transformers' own `llama3` / `longrope`, with the same guards as our methods: known and
     required knobs, the trained length (its knob's check), factor >= 1, target >= the trained
     length (so max_position_embeddings can never drop below L), then the unit's checks against
-    the rotary dim. The frequencies themselves are transformers' own."""
+    the rotary dim. The frequencies themselves are transformers' own. The input `trained_length`
+    goes into the rope dict under transformers' key (NATIVE_TRAINED_KEY), which it reads."""
     unknown = set(params) - PASSTHROUGH_TYPES[method]
     if unknown:
         raise TypeError(f"{method!r} does not take {sorted(unknown)}; it takes "
@@ -123,9 +124,9 @@ def _passthrough_rope(method: str, factor, target, trained: int, base: dict, par
         helps = "; ".join(f"{k.name}: {k.help}" for k in unit.knobs if k.name in missing)
         raise ValueError(f"{method!r} needs {missing} (transformers' {method} has no defaults for "
                          f"them): {helps}.")
-    name = TRAINED_LENGTH.name
-    L = TRAINED_LENGTH.validate(params[name] if name in params else TRAINED_LENGTH.default_at(trained), trained)
-    rope = {**base, "rope_type": method, **params, name: L}
+    params, name = dict(params), TRAINED_LENGTH.name
+    L = TRAINED_LENGTH.validate(params.pop(name) if name in params else TRAINED_LENGTH.default_at(trained), trained)
+    rope = {**base, "rope_type": method, **params, NATIVE_TRAINED_KEY: L}
     if factor is not None or target is not None:
         rope["factor"] = _check_number("factor", _resolve_factor(factor, target, L), minimum=1.0,
                                        maximum=MAX_FACTOR)
@@ -175,10 +176,10 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
         return Plan(dict(base), round(trained * s), None, attn_spec, theta)
     if isinstance(method, str) and method.lower() in PASSTHROUGH_TYPES:
         new_rope = _passthrough_rope(method.lower(), factor, target, trained, base, params, dim)
-        L = new_rope[TRAINED_LENGTH.name]
+        L = new_rope[NATIVE_TRAINED_KEY]
         return Plan(new_rope, target or round(L * new_rope.get("factor", 1.0)), None, attn_spec, theta)
     spec = _build_spec(method, factor, target, trained, params)
-    L = spec.original_max_position_embeddings
+    L = spec.trained_length
     if spec.factor == 1.0:
         # s = 1 is no extension: write plain RoPE. (Every static formula reduces to it; the
         # dynamic rules would still grow with length, which is an extension of its own.)
@@ -225,13 +226,13 @@ def apply_to_config(config, new: Plan, raw_config: dict[str, Any]) -> None:
     holds the attributes the config had before hf_posext touched it."""
     fill_head_dim(config)
     config.max_position_embeddings = int(new.max_position_embeddings)
-    keeps_l = "original_max_position_embeddings" in config.__dict__   # Phi-3 keeps L beside the dict
-    if "original_max_position_embeddings" in new.rope and (keeps_l or new.rope["rope_type"] == "longrope"):
+    keeps_l = NATIVE_TRAINED_KEY in config.__dict__   # Phi-3 keeps L beside the dict
+    if NATIVE_TRAINED_KEY in new.rope and (keeps_l or new.rope["rope_type"] == "longrope"):
         # transformers 5.x prefers that top-level copy of L; 4.57 switches longrope's short /
         # long factor sets only at it, else at max_position_embeddings (s·L here), while 5.x
         # switches at the dict's L (modeling_rope_utils `longrope_frequency_update`). Written for
         # every longrope, both versions switch at L.
-        config.original_max_position_embeddings = new.rope["original_max_position_embeddings"]
+        config.original_max_position_embeddings = new.rope[NATIVE_TRAINED_KEY]
     set_rope_parameters(config, new.rope)
     portable.set_block(config, new.spec, new.rope_theta)
     attention.install(config, new.attention, raw_config)
@@ -277,7 +278,9 @@ def patch(model: _Model, method, factor: float | None = None, *,
         factor: the scale s >= 1. May be omitted when `target_length` is given.
         target_length: the target context length T; factor = T / trained length.
         **params: the method's knobs (beta_fast, beta_slow, mscale_coefficient,
-            attention_factor, finetuned, original_max_position_embeddings). Unknown ones raise.
+            attention_factor, finetuned, trained_length). Unknown ones raise, and so do
+            transformers' names for the lengths (`max_position_embeddings`,
+            `original_max_position_embeddings`), naming ours.
 
     Patching again replaces the previous extension; `unpatch` restores the original. Any error
     leaves the model exactly as it was before the call.
@@ -286,7 +289,7 @@ def patch(model: _Model, method, factor: float | None = None, *,
     rotary modules get a per-module hook that makes each forward's frequencies and attention
     scale depend on that forward's length only (`hf_posext.rope.dynamic`).
     """
-    refuse_renamed("patch", params, {"max_position_embeddings": TARGET_LENGTH.name})
+    refuse_renamed("patch", params, RENAMED)
     check_supported(model)
     config = text_config(model.config)
     state: _PatchState | None = getattr(model, _STATE_ATTR, None)
@@ -349,7 +352,7 @@ def trained_length(model: Any) -> int:  # a model, or anything with its .config 
     if saved:  # an attention method keeps plain RoPE and records L in its block
         return saved
     if rope.get("rope_type") in PASSTHROUGH_TYPES:
-        return int(rope.get("original_max_position_embeddings") or max_pos)
+        return int(rope.get(NATIVE_TRAINED_KEY) or max_pos)
     return _base_rope(rope, max_pos)[1]
 
 

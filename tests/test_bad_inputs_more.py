@@ -60,7 +60,7 @@ def test_numpy_longrope_factors_and_config_objects():
                         long_factor=list(np.full(half, 2.0, dtype=np.float32)))
     assert json.loads(m.config.to_json_string())   # serialisable
     cfg = hf_posext.RopeExtensionConfig("yarn", np.float32(4), np.int64(64), beta_fast=np.int64(16))
-    assert type(cfg.factor) is float and type(cfg.original_max_position_embeddings) is int
+    assert type(cfg.factor) is float and type(cfg.trained_length) is int
     with pytest.raises(TypeError, match="must be a number"):
         hf_posext.patch(tiny_model(), "yarn", factor=np.bool_(True))   # a switch is not a scale
 
@@ -108,8 +108,8 @@ def test_longrope_factor_lists_must_have_one_per_frequency(prf, n):
 def test_transformers_own_types_refuse_a_bad_trained_length(method, knobs, bad):
     """transformers' llama3 / longrope read L from their rope dict: a whole number of tokens > 0."""
     model = tiny_model()
-    with pytest.raises(ValueError, match=r"the trained length \(original_max_position_embeddings; trained_length\) must be a positive integer"):
-        hf_posext.patch(model, method, factor=2, original_max_position_embeddings=bad, **knobs)
+    with pytest.raises(ValueError, match=r"trained_length must be a positive integer"):
+        hf_posext.patch(model, method, factor=2, trained_length=bad, **knobs)
     assert not hf_posext.is_patched(model)
 
 

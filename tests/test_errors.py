@@ -35,8 +35,8 @@ def test_unknown_method(model):
     (dict(beta_slow=0), "beta_slow must be > 0"),
     (dict(mscale_coefficient=-1), "mscale_coefficient must be > 0"),
     (dict(attention_factor=math.inf), "finite"),
-    (dict(original_max_position_embeddings=0), "positive integer"),
-    (dict(original_max_position_embeddings=10.5), "positive integer"),
+    (dict(trained_length=0), "positive integer"),
+    (dict(trained_length=10.5), "positive integer"),
 ])
 def test_bad_yarn_knobs(model, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -88,7 +88,7 @@ def test_stacking_on_a_foreign_extension_is_refused(model):
 
 
 def test_config_missing_what_the_method_needs():
-    with pytest.raises(ValueError, match="needs original_max_position_embeddings"):
+    with pytest.raises(ValueError, match="needs trained_length"):
         RopeExtensionConfig("yarn", 4.0).to_rope_dict(10_000.0)
     with pytest.raises(ValueError, match="no hf_posext equivalent"):
         RopeExtensionConfig.from_rope_dict({"rope_type": "yarn", "factor": 4.0, "mscale": 0.7,

@@ -26,20 +26,19 @@ def _message(fn) -> str:
 @pytest.mark.parametrize("bad", [0, -64, 64.5, 64.0, True, "4096"])
 def test_every_door_refuses_a_bad_trained_length_in_the_same_words(bad):
     doors = {
-        "RopeExtensionConfig": lambda: RopeExtensionConfig("yarn", 2.0, original_max_position_embeddings=bad),
+        "RopeExtensionConfig": lambda: RopeExtensionConfig("yarn", 2.0, trained_length=bad),
         "AttentionExtensionConfig": lambda: AttentionExtensionConfig("rerope", bad),
-        "patch yarn": lambda: hf_posext.patch(tiny_model(), "yarn", 2.0, original_max_position_embeddings=bad),
-        "patch llama3": lambda: hf_posext.patch(tiny_model(), "llama3", 2.0, original_max_position_embeddings=bad,
+        "patch yarn": lambda: hf_posext.patch(tiny_model(), "yarn", 2.0, trained_length=bad),
+        "patch llama3": lambda: hf_posext.patch(tiny_model(), "llama3", 2.0, trained_length=bad,
                                                 **LLAMA3),
     }
     said = {door: _message(fn) for door, fn in doors.items()}
-    expected = f"the trained length (original_max_position_embeddings; trained_length) must be a " \
-               f"positive integer (a number of tokens), got {bad!r}"
+    expected = f"trained_length must be a positive integer (a number of tokens), got {bad!r}"
     assert all(m == expected for m in said.values()), said
 
 
 def test_a_trained_length_past_int32_is_refused():
-    for fn in (lambda: RopeExtensionConfig("linear", 1.0, original_max_position_embeddings=2 ** 32),
+    for fn in (lambda: RopeExtensionConfig("linear", 1.0, trained_length=2 ** 32),
                lambda: AttentionExtensionConfig("rerope", 2 ** 32)):
         assert "past 2,147,483,648 positions (int32)" in _message(fn)
 
@@ -51,8 +50,9 @@ def test_a_checkpoint_with_a_bad_trained_length_is_refused_by_the_same_spec(tmp_
         if isinstance(data.get(layout), dict):
             data[layout]["original_max_position_embeddings"] = 0
     (tmp_path / "config.json").write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match=r"original_max_position_embeddings=0: the trained length "
-                                          r"\(original_max_position_embeddings; trained_length\) must be"):
+    # the file's key (transformers') named, then the one spec's words
+    with pytest.raises(ConfigError, match=r"config.json rope original_max_position_embeddings=0: "
+                                          r"trained_length must be a positive integer"):
         hf_posext.from_pretrained(str(tmp_path))
 
 

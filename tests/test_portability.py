@@ -210,7 +210,7 @@ def test_method_spec_sees_through_the_portable_form(tmp_path):
     path, _ = saved(tmp_path, "ntk")
     config = AutoModelForCausalLM.from_pretrained(path).config
     spec = hf_posext.portability.portable.method_spec(config)
-    assert (spec.method, spec.factor, spec.original_max_position_embeddings) == ("ntk", S, TRAINED)
+    assert (spec.method, spec.factor, spec.trained_length) == ("ntk", S, TRAINED)
     assert hf_posext.portability.portable.method_spec(tiny_model("llama").config) is None
 
 

@@ -2,7 +2,7 @@
 group's best position scale by a 4-needle probe at the target length, and with --top-dims the key
 dimensions by their q·k 2-norm contribution. Writes a JSON file the method reads:
 
-    hf-posext dpe-detect --length 16k --out dpe-16k.json
+    hf-posext dpe-detect --target-length 16k --out dpe-16k.json
     hf-posext eval --methods dpe --knobs dpe:group_scales=@dpe-16k.json ...
 
 Each probe is logged beside --out (`<out>.log.jsonl`) as it finishes; rerun the same command to
@@ -39,7 +39,7 @@ def add_subcommand(sub) -> None:
                    help=f"the probe's text (default {DEFAULT_TUNING}); never the text you evaluate on")
     session.add_source_args(p)
     p.add_argument("--max-docs", type=int, default=1, help="probe documents (default 1)")
-    p.add_argument("--length", required=True, help="target context length T, e.g. 16k")
+    session.add_target_length_arg(p)
     p.add_argument("--window", type=int, default=None,
                    help="DPE's local window (default min(1024, L/2), the authors' 1024)")
     p.add_argument("--groups", type=int, default=GROUPS, help=f"dimension groups (default {GROUPS})")
@@ -62,14 +62,14 @@ def _checked(args) -> tuple[int, int | None, int]:
                         ("--window", args.window), ("--top-dims", args.top_dims)):
         if value is not None and value <= 0:
             raise InputError(f"{flag} must be a positive integer, got {value}.")
-    length = parse_length(args.length)
-    shortest = parse_length(args.shortest) if args.shortest else None
+    length = session.target_length_flag(args)
+    shortest = parse_length(args.shortest, "--shortest") if args.shortest else None
     # the model's config only (no weights): its trained length L
     config = check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL, read_default=True)
     L = int(config.max_position_embeddings)
     window = args.window or min(1024, L // 2)
     if window >= L or length <= L:
-        raise InputError(f"dpe-detect needs --window below the trained length {L} and --length "
+        raise InputError(f"dpe-detect needs --window below the trained length {L} and --target-length "
                          f"above it, got window {window}, length {length}.")
     half = rotary_dim(text_config(config)) // 2
     if half % args.groups:

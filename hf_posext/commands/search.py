@@ -1,6 +1,6 @@
 """`hf-posext search`: find a portable `longrope` config for a target length (hf_posext/search/).
 
-    hf-posext search --dataset embedded:shakespeare/king-lear --length 16k --out lear-16k \\
+    hf-posext search --dataset embedded:shakespeare/king-lear --target-length 16k --out lear-16k \\
         --budget-minutes 30 --proxy-length 4k
     hf-posext search --dataset embedded:shakespeare/king-lear --dataset reference.txt ...  # two kinds
 
@@ -40,7 +40,7 @@ def add_subcommand(sub) -> None:
     session.add_source_args(p)
     p.add_argument("--max-docs", type=int, default=1,
                    help="tuning documents from each --dataset (default 1, as LongRoPE: few)")
-    p.add_argument("--length", required=True, help="target context length, e.g. 16k")
+    session.add_target_length_arg(p)
     p.add_argument("--proxy-length", default=None,
                    help="tokens per gradient step: spans at their true positions spread over the "
                         "target length (default: the whole target length)")
@@ -77,10 +77,10 @@ def add_subcommand(sub) -> None:
 def _checked(args) -> tuple[int, int | None, list[str]]:
     session.check_model(args)
     session.seed_flag(args)
-    length = parse_length(args.length)
-    proxy = parse_length(args.proxy_length) if args.proxy_length else None
+    length = session.target_length_flag(args)
+    proxy = parse_length(args.proxy_length, "--proxy-length") if args.proxy_length else None
     if proxy is not None and proxy > length:
-        raise InputError(f"--proxy-length {proxy} is longer than --length {length}; use at most {length}.")
+        raise InputError(f"--proxy-length {proxy} is longer than --target-length {length}; use at most {length}.")
     if proxy is not None and proxy < 64:
         raise InputError(f"--proxy-length {proxy} is too short to score anything; use e.g. 4k.")
     if not (args.budget_minutes > 0 and math.isfinite(args.budget_minutes)):

@@ -20,7 +20,7 @@ from ..errors import DEFAULT_SEED
 from ..evaluation.shared.identity import (attention_implementation, loaded_fingerprint, model_dtype,
                                    source_fingerprint)
 from ..evaluation.shared.inputs import (InputError, check_cells, check_device, check_model_arg, parse_factors, parse_floats01,
-                                 parse_knobs, parse_lengths, parse_methods, parse_seed)
+                                 parse_knobs, parse_length, parse_lengths, parse_methods, parse_seed)
 from ..evaluation.retrieval.settings import DEPTHS
 from ..evaluation.shared.store import ResultsStore, RowsView
 from . import model_args
@@ -62,6 +62,27 @@ def check_model(args, read_default: bool = False):
     check_device(args.device)
     return check_model_arg(args.model, args.gguf_file, DEFAULT_MODEL, getattr(args, "revision", None),
                            read_default=read_default)
+
+
+def add_target_length_arg(g) -> None:
+    """--target-length: the one target length T of a command that extends to one (`search`,
+    `dpe-detect`), the API's target_length (rope/knobs.TARGET_LENGTH). Its old name --length is
+    declared only to be refused by `target_length_flag`, naming this one (issue #36); so the
+    check that it is given is there too, not argparse's (which would run first)."""
+    g.add_argument("--target-length", default=None,
+                   help="target context length T in tokens, e.g. 16k (k = 1024; required)")
+    g.add_argument("--length", default=None, help=argparse.SUPPRESS)
+
+
+def target_length_flag(args) -> int:
+    """The --target-length of `add_target_length_arg`, in tokens."""
+    if args.length is not None:
+        raise InputError(f"there is no --length: the target length is --target-length here; pass "
+                         f"--target-length {args.length}.")
+    if args.target_length is None:
+        raise InputError("--target-length is required: the target context length T, e.g. "
+                         "--target-length 16k.")
+    return parse_length(args.target_length, "--target-length")
 
 
 def add_knobs_arg(g, scope: str) -> None:

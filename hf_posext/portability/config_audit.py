@@ -161,7 +161,7 @@ def warnings(cfg: dict[str, Any], target, folder: Path | None = None) -> list[st
     out = []
     spec = getattr(target, "spec", None)
     if spec is not None:
-        L = spec.original_max_position_embeddings or cfg["max_position_embeddings"]
+        L = spec.trained_length or cfg["max_position_embeddings"]
         T = round(L * spec.factor)
     else:
         attention = getattr(target, "attention", None) or {}
@@ -208,8 +208,8 @@ def _effective_base(cfg: dict[str, Any], target, T: int) -> float | None:
     unit = UNITS[spec.method] if spec is not None else None
     if unit is None or unit.raised_base is None:
         return None
-    if spec.original_max_position_embeddings is None:
-        spec = dataclasses.replace(spec, original_max_position_embeddings=cfg["max_position_embeddings"])
+    if spec.trained_length is None:
+        spec = dataclasses.replace(spec, trained_length=cfg["max_position_embeddings"])
     return unit.raised_base(spec, theta, d, T)
 
 

@@ -49,7 +49,7 @@ def meaning_of(spec: RopeExtensionConfig, theta: float, dim: int, max_pos: int) 
     """`spec` on base `theta`, compared at L, midway and s·L (where dynamic methods differ)."""
     if spec.factor == 1.0:
         return Meaning(None, theta, dim, (max_pos,))
-    L = spec.original_max_position_embeddings or max_pos
+    L = spec.trained_length or max_pos
     return Meaning(spec, theta, dim, tuple(sorted({L, round(L * (1 + spec.factor) / 2),
                                                    round(L * spec.factor)})))
 

@@ -20,12 +20,13 @@ from typing import Any
 from . import config_audit, engines
 from ..attention import ATTENTION_METHODS
 from ..rope.config import RopeExtensionConfig
+from ..rope.knobs import NATIVE_TRAINED_KEY, TRAINED_LENGTH_NAME
 from .verdicts import Verdict
 
 PATH = Path(__file__).with_name("measured_engines.json")
 NOT_RUN = "re-derived, not run"
 BLOCKS = ("hf_posext", "hf_posext_attention")  # the rope and the attention method blocks
-_NOT_KNOBS = {"method", "factor", "original_max_position_embeddings", "trained_length",
+_NOT_KNOBS = {"method", "factor", NATIVE_TRAINED_KEY, TRAINED_LENGTH_NAME,
               "target_length", "rope_theta", "version"}
 
 
@@ -36,9 +37,10 @@ def load() -> dict[str, Any]:
 
 def trained_length(cfg: dict[str, Any]) -> int:
     rope_block, attention_block = (cfg.get(b) or {} for b in BLOCKS)
-    return int(rope_block.get("original_max_position_embeddings")
-               or attention_block.get("trained_length")
-               or engines.v5_rope(cfg).get("original_max_position_embeddings")   # longrope
+    # the rope block says trained_length; one written before issue #36, transformers' key
+    return int(rope_block.get(TRAINED_LENGTH_NAME) or rope_block.get(NATIVE_TRAINED_KEY)
+               or attention_block.get(TRAINED_LENGTH_NAME)
+               or engines.v5_rope(cfg).get(NATIVE_TRAINED_KEY)   # longrope
                or cfg["max_position_embeddings"])
 
 
@@ -62,7 +64,7 @@ def case_of(cfg: dict[str, Any]) -> tuple[str | None, tuple[str, ...]] | None:
                 return data["method"], ()
             try:
                 default = RopeExtensionConfig(method=data["method"], factor=data.get("factor", 2.0),
-                                              original_max_position_embeddings=trained_length(cfg))
+                                              trained_length=trained_length(cfg))
             except (ValueError, TypeError):
                 return None
             return data["method"], tuple(sorted(k for k, v in knobs.items()

@@ -26,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 from .._version import __version__
 from ..rope.compat import get_rope_parameters, rotary_dim
 from ..rope.config import RopeExtensionConfig, method_of_rope_type
+from ..rope.knobs import NATIVE_TRAINED_KEY, TRAINED_LENGTH_NAME
 from ..rope.longrope import longrope_form
 from ..rope.registry import LONGROPE_ONLY
 from ..rope.methods import yarn_mscale
@@ -74,6 +75,11 @@ def spec_of_block(data: dict[str, Any]) -> tuple[RopeExtensionConfig, float]:
                          f"least 'method' and 'rope_theta'). Delete config.{BLOCK} to use the "
                          "checkpoint's rope config as it is.")
     fields = {k: v for k, v in data.items() if k not in ("rope_theta", "version")}
+    # Blocks written before the trained length had one name (issue #36) hold L under
+    # transformers' key: read it, so those checkpoints keep loading (a file's key, not an input:
+    # `from_dict` refuses that name). New blocks hold `trained_length`, as `to_dict` writes it.
+    if NATIVE_TRAINED_KEY in fields and TRAINED_LENGTH_NAME not in fields:
+        fields[TRAINED_LENGTH_NAME] = fields.pop(NATIVE_TRAINED_KEY)
     written = data.get("version")
     unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(RopeExtensionConfig)})
     if unknown and _newer(written):

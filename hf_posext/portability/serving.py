@@ -95,7 +95,7 @@ def _extended(cfg: dict[str, Any], method: str, factor: float, knobs: dict[str, 
         attention = spec.to_dict()   # the block `patch` saves (attention/install.py)
         return {**cfg, "max_position_embeddings": round(L * factor), ATTENTION_KEY: attention,
                 "attn_implementation": "hf_posext"}
-    spec = RopeExtensionConfig(method=method, factor=factor, original_max_position_embeddings=L, **knobs)
+    spec = RopeExtensionConfig(method=method, factor=factor, trained_length=L, **knobs)
     rope = engines.v5_rope(cfg)
     extra = {k: v for k, v in rope.items() if k == "partial_rotary_factor"}
     saved = portable.saved_rope(spec, {"rope_type": "default", "rope_theta": float(rope["rope_theta"]),
@@ -109,7 +109,7 @@ def _extended(cfg: dict[str, Any], method: str, factor: float, knobs: dict[str, 
 
 def _target_length(cfg: dict[str, Any], target) -> int:
     if target.spec is not None:
-        L = target.spec.original_max_position_embeddings or cfg["max_position_embeddings"]
+        L = target.spec.trained_length or cfg["max_position_embeddings"]
         return round(L * target.spec.factor)
     return int(cfg["max_position_embeddings"])
 

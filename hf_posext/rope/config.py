@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .knobs import FACTOR, MAX_FACTOR, MAX_TARGET_LENGTH, TRAINED_LENGTH, collect, knob_fields
+from ..errors import refuse_renamed
+from .knobs import (FACTOR, MAX_FACTOR, MAX_TARGET_LENGTH, NATIVE_TRAINED_KEY, RENAMED_TRAINED,
+                    TRAINED_LENGTH, collect, knob_fields)
 from .knobs import number as _check_number
 from .units import PASSTHROUGH_UNITS, ROPE_METHODS, UNITS
 
@@ -79,8 +81,10 @@ class RopeExtensionConfig:
         method: one of `hf_posext.METHODS` (`dynamic` is accepted for `dynamic_ntk`).
         factor: scale s = target length / trained length, >= 1. For `dynamic_yarn` the scale is
             taken from the current length; `factor` then only records the intended target.
-        original_max_position_embeddings: the trained context L. None means "read it from the
-            model" (the patcher fills it in).
+        trained_length: the trained context L. None means "read it from the model" (the
+            patcher fills it in). transformers' rope dicts hold it as
+            `original_max_position_embeddings` (`to_rope_dict` / `from_rope_dict` map the two);
+            that name is refused here, naming this one.
 
     Every knob of the units (rope/units.py) is a field too, None = the method's default:
     KNOB_HELP below lists them (beta_fast, beta_slow, mscale_coefficient, attention_factor,
@@ -89,22 +93,28 @@ class RopeExtensionConfig:
 
     method: str
     factor: float = 1.0
-    original_max_position_embeddings: int | None = None
+    trained_length: int | None = None
     if TYPE_CHECKING:  # the knob fields are added from the units (knob_fields)
         __dataclass_fields__: ClassVar[dict[str, Any]]
 
         def __init__(self, method: str, factor: float = 1.0,
-                     original_max_position_embeddings: int | None = None, **knobs: Any) -> None: ...
+                     trained_length: int | None = None, **knobs: Any) -> None: ...
 
         def __getattr__(self, name: str) -> Any: ...
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "RopeExtensionConfig":
+        # transformers' names for the lengths are not ours: refused before the dataclass's
+        # __init__ would call them unexpected (one name per input, issue #36)
+        refuse_renamed(cls.__name__, kwargs, RENAMED_TRAINED)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the only writes happen here, after each check
         set_(self, "method", canonical_method(self.method))
         set_(self, "factor", FACTOR.check(self.factor, None))
-        if self.original_max_position_embeddings is not None:
-            L = TRAINED_LENGTH.check(self.original_max_position_embeddings, None)
-            set_(self, "original_max_position_embeddings", L)
+        if self.trained_length is not None:
+            L = TRAINED_LENGTH.check(self.trained_length, None)
+            set_(self, "trained_length", L)
             check_target(self.factor, L)
         unit = UNITS[self.method]
         used = tuple(k.name for k in unit.knobs)
@@ -118,9 +128,9 @@ class RopeExtensionConfig:
                                      f"{next(n for n, u in UNITS.items() if any(k.name == knob.name for k in u.knobs))!r}.")
                 continue
             if value is None:
-                value = knob.default_at(self.original_max_position_embeddings)
+                value = knob.default_at(self.trained_length)
             if value is not None:
-                value = knob.validate(value, self.original_max_position_embeddings)
+                value = knob.validate(value, self.trained_length)
             set_(self, knob.name, value)
         if unit.check is not None:
             unit.check(self)
@@ -147,6 +157,7 @@ class RopeExtensionConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RopeExtensionConfig":
+        refuse_renamed(f"{cls.__name__}.from_dict", data, RENAMED_TRAINED)
         names = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
         unknown = set(data) - names
         if unknown:
@@ -163,9 +174,9 @@ class RopeExtensionConfig:
         for `ntk`, transformers' `yarn` for `ntk_by_parts`). Keys follow transformers' names;
         5.x flat layout with rope_theta (`compat` writes the 4.x one)."""
         unit = UNITS[self.method]
-        if self.original_max_position_embeddings is None and unit.needs_trained_length:
-            raise ValueError(f"{self.method!r} needs original_max_position_embeddings (the trained "
-                             "context length); pass it or let hf_posext.patch read it from the model.")
+        if self.trained_length is None and unit.needs_trained_length:
+            raise ValueError(f"{self.method!r} needs trained_length (the trained context length); "
+                             "pass it or let hf_posext.patch read it from the model.")
         return {"rope_type": unit.rope_type, "rope_theta": float(rope_theta), "factor": self.factor,
                 **unit.rope_keys(self)}
 
@@ -181,7 +192,7 @@ class RopeExtensionConfig:
                              f"{sorted(u.rope_type for u in UNITS.values())}.")
         for key in ("rope_theta", "partial_rotary_factor"):
             rope.pop(key, None)
-        unsupported = set(rope) - {"factor", "original_max_position_embeddings", *KNOBS}
+        unsupported = set(rope) - {"factor", NATIVE_TRAINED_KEY, *KNOBS}
         if unsupported:
             raise ValueError(f"rope config keys {sorted(unsupported)} of type {rope_type!r} have no "
                              "hf_posext equivalent; use transformers' own type directly.")
@@ -194,10 +205,10 @@ class RopeExtensionConfig:
             factor = FACTOR.check(rope.pop("factor"), None)
         except (TypeError, ValueError) as err:   # name the key it came from
             raise type(err)(f"rope config key 'factor' (rope_type {rope_type!r}): {err}") from None
-        L = rope.pop("original_max_position_embeddings", None)
+        L = rope.pop(NATIVE_TRAINED_KEY, None)
         if L is None and max_position_embeddings is not None:
             L = UNITS[method].trained_length_from(max_position_embeddings, factor)
-        return cls(method=method, factor=factor, original_max_position_embeddings=L, **rope)
+        return cls(method=method, factor=factor, trained_length=L, **rope)
 
 
 # The help of each knob (the CLI's `--knobs` help, docs/methods.md's knob table).

@@ -91,9 +91,9 @@ def _trained(value: Any, L: int | None) -> int:
     validators want an int) that is a countable position (int32)."""
     value = plain_number(value)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{TRAINED_NAMES} must be a positive integer (a number of tokens), got {value!r}")
+        raise ValueError(f"{TRAINED_LENGTH_NAME} must be a positive integer (a number of tokens), got {value!r}")
     if value > MAX_TARGET_LENGTH:
-        raise ValueError(f"{TRAINED_NAMES}={value} is past {MAX_TARGET_LENGTH:,} positions (int32): "
+        raise ValueError(f"{TRAINED_LENGTH_NAME}={value} is past {MAX_TARGET_LENGTH:,} positions (int32): "
                          "no model is trained that long; pass the length the model was trained at.")
     return value
 
@@ -114,11 +114,16 @@ def _target(value: Any, L: int | None) -> int:
 
 
 # The two lengths every method reads, declared once like the knobs (issue #36): the trained
-# context L and the target T = s·L. transformers' rope dicts name L `original_max_position_embeddings`
-# (rope/units.py gives llama3 / longrope the same spec under that key), its configs name T
-# `max_position_embeddings`; hf_posext's API and rows say trained_length and target_length.
+# context L and the target T = s·L. hf_posext's inputs (API, --knobs, recipe), rows and docs say
+# trained_length and target_length, one name each. transformers' files keep their own keys, which
+# vLLM and llama.cpp read too: a rope dict names L `original_max_position_embeddings` (NATIVE_TRAINED_KEY:
+# written by `to_rope_dict`, read by `from_rope_dict`), a config names T `max_position_embeddings`.
+# The native keys as inputs are refused naming ours (RENAMED: `errors.refuse_renamed`), never aliased.
 TRAINED_LENGTH_NAME, TARGET_LENGTH_NAME = "trained_length", "target_length"
-TRAINED_NAMES = "the trained length (original_max_position_embeddings; trained_length)"
+NATIVE_TRAINED_KEY, NATIVE_TARGET_KEY = "original_max_position_embeddings", "max_position_embeddings"
+# (a knob or a rope config takes no target length: only the trained one is renamed there)
+RENAMED_TRAINED = {NATIVE_TRAINED_KEY: TRAINED_LENGTH_NAME}
+RENAMED = {**RENAMED_TRAINED, NATIVE_TARGET_KEY: TARGET_LENGTH_NAME}
 TRAINED_LENGTH = Knob(TRAINED_LENGTH_NAME, int, lambda L: L, _trained,
                       "the trained context L (read from the model by default)")
 TARGET_LENGTH = Knob(TARGET_LENGTH_NAME, int, None, _target,

@@ -78,11 +78,11 @@ def longrope_form(spec: RopeExtensionConfig, dim: int, base: float, **extra: Any
         raise ValueError(f"{spec.method!r} has no longrope form: its frequencies follow the current "
                          "length, while longrope holds one fixed factor set per side of L. Use a "
                          f"static method ({', '.join(STATIC_METHODS)}).")
-    if spec.original_max_position_embeddings is None:
-        raise ValueError("the longrope form needs original_max_position_embeddings (the trained "
+    if spec.trained_length is None:
+        raise ValueError("the longrope form needs trained_length (the trained "
                          "length L); pass it or let hf_posext.patch read it from the model.")
     factors, scale = method_factors(spec, dim, base)
-    return longrope_dict(factors, scale, base, spec.original_max_position_embeddings, spec.factor,
+    return longrope_dict(factors, scale, base, spec.trained_length, spec.factor,
                          **extra)
 
 

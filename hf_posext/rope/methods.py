@@ -2,7 +2,8 @@
 
 Notation (docs/rope_methods.md): rotary dimension `d` (head_dim × partial_rotary_factor), base `b`
 (rope_theta), pair index `i = 0 .. d/2-1`, `inv_freq_i = b^(-2i/d)`, wavelength
-`λ_i = 2π / inv_freq_i`, trained context `L` (original_max_position_embeddings), scale `s`.
+`λ_i = 2π / inv_freq_i`, trained context `L` (trained_length; `original_max_position_embeddings` in
+transformers' rope dicts), scale `s`.
 
 Every function returns `(inv_freq, attention_scale)`: `inv_freq` is a float32 tensor of shape
 `[d/2]`, `attention_scale` multiplies cos and sin (so attention logits scale by its square).

@@ -22,12 +22,11 @@ Function arguments: `c` the validated `RopeExtensionConfig`, `d` the rotary dim,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import methods
-from .knobs import REQUIRED, Knob, flag, positive, tokens
-from .knobs import TRAINED_LENGTH as _TRAINED_LENGTH
+from .knobs import NATIVE_TRAINED_KEY, REQUIRED, TRAINED_LENGTH, Knob, flag, positive, tokens
 
 # YaRN paper defaults for Llama (§3.2): alpha = beta_slow = 1, beta = beta_fast = 32; mscale
 # coefficient 0.1 (eq. 22). The YaRN authors' Mistral runs used 128, 2 and 0.07.
@@ -46,12 +45,6 @@ def _given(name: str, kind: type, help: str,
     """A knob of transformers' own llama3 / longrope: required (the patcher names it when it is
     missing), checked by `check` where hf_posext checks it and then by transformers itself."""
     return Knob(name, kind, REQUIRED, check, help)
-
-
-# transformers' llama3 / longrope read the trained length L from their rope dict under its own
-# key; by default the model's (the patcher checks it before the factor, which it scales). The
-# spec is the one trained length (knobs.TRAINED_LENGTH), under transformers' key.
-TRAINED_LENGTH = replace(_TRAINED_LENGTH, name="original_max_position_embeddings")
 
 
 def _positive_factors(name: str) -> Callable[[Any, int | None], Any]:
@@ -103,7 +96,7 @@ def _ramp_check(c) -> None:
 
 
 def _ramp_keys(c) -> dict[str, Any]:
-    return {"original_max_position_embeddings": c.original_max_position_embeddings,
+    return {NATIVE_TRAINED_KEY: c.trained_length,
             "beta_fast": c.beta_fast, "beta_slow": c.beta_slow}
 
 
@@ -133,8 +126,7 @@ LINEAR = RopeMethod(
 NTK = RopeMethod(
     "ntk", "ntk", registered=True,
     compute=lambda c, d, b, n, dev: methods.ntk(d, b, c.factor, dev),
-    rope_keys=lambda c: ({"original_max_position_embeddings": c.original_max_position_embeddings}
-                         if c.original_max_position_embeddings is not None else {}),
+    rope_keys=lambda c: ({NATIVE_TRAINED_KEY: c.trained_length} if c.trained_length is not None else {}),
     needs_trained_length=False,
     # NTK-aware is plain RoPE on the raised base (methods.ntk computes exactly this)
     saved=lambda c, theta, d: {"rope_type": "default", "rope_theta": methods.ntk_base(d, theta, c.factor)},
@@ -145,14 +137,14 @@ DYNAMIC_NTK = RopeMethod(
     # therefore leaves at the trained length
     "dynamic_ntk", "dynamic", dynamic=True,
     compute=lambda c, d, b, n, dev: methods.dynamic_ntk(
-        d, b, c.factor, c.original_max_position_embeddings, n, dev),
+        d, b, c.factor, c.trained_length, n, dev),
     raised_base=lambda c, theta, d, T: methods.dynamic_ntk_base(
-        d, theta, c.factor, c.original_max_position_embeddings, T))
+        d, theta, c.factor, c.trained_length, T))
 
 NTK_BY_PARTS = RopeMethod(
     "ntk_by_parts", "ntk_by_parts", registered=True, knobs=_RAMP, check=_ramp_check,
     compute=lambda c, d, b, n, dev: methods.ntk_by_parts(
-        d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow, dev),
+        d, b, c.factor, c.trained_length, c.beta_fast, c.beta_slow, dev),
     rope_keys=_ramp_keys,
     # transformers' yarn (truncate=True: floor/ceil of the correction range, as
     # methods.correction_range) with the temperature fixed to 1 is NTK-by-parts
@@ -163,7 +155,7 @@ YARN = RopeMethod(
     "yarn", "yarn",
     knobs=(*_RAMP, MSCALE, ATTENTION_FACTOR), check=_ramp_check,
     compute=lambda c, d, b, n, dev: methods.yarn(
-        d, b, c.factor, c.original_max_position_embeddings, c.beta_fast, c.beta_slow,
+        d, b, c.factor, c.trained_length, c.beta_fast, c.beta_slow,
         c.mscale_coefficient, c.attention_factor, dev),
     rope_keys=_yarn_keys)
 
@@ -171,13 +163,14 @@ DYNAMIC_YARN = RopeMethod(
     "dynamic_yarn", "dynamic_yarn", dynamic=True, registered=True,
     knobs=(*_RAMP, MSCALE, FINETUNED), check=_ramp_check,
     compute=lambda c, d, b, n, dev: methods.dynamic_yarn(
-        d, b, c.original_max_position_embeddings, n, c.beta_fast, c.beta_slow,
+        d, b, c.trained_length, n, c.beta_fast, c.beta_slow,
         c.mscale_coefficient, c.factor if c.finetuned else 1.0, dev),
     rope_keys=_dynamic_yarn_keys)
 
 # transformers' own types, passed through untouched (no math of ours): their knobs are required
 # (transformers has no default for them; its validators would raise deep inside `patch`, the
-# patcher names them first), `factor` and L (TRAINED_LENGTH) optional.
+# patcher names them first), `factor` and L (TRAINED_LENGTH: the input trained_length, written
+# into their rope dict under transformers' key NATIVE_TRAINED_KEY by the patcher) optional.
 LLAMA3 = RopeMethod("llama3", "llama3", compute=None, knobs=(
     _given("low_freq_factor", float, "llama3: wavelengths above L/low_freq_factor are interpolated (Llama 3.1: 1.0)"),
     _given("high_freq_factor", float, "llama3: wavelengths below L/high_freq_factor are kept (Llama 3.1: 4.0)"),
@@ -200,7 +193,7 @@ def _longrope_lengths(rope: dict[str, Any], dim: int) -> None:
             got = f"{len(values)} values" if isinstance(values, (list, tuple)) else repr(values)
             raise ValueError(f"longrope {knob.name} must be a list of {dim // 2} numbers (one per "
                              f"rotary frequency: rotary dim {dim} / 2), got {got}.")
-        knob.check(values, rope.get(TRAINED_LENGTH.name))
+        knob.check(values, rope.get(NATIVE_TRAINED_KEY))
 
 
 LONGROPE = RopeMethod("longrope", "longrope", compute=None, check_rotary=_longrope_lengths,
@@ -234,7 +227,7 @@ def _cope_factors(c, d: int, b: float) -> list[float]:
 COPE = RopeMethod(
     "cope", "cope", registered=True, knobs=(CLIP_PERIOD, HARD_CLIP), saved_as_longrope=True,
     compute=lambda c, d, b, n, dev: methods.cope(d, b, c.factor, c.clip_period, c.hard_clip, dev),
-    rope_keys=lambda c: {"original_max_position_embeddings": c.original_max_position_embeddings,
+    rope_keys=lambda c: {NATIVE_TRAINED_KEY: c.trained_length,
                          "clip_period": c.clip_period, "hard_clip": c.hard_clip},
     longrope_factors=_cope_factors)
 

@@ -59,7 +59,7 @@ def build(doc: np.ndarray, tokenizer, target: int, proxy: int, depth: float,
         raise ValueError(f"--proxy-length {proxy} is too short for the needle objective: a needle "
                          f"needs {len(fact)} + {tail} tokens; use at least {4 * max(len(fact), tail)}.")
     if proxy >= target and len(fact) + tail > target:
-        raise ValueError(f"--length {target} is too short for a needle of {len(fact) + tail} tokens.")
+        raise ValueError(f"--target-length {target} is too short for a needle of {len(fact) + tail} tokens.")
     room = (target - proxy) if proxy < target else (target - tail - len(fact))
     at = round(depth * room)                                   # where the fact starts
     stream[at:at + len(fact)] = fact

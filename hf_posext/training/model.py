@@ -42,7 +42,7 @@ def extended_length(model) -> int:
     spec = method_spec(mconf)
     if spec is None:
         return int(mconf.max_position_embeddings)
-    return int(round(spec.factor * spec.original_max_position_embeddings))
+    return int(round(spec.factor * spec.trained_length))
 
 
 def check_window_fits_target(cfg) -> int:
@@ -58,7 +58,7 @@ def check_window_fits_target(cfg) -> int:
             from transformers import AutoConfig
             conf = text_config(AutoConfig.from_pretrained(mc.name))
             spec = method_spec(conf)
-            trained = spec.original_max_position_embeddings if spec else conf.max_position_embeddings
+            trained = spec.trained_length if spec else conf.max_position_embeddings
         target = int(round(mc.factor * trained))
     if window > target:
         raise ConfigError(f"training.seq_len ({window}) is longer than the PoSE target ({target} = "

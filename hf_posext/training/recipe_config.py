@@ -22,8 +22,9 @@ import os
 from ..catalog import canonical_method
 from ..data.documents import EMBEDDED_TEXT, looks_like_path
 from ..data.embedded import DEFAULT_MODEL
-from ..errors import ConfigError, check_seed
+from ..errors import ConfigError, check_seed, refuse_renamed
 from ..rope.config import RopeExtensionConfig
+from ..rope.knobs import RENAMED_TRAINED
 from .optim import SCHEDULES
 from .synthetic import FORMATS as SYNTHETIC_FORMATS, LOSSES as SYNTHETIC_LOSSES
 
@@ -260,6 +261,10 @@ def _validate(cfg: RecipeConfig) -> None:
             and not os.path.isdir(os.path.expanduser(m.name)):
         raise ValueError(f"model.name {m.name!r}: no such folder; pass a saved model folder, a Hub id "
                          f"or {DEFAULT_MODEL}.")
+    try:   # transformers' name for the trained length is not a knob: named in the recipe's words
+        refuse_renamed(None, m.knobs, RENAMED_TRAINED)
+    except ValueError as err:
+        raise ValueError(f"model.knobs: {err}") from None
     RopeExtensionConfig(canonical_method(m.method), m.factor, **m.knobs)  # factor < 1, bad knobs: each checked by its spec
     for name in ("seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "save_every",
                  "keep_checkpoints"):

@@ -16,10 +16,11 @@ from functools import partial
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ... import catalog as _catalog   # read at call time: methods registered later count too
-from ...errors import BeyondReach
+from ...errors import BeyondReach, refuse_renamed
 from ...attention import is_attention_method, split
 from ...attention.units import LOGN_SCALING
 from ...rope.config import MAX_TARGET_LENGTH, RopeExtensionConfig
+from ...rope.knobs import RENAMED_TRAINED
 from ...patcher import is_patched, patch, unpatch
 from .distributed import Ranks
 from .identity import computation_signature, config_state, digest
@@ -64,6 +65,7 @@ def check_knobs(methods: Sequence[str], knobs: Mapping[str, Mapping[str, float]]
     grid = [m for m in normalize_methods(methods) if m != "none"]
     known = knob_names()
     for target, values in knobs.items():
+        refuse_renamed(None, values, RENAMED_TRAINED)   # transformers' names for the lengths
         for name in values:
             if name not in known:
                 raise ValueError(f"unknown knob {name!r}; knobs are {', '.join(known)}.")

@@ -31,14 +31,14 @@ class InputError(ConfigError):
     """Bad command-line input, reported as `hf-posext <cmd>: error: ...` (exit status 2)."""
 # --- argument types: each names the flag and the fix --------------------------------------------
 
-def parse_length(text: str) -> int:
-    """`4k` -> 4096 (k = 1024, as context lengths are quoted), `16384` -> 16384."""
+def parse_length(text: str, flag: str = "--lengths") -> int:
+    """`4k` -> 4096 (k = 1024, as context lengths are quoted), `16384` -> 16384; errors name `flag`."""
     m = re.fullmatch(r"\s*([+-]?\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
     if not m:
-        raise InputError(f"--lengths: {text!r} is not a length; write e.g. 4k, 16k or 16384.")
+        raise InputError(f"{flag}: {text!r} is not a length; write e.g. 4k, 16k or 16384.")
     value = float(m.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2}[m.group(2).lower()]
     if value != int(value) or value <= 0:
-        raise InputError(f"--lengths: {text!r} must be a positive whole number of tokens.")
+        raise InputError(f"{flag}: {text!r} must be a positive whole number of tokens.")
     return int(value)
 
 
