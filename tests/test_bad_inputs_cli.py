@@ -133,10 +133,10 @@ def test_export_command_refuses(assets, tmp_path, capsys, args, says, status):
 
 
 @pytest.mark.parametrize("flags,says", [
-    ("--length 0", "'0'"), ("--length 64 --budget-minutes nan", "--budget-minutes must be a positive number"),
-    ("--length 64 --max-steps 0", "--max-steps"), ("--length 64k --out {tmp}/a_file", "a_file is a file"),
-    ("--length 64 --out {tmp}", "is a non-empty folder without a search_log.jsonl"),
-])   # --proxy-length past --length, --lr -1: test_search
+    ("--target-length 0", "'0'"), ("--target-length 64 --budget-minutes nan", "--budget-minutes must be a positive number"),
+    ("--target-length 64 --max-steps 0", "--max-steps"), ("--target-length 64k --out {tmp}/a_file", "a_file is a file"),
+    ("--target-length 64 --out {tmp}", "is a non-empty folder without a search_log.jsonl"),
+])   # --proxy-length past --target-length, --lr -1: test_search
 def test_search_refuses(assets, tmp_path, capsys, flags, says):
     extra = _argv(flags, assets)
     out = [] if "--out" in extra else ["--out", tmp_path / "out"]
@@ -176,6 +176,6 @@ def test_serve_reads_method_factor_and_knobs_as_the_grid_commands_do(assets, cap
 
 def test_search_and_the_grid_commands_share_the_model_flags(assets, capsys):
     """--model / --gguf-file / --device: one declaration (session.add_model_args), one check."""
-    for command in (["search", "--length", "64", "--out", "x"], ["eval"]):
+    for command in (["search", "--target-length", "64", "--out", "x"], ["eval"]):
         cli_refused([*command, "--model", assets / "llama", "--device", "tpu"], capsys, "--device 'tpu'")
         cli_refused([*command, "--model", assets / "nowhere"], capsys, "nowhere")

@@ -248,14 +248,14 @@ def test_knobs_on_the_command_line(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--length", "16k", "--out", "found.txt"], "must name a .json file"),
-    (["--length", "16k", "--top-dims", "0", "--out", "found.json"], "--top-dims must be a positive integer"),
-    pytest.param(["--length", "4k", "--out", "found.json"], "--length above it", marks=pytest.mark.slow),
-    pytest.param(["--length", "16k", "--window", "8192", "--out", "found.json"],
+    (["--target-length", "16k", "--out", "found.txt"], "must name a .json file"),
+    (["--target-length", "16k", "--top-dims", "0", "--out", "found.json"], "--top-dims must be a positive integer"),
+    pytest.param(["--target-length", "4k", "--out", "found.json"], "--target-length above it", marks=pytest.mark.slow),
+    pytest.param(["--target-length", "16k", "--window", "8192", "--out", "found.json"],
                  "--window below the trained length 8192", marks=pytest.mark.slow),   # reads the GGUF header
-    pytest.param(["--length", "16k", "--groups", "5", "--out", "found.json"],
+    pytest.param(["--target-length", "16k", "--groups", "5", "--out", "found.json"],
                  "--groups 5 cannot split the model's 32 rotary frequencies", marks=pytest.mark.slow),
-    pytest.param(["--length", "16k", "--top-dims", "33", "--out", "found.json"],
+    pytest.param(["--target-length", "16k", "--top-dims", "33", "--out", "found.json"],
                  "--top-dims 33 is more than the model's 32", marks=pytest.mark.slow),
 ])
 def test_dpe_detect_refuses_bad_flags_before_loading(run_cli, argv, message):
@@ -287,7 +287,7 @@ def test_dpe_detect_end_to_end_on_a_local_model_and_text(tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text(" ".join(f"word{i % 37} said kingly things" for i in range(300)))
     out = tmp_path / "found.json"
-    assert cli.main(["dpe-detect", "--model", str(folder), "--dataset", str(text), "--length", "1024",
+    assert cli.main(["dpe-detect", "--model", str(folder), "--dataset", str(text), "--target-length", "1024",
                      "--window", "16", "--groups", "4", "--shortest", "512", "--top-dims", "3",
                      "--out", str(out)]) == 0
     found = json.loads(out.read_text())

@@ -94,6 +94,6 @@ def test_cli_checks_evolution_options_before_loading(argv, message, tmp_path, ca
     monkeypatch.setattr(search_cmd, "load_model_from", lambda args: pytest.fail("the model was loaded"))
     monkeypatch.setattr(search_cmd, "load_tokenizer_from", lambda args: pytest.fail("the tokenizer was loaded"))
     with pytest.raises(SystemExit) as stop:
-        cli.main(["search", "--length", f"{4 * TRAINED}", *argv, "--out", str(tmp_path / "o")])
+        cli.main(["search", "--target-length", f"{4 * TRAINED}", *argv, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and message in err

@@ -162,6 +162,10 @@ def test_documented_command_parses(doc, command, capsys):
 
     parser = build_parser()
     argv = shlex.split(command)[1:]
+    # a hidden flag is an old name, declared only to be refused naming the new one (passkey
+    # --seeds, search / dpe-detect --length): it parses, so look for it by name
+    old = {s for a in _all_actions(parser) if a.help == argparse.SUPPRESS for s in a.option_strings}
+    assert not old & {a.split("=")[0] for a in argv}, f"{doc}: `{command}` uses an old flag"
     if len(argv) == 1 and not argv[0].startswith("-"):
         subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
         assert argv[0] in subcommands, f"{doc}: `{command}` names no subcommand ({sorted(subcommands)})"

@@ -163,10 +163,10 @@ def test_search_refuses_an_extended_model(doc, tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--length", "16k", "--proxy-length", "32k"], "--proxy-length 32768 is longer than --length"),
-    (["--length", "16k", "--budget-minutes", "0"], "--budget-minutes must be a positive number"),
-    (["--length", "sixteen"], "--length"),
-    (["--length", "16k", "--lr", "-1"], "--lr must be a positive number"),
+    (["--target-length", "16k", "--proxy-length", "32k"], "--proxy-length 32768 is longer than --target-length"),
+    (["--target-length", "16k", "--budget-minutes", "0"], "--budget-minutes must be a positive number"),
+    (["--target-length", "sixteen"], "--target-length"),
+    (["--target-length", "16k", "--lr", "-1"], "--lr must be a positive number"),
 ])
 def test_cli_checks_options_before_loading_anything(argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(search_cmd, "load_model_from", lambda args: pytest.fail("the model was loaded"))
@@ -195,7 +195,7 @@ def test_cli_search_tunes_on_every_dataset_named(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(search_cmd, "load_tokenizer_from", lambda args: char_tokenizer())
     monkeypatch.setattr(search_cmd, "load_model_from", lambda args: tiny_model())
     monkeypatch.setattr(search_cmd, "run_search", fake_search)
-    argv = ["search", "--dataset", str(texts[0]), "--dataset", str(texts[1]), "--length", str(TARGET),
+    argv = ["search", "--dataset", str(texts[0]), "--dataset", str(texts[1]), "--target-length", str(TARGET),
             "--out", str(tmp_path / "o")]
     with pytest.raises(SystemExit):
         cli.main(argv)
@@ -204,7 +204,7 @@ def test_cli_search_tunes_on_every_dataset_named(tmp_path, capsys, monkeypatch):
     assert [list(d) for d in seen["docs"]] == expected
     assert "2 document(s)" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
-        cli.main(["search", "--dataset", str(texts[0]), "--dataset", str(texts[0]), "--length",
+        cli.main(["search", "--dataset", str(texts[0]), "--dataset", str(texts[0]), "--target-length",
                   str(TARGET), "--out", str(tmp_path / "p")])
     assert stop.value.code == 2 and "names a source twice" in capsys.readouterr().err
 
@@ -223,7 +223,7 @@ def test_cli_search_runs_end_to_end_on_a_local_model_and_text(tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("".join(chr(32 + (7 * i) % 90) for i in range(TARGET + 50)))
     out = tmp_path / "searched"
-    assert cli.main(["search", "--model", str(folder), "--dataset", str(text), "--length", str(TARGET),
+    assert cli.main(["search", "--model", str(folder), "--dataset", str(text), "--target-length", str(TARGET),
                      "--max-steps", "1", "--no-progress", "--no-final-check", "--out", str(out)]) == 0
     printed = re.search(r"saved as rope_type '(\w+)'", capsys.readouterr().out)
     config = json.loads((out / "config.json").read_text())

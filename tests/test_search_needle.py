@@ -91,7 +91,7 @@ def test_cli_objective_reaches_the_log(tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text(char_tokenizer().decode(text_doc(320).tolist()))
     out = tmp_path / "searched"
-    assert cli.main(["search", "--model", str(folder), "--dataset", str(text), "--length", "256",
+    assert cli.main(["search", "--model", str(folder), "--dataset", str(text), "--target-length", "256",
                      "--max-steps", "1", "--no-progress", "--no-final-check", "--objective", "needle",
                      "--out", str(out)]) == 0
     rows = [json.loads(line) for line in open(out / "search_log.jsonl")]
@@ -99,7 +99,7 @@ def test_cli_objective_reaches_the_log(tmp_path, capsys):
     assert "answer-token loss" in capsys.readouterr().out
     # the same folder with the other objective is another search: refused, not mixed
     with pytest.raises(SystemExit) as stop:
-        cli.main(["search", "--model", str(folder), "--dataset", str(text), "--length", "256",
+        cli.main(["search", "--model", str(folder), "--dataset", str(text), "--target-length", "256",
                   "--max-steps", "1", "--no-progress", "--no-final-check", "--out", str(out)])
     assert stop.value.code != 0 and "is the log of another search" in capsys.readouterr().err
 
@@ -114,5 +114,5 @@ def test_cli_objective_checked_before_the_model_loads(argv, message, tmp_path, c
     monkeypatch.setattr(search_cmd, "load_model_from", lambda args: pytest.fail("the model was loaded"))
     monkeypatch.setattr(search_cmd, "load_tokenizer_from", lambda args: char_tokenizer())
     with pytest.raises(SystemExit) as stop:
-        cli.main(["search", "--dataset", str(text), "--length", "1024", *argv, "--out", str(tmp_path / "o")])
+        cli.main(["search", "--dataset", str(text), "--target-length", "1024", *argv, "--out", str(tmp_path / "o")])
     assert stop.value.code == 2 and message in capsys.readouterr().err

@@ -41,6 +41,6 @@ def test_numpy_integers_are_seeds():
     assert RetrievalGrid(["yarn"], [64], seed=np.int32(4), trials=2).trial_seeds() == [4, 5]
 
 
-@pytest.mark.parametrize("command", [["passkey"], ["retrieval"], ["search", "--length", "64", "--out", "x"]])
+@pytest.mark.parametrize("command", [["passkey"], ["retrieval"], ["search", "--target-length", "64", "--out", "x"]])
 def test_every_command_reads_seed_the_same_way(command, capsys):
     cli_refused([*command, "--seed", "-3"], capsys, f"--seed {SAYS} -3")
