@@ -73,9 +73,11 @@ def refuse_renamed(fn: str | None, kwargs, renamed: dict[str, str]) -> None:
     grid's knobs, a recipe's `model.knobs`), refused with a ValueError in the knobs' words."""
     for old, new in renamed.items():
         if old in kwargs:
-            if fn is None:
+            if fn is None:   # (a number read from the command line is a float: 4096, not 4096.0)
+                value = kwargs[old]
+                shown = int(value) if isinstance(value, float) and value.is_integer() else value
                 raise ValueError(f"there is no knob {old}: it is called {new} here; give "
-                                 f"{new}={kwargs[old]!r}.")
+                                 f"{new}={shown!r}.")
             raise TypeError(f"{fn}() has no keyword {old}=: it is called {new}= here; pass "
                             f"{new}={kwargs[old]!r}.")
 
