@@ -112,12 +112,19 @@ SAYS = f"it is called {NEW}= here; pass {NEW}=4096."
 @pytest.mark.parametrize("door,call", [
     ("RopeExtensionConfig", lambda: RopeExtensionConfig("yarn", 2.0, **{OLD: 4096})),
     ("RopeExtensionConfig.from_dict", lambda: RopeExtensionConfig.from_dict({"method": "yarn", OLD: 4096})),
+    ("AttentionExtensionConfig", lambda: AttentionExtensionConfig("rerope", **{OLD: 4096})),
     ("patch", lambda: hf_posext.patch(tiny_model(), "yarn", 2.0, **{OLD: 4096})),
     ("patch", lambda: hf_posext.patch(tiny_model(), "llama3", 2.0, **{OLD: 4096}, **LLAMA3)),
     ("patch", lambda: hf_posext.patch(tiny_model(), "rerope", 2.0, **{OLD: 4096})),
 ])
 def test_the_old_name_of_the_trained_length_is_refused_by_the_api_naming_the_new_one(door, call):
     assert _message(call) == f"{door}() has no keyword {OLD}=: {SAYS}"
+
+
+def test_the_old_name_of_the_target_length_is_refused_by_the_attention_config():
+    assert _message(lambda: AttentionExtensionConfig("rerope", TRAINED, max_position_embeddings=4096)) == \
+        "AttentionExtensionConfig() has no keyword max_position_embeddings=: it is called " \
+        "target_length= here; pass target_length=4096."
 
 
 def test_from_pretrained_refuses_the_old_names_before_any_weight_loads(tmp_path):

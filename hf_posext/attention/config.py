@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..rope.knobs import TARGET_LENGTH, TRAINED_LENGTH, collect, knob_fields
+from ..rope.knobs import RENAMED, TARGET_LENGTH, TRAINED_LENGTH, collect, knob_fields
 from .units import ATTENTION_METHODS, LOGN_SCALING, UNITS
 
 # The methods, their knobs (each a spec with its default, check, help and "auto" fit), own
@@ -30,7 +30,7 @@ ALL_KNOBS: tuple[str, ...] = (*ATTENTION_KNOBS, LOGN_SCALING.name)
 KNOB_HELP: dict[str, str] = {k.name: k.help for k in (*ATTENTION_KNOBS.values(), LOGN_SCALING)}
 
 
-@knob_fields(ATTENTION_KNOBS.values(), before=("logn", "target_length"))
+@knob_fields(ATTENTION_KNOBS.values(), before=("logn", "target_length"), renamed=RENAMED)
 class AttentionExtensionConfig:
     """An attention-level method and its knobs (None = the authors' default for L).
 

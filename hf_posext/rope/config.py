@@ -71,7 +71,9 @@ def check_target(factor: float, trained: int) -> None:
                          f"factor (<= {min(MAX_FACTOR, MAX_TARGET_LENGTH // trained):,}).")
 
 
-@knob_fields(ROPE_KNOBS.values())
+# transformers' name for L is refused as a keyword naming ours (a rope config has no target length:
+# `factor` gives it)
+@knob_fields(ROPE_KNOBS.values(), renamed=RENAMED_TRAINED)
 class RopeExtensionConfig:
     """A context-extension method and its parameters. Immutable, so it can never hold a value
     that skipped validation: derive a changed copy with `dataclasses.replace(cfg, factor=8.0)`,
@@ -101,12 +103,6 @@ class RopeExtensionConfig:
                      trained_length: int | None = None, **knobs: Any) -> None: ...
 
         def __getattr__(self, name: str) -> Any: ...
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "RopeExtensionConfig":
-        # transformers' names for the lengths are not ours: refused before the dataclass's
-        # __init__ would call them unexpected (one name per input, issue #36)
-        refuse_renamed(cls.__name__, kwargs, RENAMED_TRAINED)
-        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the only writes happen here, after each check

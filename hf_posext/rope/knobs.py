@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
-from ..errors import plain_number
+from ..errors import plain_number, refuse_renamed
 
 # The longest target s·L any method is planned for (int32 positions; no model has a longer
 # cache) and the largest scale (beyond it L·s overflows or rounds to an absurd length: 1e308
@@ -185,9 +185,12 @@ def collect(groups: Iterable[Iterable[Knob]], owner: str) -> dict[str, Knob]:
 T = TypeVar("T")
 
 
-def knob_fields(knobs: Iterable[Knob], before: tuple[str, ...] = ()) -> Callable[[type[T]], type[T]]:
+def knob_fields(knobs: Iterable[Knob], before: tuple[str, ...] = (),
+                renamed: dict[str, str] | None = None) -> Callable[[type[T]], type[T]]:
     """Class decorator: a frozen dataclass with one field per knob (default None = the method's
-    default), inserted before the class's own fields named in `before` (the others come first)."""
+    default), inserted before the class's own fields named in `before` (the others come first).
+    A keyword of `renamed` (transformers' name -> the field's) is refused naming the field, before
+    the dataclass's __init__ would call it unexpected (`errors.refuse_renamed`)."""
     def wrap(cls: type[T]) -> type[T]:
         own = dict(cls.__dict__.get("__annotations__", {}))
         head = {k: v for k, v in own.items() if k not in before}
@@ -196,5 +199,10 @@ def knob_fields(knobs: Iterable[Knob], before: tuple[str, ...] = ()) -> Callable
         cls.__annotations__ = {**head, **extra, **tail}
         for name in extra:
             setattr(cls, name, None)
+        if renamed:
+            def __new__(kind, *args: Any, **kwargs: Any):
+                refuse_renamed(kind.__name__, kwargs, renamed)
+                return object.__new__(kind)
+            cls.__new__ = __new__  # type: ignore[method-assign,assignment]
         return dataclasses.dataclass(frozen=True)(cls)  # type: ignore[return-value]
     return wrap
