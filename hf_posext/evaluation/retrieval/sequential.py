@@ -104,15 +104,80 @@ def clopper_pearson(k: int, n: int, tail: float) -> tuple[float, float]:
     return low, high
 
 
+def _pmf(n: int, p: float) -> list[float]:
+    """P(X = i), i = 0..n, X ~ Binomial(n, p)."""
+    if p <= 0.0 or p >= 1.0:
+        return [float(i == (0 if p <= 0.0 else n)) for i in range(n + 1)]
+    return [math.exp(_log_pmf(i, n, p)) for i in range(n + 1)]
+
+
+def tail_values(n: int, point: float, upper: bool) -> list[float]:
+    """The one-sided p-values of k = 0..n against `point`: P(X >= k) (upper) or P(X <= k)."""
+    pmf = _pmf(n, point)
+    acc, out = 0.0, []
+    for q in (reversed(pmf) if upper else pmf):
+        acc += q
+        out.append(min(acc, 1.0))
+    return out[::-1] if upper else out
+
+
+def crossing(sizes: Sequence[int], rejects: Sequence[Sequence[bool]],
+             increments: Sequence[Sequence[float]]) -> float:
+    """Exact P(the walk S_j = X_1 + ... + X_j is in rejects[j] at some look j), the X_j independent
+    with the pmfs `increments` (S_j in 0..sizes[j]): the mass that has not crossed, carried look to
+    look by convolution (Jennison & Turnbull 2000, section 19.2's recursion)."""
+    alive, crossed = [1.0], 0.0
+    for n, reject, inc in zip(sizes, rejects, increments):
+        nxt = [0.0] * (n + 1)
+        for i, a in enumerate(alive):
+            if a:
+                for d, q in enumerate(inc):
+                    nxt[i + d] += a * q
+        crossed += sum(x for x, r in zip(nxt, reject) if r)
+        alive = [0.0 if r else x for x, r in zip(nxt, reject)]
+    return crossed
+
+
+@functools.lru_cache(maxsize=1024)
+def exact_tail(point: float, sizes: tuple[int, ...], alpha: float, upper: bool) -> float:
+    """The largest level c with P_point(some look's one-sided p-value at `point` <= c) <= alpha,
+    exact over the looks at `sizes` trials (all at rate `point`); c lies strictly between two
+    attainable p-values, so `< c` and `<= c` reject alike, and c >= alpha / J (Bonferroni's)."""
+    looks = len(sizes)
+    if not 0.0 < point < 1.0:   # no accuracy lies beyond such a point: any level is sound
+        return alpha / looks
+    values = [tail_values(n, point, upper) for n in sizes]
+    increments = [_pmf(n - m, point) for n, m in zip(sizes, (0, *sizes[:-1]))]
+    grid = sorted({v for vs in values for v in vs})
+
+    def err(c: float) -> float:
+        return crossing(sizes, [[v <= c for v in vs] for vs in values], increments)
+
+    lo, hi = -1, len(grid) - 1    # err(grid[hi]) = 1 (k = 0 or n has p-value 1); err(below all) = 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if err(grid[mid]) <= alpha else (lo, mid)
+    floor = grid[lo] if lo >= 0 else 0.0
+    c = math.sqrt(floor * grid[hi]) if floor > 0 else grid[hi] / 2
+    # any level at most the calibrated one is sound, and so is alpha / J (the union bound)
+    return min(max(c, alpha / looks), 0.4999)
+
+
+BOUNDARIES = ("exact", "bonferroni")
+BOUNDARY_TEXT = {"exact": "levels computed exactly for the looks", "bonferroni": "alpha / J a look"}
+
+
 @dataclass(frozen=True)
 class SequentialRule:
     """Looks of `block` trials at each depth, up to `max_trials` per depth cell; a decision is
-    wrong with probability at most 1 - `confidence`, over all looks together (the docstring above)."""
+    wrong with probability at most 1 - `confidence`, over all looks together (the docstring above).
+    `boundary`: "exact" (the levels computed for the looks, the default) or "bonferroni" (alpha/J)."""
 
     block: int = DEFAULT_BLOCK
     max_trials: int = 20
     confidence: float = DEFAULT_CONFIDENCE
     indifference: float = 0.0
+    boundary: str = "exact"
 
     def __post_init__(self) -> None:
         for name in ("block", "max_trials"):
@@ -127,6 +192,8 @@ class SequentialRule:
         if isinstance(self.indifference, bool) or not 0.0 <= self.indifference < 0.5:
             raise ValueError(f"indifference must be in [0, 0.5), e.g. 0.05 (accuracies within it of the "
                              f"bar may be called either way); got {self.indifference!r}.")
+        if self.boundary not in BOUNDARIES:
+            raise ValueError(f"boundary must be one of {', '.join(BOUNDARIES)}; got {self.boundary!r}.")
 
     @property
     def looks(self) -> int:
@@ -140,14 +207,33 @@ class SequentialRule:
         start = (look - 1) * self.block
         return list(range(seed + start, seed + min(start + self.block, self.max_trials)))
 
-    def interval(self, k: int, n: int) -> tuple[float, float]:
-        """The look's bounds: Clopper–Pearson with (1 - confidence) / J in each tail."""
-        return clopper_pearson(k, n, (1.0 - self.confidence) / self.looks)
+    def sizes(self, depths: int) -> tuple[int, ...]:
+        """The trials of a question of `depths` depths after each look."""
+        return tuple(depths * min(j * self.block, self.max_trials) for j in range(1, self.looks + 1))
 
-    def decide(self, k: int, n: int, bar: float | None) -> tuple[str, float, float]:
-        """(decision, low, high) of k successes in n trials against the bar (None: no bar, as
-        when the reference is at most the margin: `undecided`)."""
-        low, high = self.interval(k, n)
+    def tails(self, bar: float | None, depths: int | None) -> tuple[float, float]:
+        """(tail of the lower bound, tail of the upper bound): alpha / J each (bonferroni), or the
+        exact levels at bar - delta (a wrong `above`) and bar + delta (a wrong `below`)."""
+        alpha = 1.0 - self.confidence
+        if self.boundary == "bonferroni" or bar is None:
+            return alpha / self.looks, alpha / self.looks
+        if depths is None:
+            raise ValueError("the exact boundary needs the question's number of depths (decide(..., depths=))")
+        sizes, d = self.sizes(depths), self.indifference
+        return (exact_tail(round(bar - d, 12), sizes, alpha, True),
+                exact_tail(round(bar + d, 12), sizes, alpha, False))
+
+    def interval(self, k: int, n: int, bar: float | None = None, depths: int | None = None) -> tuple[float, float]:
+        """The look's bounds: Clopper–Pearson with the rule's tails (`tails`)."""
+        t_low, t_high = self.tails(bar, depths)
+        return clopper_pearson(k, n, t_low)[0], clopper_pearson(k, n, t_high)[1]
+
+    def decide(self, k: int, n: int, bar: float | None, depths: int | None = None) -> tuple[str, float, float]:
+        """(decision, low, high) of k successes in n trials, over `depths` depths, against the bar
+        (None: no bar, as when the reference is at most the margin: `undecided`)."""
+        if bar is not None and self.boundary == "exact" and depths is not None and n not in self.sizes(depths):
+            raise ValueError(f"{n} trials over {depths} depths is not a look of this rule ({self.sizes(depths)})")
+        low, high = self.interval(k, n, bar, depths)
         if bar is None:
             return UNDECIDED, low, high
         surely_below, surely_above = high < bar + self.indifference, low >= bar - self.indifference
@@ -200,7 +286,7 @@ def simulate(p_depths: Sequence[float], bar: float, rule: SequentialRule, runs: 
             m = len(rule.look_seeds(0, look))
             k += sum(rng.random() < p for p in p_depths for _ in range(m))
             n += m * len(p_depths)
-            decision = rule.decide(k, n, bar)[0]
+            decision = rule.decide(k, n, bar, len(p_depths))[0]
             if decision != UNDECIDED:
                 break
         counts[decision] += 1
