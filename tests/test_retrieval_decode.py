@@ -29,6 +29,7 @@ def test_cached_trial_equals_full_recompute(method):
     with fixed_rope_scale(model, cell.hold_length):
         with continuation_attention(model):
             cache = prefill(model, cell.prefix)
+            held = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
             runs = [generate_trial(model, tok, cell.prompt(i), cell.max_new_tokens[i], cache, scores=True)
                     for i in range(2)]
         for i, (cached, cached_logits) in enumerate(runs):
@@ -37,6 +38,8 @@ def test_cached_trial_equals_full_recompute(method):
             for a, b in zip(cached_logits, full_logits):
                 torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
         assert cache.get_seq_length() == len(cell.prefix)   # the shared cache was not consumed
+        for layer, (k, v) in zip(cache.layers, held):        # nor written into by a trial's fork
+            assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
 
 
 def test_cell_answers_with_and_without_prefix_reuse_agree():

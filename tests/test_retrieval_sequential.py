@@ -94,21 +94,22 @@ def test_exact_levels_are_the_largest_the_looks_allow():
     import itertools
     from scipy.stats import binom
     rule = SequentialRule(block=2, max_trials=6, confidence=0.9)          # looks at 2, 4, 6 trials
+    def pval(k, n, bar, upper):
+        return binom.sf(k - 1, n, bar) if upper else binom.cdf(k, n, bar)
+
+    def err(c, bar, upper):
+        out = 0.0
+        for bits in itertools.product((0, 1), repeat=6):
+            if any(pval(sum(bits[:n]), n, bar, upper) <= c for n in (2, 4, 6)):
+                out += bar ** sum(bits) * (1 - bar) ** (6 - sum(bits))
+        return out
+
     for bar in (0.5, 0.3, 0.8):
         t_low, t_high = rule.tails(bar, 1)
         for tail, upper in ((t_low, True), (t_high, False)):
-            def pval(k, n):
-                return binom.sf(k - 1, n, bar) if upper else binom.cdf(k, n, bar)
-
-            def err(c):
-                out = 0.0
-                for bits in itertools.product((0, 1), repeat=6):
-                    if any(pval(sum(bits[:n]), n) <= c for n in (2, 4, 6)):
-                        out += bar ** sum(bits) * (1 - bar) ** (6 - sum(bits))
-                return out
-            attainable = sorted({pval(k, n) for n in (2, 4, 6) for k in range(n + 1)})
+            attainable = sorted({pval(k, n, bar, upper) for n in (2, 4, 6) for k in range(n + 1)})
             above = min(v for v in attainable if v > tail)
-            assert 0.1 / 3 <= tail and err(tail) <= 0.1 < err(above), (bar, upper, tail, above)
+            assert 0.1 / 3 <= tail and err(tail, bar, upper) <= 0.1 < err(above, bar, upper), (bar, upper, tail)
 
 
 @pytest.mark.parametrize("p_depths, bar", [((0.0, 1.0), 0.5), ((0.2, 0.8), 0.5), ((0.5, 0.5), 0.5),
