@@ -7,38 +7,60 @@ already shows; here a cell runs in *looks*, one block of `block` trials at each 
 at most J = ceil(max_trials / block) looks, and stops at the first look whose interval lies
 wholly on one side of the bar.
 
-The rule (repeated confidence bounds with a Bonferroni split of the error over the looks;
-Jennison & Turnbull, "Group Sequential Methods with Applications to Clinical Trials", 2000,
-ch. 9, repeated confidence intervals; the split is the simplest alpha-spending function, Lan &
-DeMets 1983, Biometrika 70:659, spending alpha/J at each look):
+The rule (repeated confidence bounds at levels that hold over all the looks; Jennison &
+Turnbull, "Group Sequential Methods with Applications to Clinical Trials", 2000, ch. 9,
+repeated confidence intervals, and ch. 12 / 19.2 for exact discrete boundaries):
 
 - After look j, with k successes in n trials, the bounds are Clopper–Pearson's (Clopper &
-  Pearson 1934, Biometrika 26:404) with alpha/J in each tail (alpha = 1 - confidence): low is
-  the p with P(X >= k | n, p) = alpha/J, high the p with P(X <= k | n, p) = alpha/J,
+  Pearson 1934, Biometrika 26:404) with tail t_low (lower bound) and t_high (upper bound):
+  low is the p with P(X >= k | n, p) = t_low, high the p with P(X <= k | n, p) = t_high,
   X ~ Binomial(n, p); low = 0 at k = 0, high = 1 at k = n.
 - Decision: `below` when high < b, `above` when low >= b, else `undecided` (the next look; at
   J looks the cell stays undecided and the table falls back on its point estimate, flagged).
+  Equivalently `above` when the look's one-sided p-value at b, P_b(X >= k), is <= t_low, and
+  `below` when P_b(X <= k) < t_high: a decision is a test at b, the bound only its report.
+- The levels (`boundary`): "bonferroni" spends alpha/J at every look (alpha = 1 - confidence;
+  the simplest alpha-spending function, Lan & DeMets 1983, Biometrika 70:659). "exact" (the
+  default) takes, for each side, the largest constant level c whose *exact* probability that
+  some look's p-value at b is <= c is at most alpha (`exact_tail`): the looks are nested (each
+  adds a block to the same trials), so the union bound is loose, and the walk S_1 <= S_2 <= ...
+  under X ~ Binomial at b is computed by dynamic programming over its counts (`crossing`),
+  look by look (a Pocock-type constant nominal level, Pocock 1977, Biometrika 64:191, made exact
+  for the discrete walk). c depends on b, the block, max_trials and the number of depths (the
+  looks' sizes n_j = depths · min(j · block, max_trials)), so it is computed per question
+  (cached). It is never below alpha/J (the union bound is feasible), and any c at most the
+  calibrated one is sound.
 - With an indifference zone of half-width delta (`--indifference`; Wald's SPRT and Bechhofer's
   ranking procedures state their error this way: Wald 1947, "Sequential Analysis", ch. 3;
   Bechhofer 1954, Ann. Math. Statist. 25:16): `above` when low >= b - delta, `below` when
   high < b + delta (both: the interval lies inside the zone, and the call is the point
-  estimate's, either being within tolerance). The guarantee moves to the accuracies at least
-  delta from the bar: a wrong `below` at p >= b + delta needs high < b + delta <= p, a wrong
-  `above` at p < b - delta needs low >= b - delta > p, each a bound missing p, so the argument
-  below holds unchanged; within the zone either call is accepted. delta = 0 is the rule above.
-- Why a decision is wrong with probability at most alpha, for every p, bar and stopping: when
-  p >= b a wrong `below` needs high < b <= p at some look, i.e. the upper bound missing p; each
-  look's upper bound misses with probability <= alpha/J at its fixed n (Clopper–Pearson is exact:
-  conservative at every p), so by the union bound some look's does with probability <= alpha;
-  when p < b, a wrong `above` needs a lower bound above p, likewise <= alpha. Stopping only
-  chooses which look is read, so the bound holds whatever the stopping rule. (A fixed-n bound
-  read after every block has no such guarantee: at J looks its error grows towards J times the
-  nominal one; REFERENCE §11, and the test that shows it.)
-- Depths pooled: a look runs the same number of trials at every depth, so n trials pool
-  independent Bernoulli(p_d) trials whose mean is the depth-pooled p. Hoeffding (1956, Ann.
-  Math. Statist. 27:713, Theorem 4) bounds such a sum's tails by the Binomial(n, p) tails
-  beyond one trial from the mean, so the exact binomial bounds stay valid (conservative) for
-  the pooled rate; tests/test_retrieval_sequential.py checks this by simulation too.
+  estimate's, either being within tolerance); the exact levels are calibrated at b - delta
+  (t_low) and b + delta (t_high). The guarantee moves to the accuracies at least delta from the
+  bar: a wrong `below` at p >= b + delta needs high < b + delta <= p, a wrong `above` at
+  p < b - delta needs low >= b - delta > p; within the zone either call is accepted. delta = 0
+  is the rule above.
+- Why a decision is wrong with probability at most alpha, for every p, bar and stopping, when
+  the trials are independent with one rate p (PROVED): a wrong `above` (p < b - delta) needs
+  some look's upper-tail test at b - delta to reject; "some look rejects" is an increasing event
+  in the trials' outcomes, so its probability grows with p (couple the trials by uniforms) and
+  is at most its value at p = b - delta, which is <= alpha by the union bound (bonferroni: each
+  look's Clopper–Pearson test is exact, conservative) or by the exact computation (exact). A
+  wrong `below` likewise, the lower-tail event falling with p. The other side's boundary only
+  stops some walks earlier, so ignoring it over-counts (non-binding boundaries). (A fixed-n
+  bound read after every block has no such guarantee: at J looks its error grows towards J
+  times the nominal one; REFERENCE §11, and the test that shows it.)
+- Depths pooled: a look runs the same number of trials at every depth, so the pooled count is
+  a sum of independent Bernoulli(p_d) whose mean rate is the depth-pooled p. Raising any p_d
+  only makes the increasing event likelier, so each side's worst case has the depths' mean ON
+  the bar (PROVED). For one look, Hoeffding (1956, Ann. Math. Statist. 27:713, Theorem 4) bounds
+  such a sum's tails by the Binomial ones beyond one trial from the mean (PROVED, single look:
+  bonferroni's argument, look by look, holds with it). For the exact levels over several looks,
+  that the equal-depth walk is the worst mix is NOT proved here: it is CHECKED, by exact
+  enumeration of every outcome on small designs with depths at 0 and 1 and in between
+  (tests/test_retrieval_sequential.py) and by the exact crossing probability with the pooled
+  looks' Poisson-binomial increments over 200+ mixes at the 2x grid's two designs
+  (benchmarks/retrieval_sequential.py, *Depths that differ*: the equal-depth walk was the worst
+  of every mix tried, a mix's smaller variance making both crossings rarer).
 - The bar is taken as measured: the reference cells (the unpatched model within L) run first,
   to `max_trials`, from trials independent of the cell's, and the decision is about p against
   that bar (as the fixed design compares its point estimate with it); the bar's own sampling
