@@ -170,7 +170,7 @@ def _mix_pmf(m: int, p_depths: tuple[float, ...]) -> list[float]:
     return out
 
 
-def depth_mixes(rule: SequentialRule, runs_seed: int = 0) -> list[str]:
+def depth_mixes(rule: SequentialRule, mixes_each: int = 200, runs_seed: int = 0) -> list[str]:
     """The exact chance of each wrong crossing when the depths differ, mean on the bar (the worst
     case of each side: `above` only gets likelier as any depth's accuracy rises), computed by
     `sequential.crossing` with the pooled look's Poisson-binomial increments, against the same
@@ -181,7 +181,7 @@ def depth_mixes(rule: SequentialRule, runs_seed: int = 0) -> list[str]:
              "|---|---|---|---|---|---|"]
     for depths, bar in ((5, 0.30), (2, 0.90)):
         mixes = {tuple([bar] * depths)}
-        for _ in range(200):   # random mixes on the slice mean = bar, extremes (0 and 1) included
+        for _ in range(mixes_each):   # random mixes on the slice mean = bar, extremes (0 and 1) included
             w = [rng.random() ** 3 for _ in range(depths)]
             x = [min(1.0, bar * depths * v / sum(w)) for v in w]
             short = bar * depths - sum(x)
@@ -330,6 +330,7 @@ def main(argv=None) -> int:
                    help="the levels of the looks: computed exactly (default) or alpha / J each")
     p.add_argument("--margin", type=float, default=0.10, help="the effective length's margin (default 0.10)")
     p.add_argument("--runs", type=int, default=4000, help="simulated cells per accuracy (default 4000)")
+    p.add_argument("--mixes", type=int, default=200, help="random depth mixes per design checked exactly (default 200)")
     p.add_argument("--out", type=Path, default=OUT, help=f"the report (default {OUT.relative_to(ROOT)})")
     args = p.parse_args(argv)
     try:
@@ -386,7 +387,7 @@ def main(argv=None) -> int:
         f"extremes such as 1, 0.5, 0, 0, 0), at the grid's two designs, against alpha = {1 - rule.confidence:.2g}. "
         "A check at these mixes, not a proof for all of them.",
         "",
-        *depth_mixes(rule),
+        *depth_mixes(rule, args.mixes),
         "",
         "## The rule at known accuracies (simulated)",
         "",

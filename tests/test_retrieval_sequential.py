@@ -49,7 +49,7 @@ CASES = [([0.35] * 5, 0.30), ([0.25] * 5, 0.30), ([0.95, 0.95], 0.90), ([0.85, 0
          ([0.6], 0.5), ([0.4], 0.5), ([1.0, 0.5, 0.0, 0.0, 0.25], 0.30), ([1.0, 0.5, 0.0, 0.0, 0.25], 0.40)]
 
 
-@pytest.mark.parametrize("boundary", ["exact", "bonferroni"])
+@pytest.mark.parametrize("boundary", ["exact", pytest.param("bonferroni", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("p_depths, bar", CASES)
 def test_wrong_decisions_stay_below_the_stated_rate(p_depths, bar, boundary):
     rule, runs = SequentialRule(block=4, max_trials=20, confidence=0.90, boundary=boundary), 4000
@@ -402,7 +402,7 @@ def test_replay_rescoring_equals_the_committed_counts(tmp_path):
     rows = json.loads(script.GRID.read_text())["rows"]
     per = script.outcomes(rows)                       # raises if a row's outcomes disagree with its count
     assert sum(sum(map(len, q.values())) for q in per.values()) == sum(int(r["trials"]) for r in rows)
-    assert script.main(["--runs", "20", "--out", str(tmp_path / "r.md")]) == 0
+    assert script.main(["--runs", "20", "--mixes", "3", "--out", str(tmp_path / "r.md")]) == 0
     assert "A replay of the committed per-trial outcomes, not a rerun" in (tmp_path / "r.md").read_text()
 
 
