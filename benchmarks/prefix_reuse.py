@@ -17,7 +17,9 @@ ones move less when other work shares the cores). Runs `--reps` rounds of every 
 - trial: the suite's own trial (`decode.generate_trial` under it, one new token: fork +
   generate + the suffix), the figure issue 37 asks to be at most 0.65 of full;
 - trial, answer: the same with `--answer-tokens` new tokens (default 8, single_needle's budget in
-  the committed grid): the suffix plus that many decode steps over the 8k cache;
+  the committed grid): the suffix plus that many decode steps over the 8k cache, each on one
+  thread (`decode.one_thread_steps`); trial, answer (steps on all threads): the same `generate`
+  call without it, as a trial ran before;
 - sharing (with `--share-depths`): the prefixes of those depths prefilled one by one from
   scratch against `decode.SharedPrefix` extending one cache from depth to depth.
 """
@@ -74,6 +76,12 @@ def main() -> None:
             with continuation_attention(model):
                 generate_trial(model, tok, ids[0].tolist(), new, cache)
 
+        def wide_answer():   # generate_trial's call without decode.one_thread_steps
+            x = ids[:, :]
+            with continuation_attention(model):
+                model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.answer_tokens,
+                               do_sample=False, pad_token_id=tok.eos_token_id, **{CACHE_KWARG: fork(cache)})
+
         def new_suffix():
             with continuation_attention(model):
                 suffix()
@@ -82,7 +90,8 @@ def main() -> None:
                  "prefix": lambda: model(ids[:, :cut], use_cache=True, logits_to_keep=1),
                  "fork": lambda: fork(cache), "deep copy (before)": lambda: copy.deepcopy(cache),
                  "suffix (sdpa)": suffix, "suffix": new_suffix,
-                 "trial": trial, "trial, answer": lambda: trial(args.answer_tokens)}
+                 "trial": trial, "trial, answer": lambda: trial(args.answer_tokens),
+                 "trial, answer (steps on all threads)": wide_answer}
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
             for k in ("full", "suffix (sdpa)", "suffix"):
@@ -118,9 +127,11 @@ def main() -> None:
         print(f"| {k} | {w:.2f} | {c:.2f} | {w / fast['full'][0]:.2f} | {c / fast['full'][1]:.2f} |")
     if args.answer_tokens > 1:   # what one greedy step over the whole cache adds
         steps = args.answer_tokens - 1
-        w, c = ((fast["trial, answer"][i] - fast["trial"][i]) / steps for i in (0, 1))
-        print(f"\none decode step ((trial, answer - trial) / {steps}): {w:.3f} s wall, {c:.3f} s CPU, "
-              f"{w / fast['full'][0]:.4f} / {c / fast['full'][1]:.4f} of full")
+        print()
+        for k in ("trial, answer", "trial, answer (steps on all threads)"):
+            w, c = ((fast[k][i] - fast["trial"][i]) / steps for i in (0, 1))
+            print(f"{'' if k == 'trial, answer' else '  '}one decode step (({k} - trial) / {steps}): {w:.3f} s wall, "
+                  f"{c:.3f} s CPU, {w / fast['full'][0]:.4f} / {c / fast['full'][1]:.4f} of full")
     if shared:
         cuts, alone, steps = shared
         print(f"\nprefixes at depths {', '.join(map(str, depths))} ({', '.join(map(str, cuts))} tokens):")

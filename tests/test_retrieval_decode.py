@@ -42,6 +42,20 @@ def test_cached_trial_equals_full_recompute(method):
             assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
 
 
+def test_decode_steps_run_on_one_thread_and_the_threads_come_back():
+    tok, model = char_tokenizer(), tiny_model()
+    seen = []
+    model.register_forward_hook(lambda m, a, k, out: seen.append((k["input_ids"].shape[-1], torch.get_num_threads())),
+                                with_kwargs=True)   # after the forward: the count it ran with
+    torch.set_num_threads(2)              # the one_thread fixture restores its own count after
+    try:
+        generate_trial(model, tok, list(range(5, 40)), 4, None)
+        assert seen[0] == (35, 2) and len(seen) > 1 and set(seen[1:]) == {(1, 1)}   # the prompt, then steps
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+
+
 def test_cell_answers_with_and_without_prefix_reuse_agree():
     tok, model = char_tokenizer(), tiny_model()
     hf_posext.patch(model, "dynamic_ntk", 4.0)

@@ -11,6 +11,12 @@ untouched; any other cache or layer type is deep-copied (a deep copy of a 4k-tok
 Every forward that continues a cache attends by `attention.continuation` (the cached keys
 unmasked, the new ones causal, merged by log-sum-exp), not by SDPA over a materialised mask.
 
+A greedy decode step (one new token) runs on one thread (`one_thread_steps`): its ops are tiny
+and memory-bound, so a second thread gains little, and where the cores are shared (here: a
+fine-tuning run beside the suite) every op waits for a preempted second thread at its barrier:
+at 2,048 tokens a step took 2.3 s on 2 threads against 0.09 s on 1, the matrix products 35x
+slower each (torch.profiler; benchmarks/results/prefix_reuse.md). Prefills keep every thread.
+
 Across the depths of one (task, method, length): a deeper cell's prefix extends a shallower
 one's token for token (prompt.py: the head, then whole haystack blocks, the same blocks at every
 depth), so `SharedPrefix` keeps the last prefix's cache and a deeper cell only prefills the
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from contextlib import contextmanager
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -78,6 +85,27 @@ class SharedPrefix:
         return self.cache
 
 
+@contextmanager
+def one_thread_steps(model):
+    """Within the block, a forward of one new token runs on one thread, any longer one on the
+    threads there were (CPU only); the thread count is restored on exit."""
+    wide = torch.get_num_threads()
+    if wide == 1 or _device(model).type != "cpu":
+        yield
+        return
+
+    def narrow(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        torch.set_num_threads(1 if ids is not None and ids.shape[-1] == 1 else wide)
+
+    handle = model.register_forward_pre_hook(narrow, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+        torch.set_num_threads(wide)
+
+
 def fork(cache):
     """A cache a trial may grow without touching `cache` (module doc): new DynamicLayer objects
     over the same tensors, or a deep copy of any other kind."""
@@ -95,9 +123,10 @@ def generate_trial(model, tokenizer, ids: list[int], max_new_tokens: int, cache=
     step), continuing from `cache` when given (a cache of a prefix of `ids`, left untouched)."""
     x = torch.tensor([ids], device=_device(model))
     extra = {CACHE_KWARG: fork(cache)} if cache is not None else {}
-    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=_pad(tokenizer), return_dict_in_generate=True,
-                         output_logits=scores, **extra)
+    with one_thread_steps(model):
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=_pad(tokenizer), return_dict_in_generate=True,
+                             output_logits=scores, **extra)
     seq = out.sequences if hasattr(out, "sequences") else out   # a generate override may return ids
     new = seq[0, x.shape[1]:].tolist()
     return (new, [l[0] for l in out.logits]) if scores else new
