@@ -260,9 +260,11 @@ def at_committed_rates(rows: list[dict], rule: SequentialRule, margin: float, ru
 
 
 def floor(rows: list[dict], rule: SequentialRule, margin: float) -> tuple[float, float]:
-    """(trials, fixed design's) that ANY rule erring with probability <= alpha at the bar needs
-    at the committed rates, the reference cells in full: a decision at a look of n trials needs
-    that look's own one-sided p-value at the bar <= alpha (the crossing event contains it), so a
+    """(trials, fixed design's) that any rule deciding on a look's count (monotone in it, as both
+    boundaries here) and erring with probability <= alpha at the bar needs at the committed rates,
+    the reference cells in full: a decision at a look of n trials then needs that look's own
+    one-sided p-value at the bar <= alpha (every walk with that count or a more extreme one
+    decides wrongly at the bar), so a
     question whose depths are all at 0 or 1 (its count k = n · mean, no chance in it) cannot stop
     before the first look where that holds, nor, if it never does, before its last; any other
     question is counted at one look (a bound, not a forecast)."""
@@ -301,7 +303,7 @@ def floor(rows: list[dict], rule: SequentialRule, margin: float) -> tuple[float,
 def zones(rows: list[dict], rule: SequentialRule, margin: float, runs: int) -> list[str]:
     """The live-run cost and the calls at several indifference zones (`--indifference`): the
     trials against the fixed design's, and the questions whose call differs from the fixed one."""
-    lines = ["| boundary | indifference | simulated live run: trials (of the fixed design's) | the same, single_needle and niah_single only (issue 37's scope) | floor: what any rule at this confidence needs (`floor`) | questions not surely called as the fixed design (undecided or opposite; simulated, mean per run) | replay: decided / as fixed |",
+    lines = ["| boundary | indifference | simulated live run: trials (of the fixed design's) | the same, single_needle and niah_single only (issue 37's scope) | floor: what any count-based rule at this confidence needs (`floor`) | questions not surely called as the fixed design (undecided or opposite; simulated, mean per run) | replay: decided / as fixed |",
              "|---|---|---|---|---|---|---|"]
     for boundary, delta in ((b, d) for b in ("bonferroni", "exact") for d in (0.0, 0.05, 0.10)):
         zoned = dataclasses.replace(rule, indifference=delta, boundary=boundary)
@@ -371,7 +373,7 @@ def main(argv=None) -> int:
         "called either way (the stated error holds for accuracies at least δ from the bar). *not surely as "
         "the fixed design*: the expected number of questions, per simulated run, left undecided or called "
         "against the committed point estimate (such cells are near the bar, where the fixed design's call is "
-        "itself a coin flip of its trials). *floor*: the trials that ANY rule whose wrong decisions are at most "
+        "itself a coin flip of its trials). *floor*: the trials that any rule deciding on each look's count whose wrong decisions are at most "
         f"{1 - rule.confidence:.2g} at the bar needs at the committed rates with the reference cells in full "
         "(`floor` in this script: a decision at a look needs that look's own p-value at the bar <= alpha; "
         "questions whose depths all read 0 or 1 are held to the first such look, the rest counted at one look).",
