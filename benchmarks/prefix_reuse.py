@@ -8,13 +8,18 @@ On the embedded SmolLM2-135M over Hamlet, in one process (timings are ratios wit
 machines here differ and are sometimes shared; wall and CPU seconds are both printed, the CPU
 ones move less when other work shares the cores). Runs `--reps` rounds of every part and prints each one's fastest:
 - full: one forward of all `--length` tokens (from scratch: SDPA's `is_causal`);
-- prefix: the first `--depth` of them with a cache; copy: a deep copy of that cache;
-- suffix (sdpa): the rest over a copy of the cache by transformers' SDPA (a materialised
+- prefix: the first `--depth` of them with a cache; fork: what a trial copies of that cache
+  (`decode.fork`: new layer objects over the same tensors; a deep copy before);
+- suffix (sdpa): the rest over a fork of the cache by transformers' SDPA (a materialised
   lower-right mask: what a trial ran before attention.continuation);
 - suffix: the same forward under `attention.continuation` (cached keys unmasked + the new ones
   causal, merged by log-sum-exp), what the suite runs;
-- trial: the suite's own trial (`decode.generate_trial` under it, one new token: copy +
+- trial: the suite's own trial (`decode.generate_trial` under it, one new token: fork +
   generate + the suffix), the figure issue 37 asks to be at most 0.65 of full;
+- trial, answer: the same with `--answer-tokens` new tokens (default 8, single_needle's budget in
+  the committed grid): the suffix plus that many decode steps over the 8k cache, each on one
+  thread (`decode.one_thread_steps`); trial, answer (steps on all threads): the same `generate`
+  call without it, as a trial ran before;
 - sharing (with `--share-depths`): the prefixes of those depths prefilled one by one from
   scratch against `decode.SharedPrefix` extending one cache from depth to depth.
 """
@@ -42,16 +47,18 @@ def main() -> None:
     p.add_argument("--depth", type=float, default=0.5, help="share of the prompt cached (the needle's depth)")
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--share-depths", default="", help="comma-separated depths for the sharing figure (empty: skip)")
+    p.add_argument("--answer-tokens", type=int, default=8, help="new tokens of the 'trial, answer' part")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--profile", action="store_true",
                    help="print torch.profiler's ops by self CPU time for full, suffix (sdpa) and suffix, once each")
     args = p.parse_args()
     depths = sorted(float(d) for d in args.share_depths.split(",") if d.strip())
-    if not 0 < args.depth < 1 or args.length < 2 or args.reps < 1 or any(not 0 < d < 1 for d in depths):
-        p.error("--depth and --share-depths must be in (0, 1), --length >= 2, --reps >= 1")
+    if (not 0 < args.depth < 1 or args.length < 2 or args.reps < 1 or args.answer_tokens < 1
+            or any(not 0 < d < 1 for d in depths)):
+        p.error("--depth and --share-depths must be in (0, 1), --length >= 2, --reps >= 1, --answer-tokens >= 1")
     from hf_posext.attention.continuation import continuation_attention
     from hf_posext.data import embedded
-    from hf_posext.evaluation.retrieval.decode import CACHE_KWARG, SharedPrefix, generate_trial, prefill
+    from hf_posext.evaluation.retrieval.decode import CACHE_KWARG, SharedPrefix, fork, generate_trial, prefill
     tok = embedded.load_tokenizer()
     hamlet = next(x for x in embedded.play_paths() if x.stem == "hamlet").read_text()
     ids = torch.tensor([tok(hamlet)["input_ids"][: args.length]])       # [1, T]
@@ -63,11 +70,17 @@ def main() -> None:
         cache = prefill(model, ids[0, :cut].tolist())
 
         def suffix():
-            model(ids[:, cut:], **{CACHE_KWARG: copy.deepcopy(cache)}, use_cache=True, logits_to_keep=1)
+            model(ids[:, cut:], **{CACHE_KWARG: fork(cache)}, use_cache=True, logits_to_keep=1)
 
-        def trial():
+        def trial(new: int = 1):
             with continuation_attention(model):
-                generate_trial(model, tok, ids[0].tolist(), 1, cache)
+                generate_trial(model, tok, ids[0].tolist(), new, cache)
+
+        def wide_answer():   # generate_trial's call without decode.one_thread_steps
+            x = ids[:, :]
+            with continuation_attention(model):
+                model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.answer_tokens,
+                               do_sample=False, pad_token_id=tok.eos_token_id, **{CACHE_KWARG: fork(cache)})
 
         def new_suffix():
             with continuation_attention(model):
@@ -75,8 +88,10 @@ def main() -> None:
 
         parts = {"full": lambda: model(ids, logits_to_keep=1),
                  "prefix": lambda: model(ids[:, :cut], use_cache=True, logits_to_keep=1),
-                 "copy": lambda: copy.deepcopy(cache), "suffix (sdpa)": suffix, "suffix": new_suffix,
-                 "trial": trial}
+                 "fork": lambda: fork(cache), "deep copy (before)": lambda: copy.deepcopy(cache),
+                 "suffix (sdpa)": suffix, "suffix": new_suffix,
+                 "trial": trial, "trial, answer": lambda: trial(args.answer_tokens),
+                 "trial, answer (steps on all threads)": wide_answer}
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
             for k in ("full", "suffix (sdpa)", "suffix"):
@@ -90,8 +105,8 @@ def main() -> None:
                 t.setdefault(k, []).append(timed(fn))
                 print(f"  round {r + 1} {k}: {t[k][-1][0]:.2f} s wall, {t[k][-1][1]:.2f} s CPU", flush=True)
         fast = {k: min(v) for k, v in t.items()}
-        for k in ("suffix (sdpa)", "suffix"):   # the forward alone: its copy taken off
-            fast[k] = (fast[k][0] - fast["copy"][0], fast[k][1] - fast["copy"][1])
+        for k in ("suffix (sdpa)", "suffix"):   # the forward alone: its fork taken off
+            fast[k] = (fast[k][0] - fast["fork"][0], fast[k][1] - fast["fork"][1])
         shared = None
         if depths:
             cuts = [int(d * ids.shape[1]) for d in depths]
@@ -105,11 +120,18 @@ def main() -> None:
                           f"{steps[-1][0]:.2f} s wall, {steps[-1][1]:.2f} s CPU", flush=True)
             shared = (cuts, alone, steps)
     print(f"{ids.shape[1]} tokens, depth {args.depth} ({cut} cached), best of {args.reps}, "
-          f"{torch.get_num_threads()} threads, {args.dtype}, load average {load:.1f} at the start, "
+          f"{torch.get_num_threads()} threads, {args.dtype}, {args.answer_tokens} answer tokens, load average {load:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end")
     print("| part | wall s | CPU s | / full (wall) | / full (CPU) |\n|---|---|---|---|---|")
     for k, (w, c) in fast.items():
         print(f"| {k} | {w:.2f} | {c:.2f} | {w / fast['full'][0]:.2f} | {c / fast['full'][1]:.2f} |")
+    if args.answer_tokens > 1:   # what one greedy step over the whole cache adds
+        steps = args.answer_tokens - 1
+        print()
+        for k in ("trial, answer", "trial, answer (steps on all threads)"):
+            w, c = ((fast[k][i] - fast["trial"][i]) / steps for i in (0, 1))
+            print(f"{'' if k == 'trial, answer' else '  '}one decode step (({k} - trial) / {steps}): {w:.3f} s wall, "
+                  f"{c:.3f} s CPU, {w / fast['full'][0]:.4f} / {c / fast['full'][1]:.4f} of full")
     if shared:
         cuts, alone, steps = shared
         print(f"\nprefixes at depths {', '.join(map(str, depths))} ({', '.join(map(str, cuts))} tokens):")

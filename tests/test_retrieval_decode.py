@@ -29,6 +29,7 @@ def test_cached_trial_equals_full_recompute(method):
     with fixed_rope_scale(model, cell.hold_length):
         with continuation_attention(model):
             cache = prefill(model, cell.prefix)
+            held = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
             runs = [generate_trial(model, tok, cell.prompt(i), cell.max_new_tokens[i], cache, scores=True)
                     for i in range(2)]
         for i, (cached, cached_logits) in enumerate(runs):
@@ -37,6 +38,22 @@ def test_cached_trial_equals_full_recompute(method):
             for a, b in zip(cached_logits, full_logits):
                 torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
         assert cache.get_seq_length() == len(cell.prefix)   # the shared cache was not consumed
+        for layer, (k, v) in zip(cache.layers, held):        # nor written into by a trial's fork
+            assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+
+
+def test_decode_steps_run_on_one_thread_and_the_threads_come_back():
+    tok, model = char_tokenizer(), tiny_model()
+    seen = []
+    model.register_forward_hook(lambda m, a, k, out: seen.append((k["input_ids"].shape[-1], torch.get_num_threads())),
+                                with_kwargs=True)   # after the forward: the count it ran with
+    torch.set_num_threads(2)              # the one_thread fixture restores its own count after
+    try:
+        generate_trial(model, tok, list(range(5, 40)), 4, None)
+        assert seen[0] == (35, 2) and len(seen) > 1 and set(seen[1:]) == {(1, 1)}   # the prompt, then steps
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
 
 
 def test_cell_answers_with_and_without_prefix_reuse_agree():

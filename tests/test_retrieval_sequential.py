@@ -28,8 +28,8 @@ def test_clopper_pearson_is_scipys_exact_interval(k, n):
     assert clopper_pearson(0, 20, 0.025)[1] == pytest.approx(1 - 0.025 ** (1 / 20))   # closed form at k = 0
 
 
-def test_the_rule_splits_the_error_over_its_looks():
-    rule = SequentialRule(block=4, max_trials=20, confidence=0.95)
+def test_the_bonferroni_rule_splits_the_error_over_its_looks():
+    rule = SequentialRule(block=4, max_trials=20, confidence=0.95, boundary="bonferroni")
     assert rule.looks == 5 and rule.look_seeds(0, 2) == [4, 5, 6, 7] and rule.look_seeds(10, 5) == [26, 27, 28, 29]
     assert SequentialRule(block=8, max_trials=20).looks == 3 and SequentialRule(8, 20).look_seeds(0, 3) == [16, 17, 18, 19]
     assert rule.interval(3, 20) == pytest.approx(clopper_pearson(3, 20, 0.05 / 5))
@@ -37,7 +37,8 @@ def test_the_rule_splits_the_error_over_its_looks():
     assert rule.decide(20, 20, 0.79)[0] == ABOVE and rule.decide(20, 20, 0.8)[0] == UNDECIDED   # low 0.01^(1/20) = 0.794
     assert rule.decide(4, 20, 0.3)[0] == UNDECIDED
     assert rule.decide(20, 20, None)[0] == UNDECIDED            # no bar: nothing to decide
-    for bad in (dict(block=0), dict(block=8, max_trials=4), dict(confidence=1.0), dict(max_trials=2.5)):
+    for bad in (dict(block=0), dict(block=8, max_trials=4), dict(confidence=1.0), dict(max_trials=2.5),
+                dict(boundary="pocock")):
         with pytest.raises(ValueError):
             SequentialRule(**bad)
 
@@ -48,9 +49,10 @@ CASES = [([0.35] * 5, 0.30), ([0.25] * 5, 0.30), ([0.95, 0.95], 0.90), ([0.85, 0
          ([0.6], 0.5), ([0.4], 0.5), ([1.0, 0.5, 0.0, 0.0, 0.25], 0.30), ([1.0, 0.5, 0.0, 0.0, 0.25], 0.40)]
 
 
+@pytest.mark.parametrize("boundary", ["exact", pytest.param("bonferroni", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("p_depths, bar", CASES)
-def test_wrong_decisions_stay_below_the_stated_rate(p_depths, bar):
-    rule, runs = SequentialRule(block=4, max_trials=20, confidence=0.90), 4000
+def test_wrong_decisions_stay_below_the_stated_rate(p_depths, bar, boundary):
+    rule, runs = SequentialRule(block=4, max_trials=20, confidence=0.90, boundary=boundary), 4000
     counts, mean_trials = simulate(p_depths, bar, rule, runs, seed=1)
     p = sum(p_depths) / len(p_depths)
     wrong = counts[BELOW] if p >= bar else counts[ABOVE]
@@ -60,6 +62,89 @@ def test_wrong_decisions_stay_below_the_stated_rate(p_depths, bar):
     assert wrong / runs <= alpha + 3 * (alpha / runs) ** 0.5, (counts, mean_trials)
     assert mean_trials <= 20 * len(p_depths)
     print(f"p={p:.3f} bar={bar}: {counts}, {mean_trials:.1f} trials per cell of at most {20 * len(p_depths)}")
+
+
+def _wrong_by_enumeration(rule, p_depths, bar):
+    """P(wrong decision) of the whole rule (stop at the first look that decides), by enumerating
+    every outcome of every trial with its probability: no simulation, no shared code path."""
+    import itertools
+    D, per = len(p_depths), rule.max_trials
+    p = sum(p_depths) / D
+    wrong_call = BELOW if p >= bar else ABOVE
+    total = 0.0
+    for bits in itertools.product((0, 1), repeat=D * per):     # bits[d * per + t]: depth d, trial t
+        prob = 1.0
+        for i, b in enumerate(bits):
+            q = p_depths[i // per]
+            prob *= q if b else 1 - q
+        for look in range(1, rule.looks + 1):
+            m = min(look * rule.block, per)
+            k = sum(bits[d * per + t] for d in range(D) for t in range(m))
+            decision = rule.decide(k, m * D, bar, D)[0]
+            if decision != UNDECIDED:
+                total += prob * (decision == wrong_call)
+                break
+    return total
+
+
+def test_exact_levels_are_the_largest_the_looks_allow():
+    """The exact level against scipy's binomial tails and a full enumeration of the walk: at the
+    bar, the chance that some look's p-value is <= c is at most alpha, and at the next attainable
+    p-value above c it would be more (c is not needlessly small); c >= alpha / J (Bonferroni)."""
+    import itertools
+    from scipy.stats import binom
+    rule = SequentialRule(block=2, max_trials=6, confidence=0.9)          # looks at 2, 4, 6 trials
+    def pval(k, n, bar, upper):
+        return binom.sf(k - 1, n, bar) if upper else binom.cdf(k, n, bar)
+
+    def err(c, bar, upper):
+        out = 0.0
+        for bits in itertools.product((0, 1), repeat=6):
+            if any(pval(sum(bits[:n]), n, bar, upper) <= c for n in (2, 4, 6)):
+                out += bar ** sum(bits) * (1 - bar) ** (6 - sum(bits))
+        return out
+
+    for bar in (0.5, 0.3, 0.8):
+        t_low, t_high = rule.tails(bar, 1)
+        for tail, upper in ((t_low, True), (t_high, False)):
+            attainable = sorted({pval(k, n, bar, upper) for n in (2, 4, 6) for k in range(n + 1)})
+            above = min(v for v in attainable if v > tail)
+            assert 0.1 / 3 <= tail and err(tail, bar, upper) <= 0.1 < err(above, bar, upper), (bar, upper, tail)
+
+
+@pytest.mark.parametrize("p_depths, bar", [((0.0, 1.0), 0.5), ((0.2, 0.8), 0.5), ((0.5, 0.5), 0.5),
+                                           ((0.9, 0.7), 0.8), ((1.0, 0.6), 0.8), ((0.7, 0.7), 0.7),
+                                           ((0.45, 0.15), 0.3), ((1.0, 0.0, 0.5), 0.5)])
+def test_the_exact_rule_on_depths_that_differ_enumerated(p_depths, bar):
+    """Depths pooled with different accuracies whose mean is the bar (the worst case of their
+    mean's side: raising any depth's accuracy only makes `above` likelier) and a shade below it:
+    the exact probability of a wrong decision, by enumeration, within the stated alpha."""
+    rule = SequentialRule(block=1, max_trials=6 if len(p_depths) == 2 else 4, confidence=0.8)
+    assert _wrong_by_enumeration(rule, p_depths, bar) <= 0.2 + 1e-12
+    lower = [max(0.0, q - 0.01) for q in p_depths]                          # mean below: `above` is wrong
+    assert _wrong_by_enumeration(rule, lower, bar) <= 0.2 + 1e-12
+
+
+def test_the_enumeration_catches_a_rule_without_the_correction():
+    class Naive(SequentialRule):   # alpha at every look, as a fixed-n interval read after each
+        def interval(self, k, n, bar=None, depths=None):
+            return clopper_pearson(k, n, 1 - self.confidence)
+
+    rule = Naive(block=1, max_trials=6, confidence=0.8)
+    assert _wrong_by_enumeration(rule, (0.5, 0.5), 0.5) > 0.26 and _wrong_by_enumeration(rule, (0.7, 0.7), 0.7) > 0.27
+
+
+def test_the_exact_rule_needs_fewer_trials_than_bonferroni():
+    exact, bonf = SequentialRule(), SequentialRule(boundary="bonferroni")
+    # 2 depths, all right, bar 0.9: P(32/32) = 0.9^32 = 0.034 <= 0.05 and P(24/24) = 0.08 > 0.05, so
+    # the exact levels pass it at 32 trials; alpha / 5 = 0.01 would need 0.9^n <= 0.01, n >= 44 > 40
+    assert simulate([1.0, 1.0], 0.9, exact, 50) == ({ABOVE: 50, BELOW: 0, UNDECIDED: 0}, 32.0)
+    assert simulate([1.0, 1.0], 0.9, bonf, 50) == ({ABOVE: 0, BELOW: 0, UNDECIDED: 50}, 40.0)
+    assert exact.tails(0.3, 5)[0] > bonf.tails(0.3, 5)[0] and exact.tails(0.3, 5)[1] > 0.01
+    with pytest.raises(ValueError, match="needs the question's number of depths"):
+        exact.decide(3, 20, 0.3)
+    with pytest.raises(ValueError, match="is not a look of this rule"):
+        exact.decide(3, 21, 0.3, 5)
 
 
 # the zone's edges and beyond: p >= bar + delta must not be called below, p < bar - delta not above
@@ -83,13 +168,13 @@ def test_an_indifference_zone_keeps_the_rate_outside_it_and_stops_sooner(p_depth
 
 
 def test_inside_the_zone_the_point_estimate_calls_it():
-    rule = SequentialRule(block=400, max_trials=400, confidence=0.95, indifference=0.1)
+    rule = SequentialRule(block=400, max_trials=400, confidence=0.95, indifference=0.1, boundary="bonferroni")
     # one look, 300/400 = 0.75, bar 0.78: the interval (about [0.71, 0.79]) lies in [0.68, 0.88)
     decision, low, high = rule.decide(300, 400, 0.78)
     assert 0.68 <= low and high < 0.88 and decision == BELOW
     assert rule.decide(300, 400, 0.74)[0] == ABOVE
     # without the zone the same counts stay open against 0.78
-    assert SequentialRule(block=400, max_trials=400, confidence=0.95).decide(300, 400, 0.78)[0] == UNDECIDED
+    assert SequentialRule(400, 400, 0.95, boundary="bonferroni").decide(300, 400, 0.78)[0] == UNDECIDED
     for bad in (-0.1, 0.5, True):
         with pytest.raises(ValueError, match="indifference must be in"):
             SequentialRule(indifference=bad)
@@ -107,7 +192,7 @@ def test_a_fixed_interval_read_at_every_look_breaks_the_rate():
     """The check above can fail: a 0.90 bound without the split, read after every look, decides
     wrongly more often than 10 % at p on the bar (REFERENCE §11)."""
     class Naive(SequentialRule):
-        def interval(self, k, n):
+        def interval(self, k, n, bar=None, depths=None):
             return clopper_pearson(k, n, 1 - self.confidence)
 
     runs = 4000
@@ -187,7 +272,8 @@ def test_sequential_grid_stops_each_cell_when_decided(model, tmp_path):
     rows = json.loads((tmp_path / "retrieval.json").read_text())["rows"]
     assert len(rows) == 2 * (2 + 5)                                  # a row per depth and look
     first = [r for r in rows if r["method"] == "none" and r["length"] == 700 and r["look"] == 1]
-    assert {(r["decision"], r["bar"], r["confidence"], r["max_trials"]) for r in first} == {(ABOVE, 0.6, 0.9, 8)}
+    assert {(r["decision"], r["bar"], r["confidence"], r["max_trials"], r["rule"]) for r in first} == {
+        (ABOVE, 0.6, 0.9, 8, "exact")}
     assert {r["decision"] for r in rows if r["method"] == "yarn" and r["length"] == 1400} == {BELOW}
 
 
@@ -237,6 +323,7 @@ def test_no_length_within_the_trained_one_is_an_error(model, tmp_path):
     (["--sequential", "--indifference", "0.5"], "--indifference must be in [0, 0.5)"),
     (["--budget", "30x"], "--budget '30x': give wall time as 30m, 2h or 90s"),
     (["--budget", "0"], "--budget must be at least 1 trial"),
+    (["--boundary", "exact"], "--boundary is for sequential trials"),
 ])
 def test_bad_sequential_flags_fail_before_loading(extra, message, tmp_path, capsys, monkeypatch):
     import hf_posext.cli as cli
@@ -263,6 +350,7 @@ def test_command_budget_then_resume(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(schedule, "answer_cell", stub)
     argv = ["retrieval", "--model", str(path), "--lengths", "700,1400", "--methods", "yarn", "--factor", "2",
             "--depths", "0,1", "--margin", "0.4", "--trials", "4", "--max-trials", "8", "--confidence", "0.9",
+            "--boundary", "bonferroni",   # its bounds in closed form: 0.05^(1/8) = 0.69, 1 - 0.69
             "--out", str(tmp_path / "r"), "--no-progress", "--no-plot"]
     assert cli.main(argv + ["--budget", "24"]) == 0
     printed = capsys.readouterr().out
@@ -297,13 +385,16 @@ def _replay_script():
 
 def test_replay_stops_where_the_rule_does_and_says_when_the_folder_runs_out():
     script = _replay_script()
-    rule = SequentialRule(block=4, max_trials=20, confidence=0.95)
+    rule = SequentialRule(block=4, max_trials=20, confidence=0.95, boundary="bonferroni")
     none_right = {d: [False] * 20 for d in (0.0, 0.5)}
     assert script.replay(none_right, rule, 0.9) == dict(decision=BELOW, used=8, more=False, call=(BELOW, False))
     few = {d: [True] * 4 for d in (0.0, 0.25, 0.5, 0.75, 1.0)}             # 20/20, then no more trials
     assert script.replay(few, rule, 0.9) == dict(decision=UNDECIDED, used=20, more=True, call=(UNDECIDED, False))
     all_right = {d: [True] * 20 for d in (0.5, 1.0)}                          # 40/40 against 0.9: 44 needed
     assert script.replay(all_right, rule, 0.9) == dict(decision=UNDECIDED, used=40, more=False, call=(ABOVE, True))
+    # the exact levels: 32/32 has P = 0.9^32 = 0.034 at the bar, the crossing's whole chance by then
+    exact = SequentialRule(block=4, max_trials=20, confidence=0.95)
+    assert script.replay(all_right, exact, 0.9) == dict(decision=ABOVE, used=32, more=False, call=(ABOVE, False))
 
 
 def test_replay_rescoring_equals_the_committed_counts(tmp_path):
@@ -311,7 +402,7 @@ def test_replay_rescoring_equals_the_committed_counts(tmp_path):
     rows = json.loads(script.GRID.read_text())["rows"]
     per = script.outcomes(rows)                       # raises if a row's outcomes disagree with its count
     assert sum(sum(map(len, q.values())) for q in per.values()) == sum(int(r["trials"]) for r in rows)
-    assert script.main(["--runs", "20", "--out", str(tmp_path / "r.md")]) == 0
+    assert script.main(["--runs", "20", "--mixes", "3", "--out", str(tmp_path / "r.md")]) == 0
     assert "A replay of the committed per-trial outcomes, not a rerun" in (tmp_path / "r.md").read_text()
 
 

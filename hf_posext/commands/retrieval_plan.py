@@ -13,7 +13,7 @@ import re
 from ..evaluation.shared.inputs import InputError
 from ..evaluation.retrieval.blocks import merge_blocks
 from ..evaluation.retrieval.schedule import Budget, decisions_table, evaluate_sequential
-from ..evaluation.retrieval.sequential import DEFAULT_BLOCK, DEFAULT_CONFIDENCE, SequentialRule
+from ..evaluation.retrieval.sequential import BOUNDARIES, DEFAULT_BLOCK, DEFAULT_CONFIDENCE, SequentialRule
 from ..evaluation.retrieval.settings import DEFAULT_TRIALS
 from ..evaluation.shared.settings import RunInfo
 from . import session
@@ -24,7 +24,7 @@ UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
 def add_args(g) -> None:
     g.add_argument("--sequential", action="store_true",
                    help="stop each (task, method, length) once its Clopper-Pearson interval (over "
-                        "its depths, the error split over its looks) is wholly above or below the "
+                        "its depths, at a level that holds over all its looks) is wholly above or below the "
                         "effective-length bar; --trials is then the trials per look at each depth "
                         f"(default {DEFAULT_BLOCK}); the unpatched model within L runs first, in full")
     g.add_argument("--max-trials", type=int, default=None,
@@ -36,6 +36,10 @@ def add_args(g) -> None:
                    help="with --sequential: accept either call for accuracies within this distance of "
                         "the bar (an indifference zone, e.g. 0.1): cells near the bar stop sooner, and "
                         "the stated error holds for accuracies at least this far from it (default 0)")
+    g.add_argument("--boundary", default=None, choices=BOUNDARIES,
+                   help="with --sequential: each look's level, computed exactly for the looks so that "
+                        "all of them together err with at most 1 - confidence (exact, the default), or "
+                        "(1 - confidence) / looks each (bonferroni, the union bound: more trials)")
     g.add_argument("--budget", default=None,
                    help="sequential trials within a budget: wall time (30m, 2h, 90s) or a number of "
                         "trials; open decisions the effective length rests on go first; --resume continues")
@@ -59,7 +63,7 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
     sequential = args.sequential or args.budget is not None
     if not sequential:
         for flag, value in (("--max-trials", args.max_trials), ("--confidence", args.confidence),
-                            ("--indifference", args.indifference)):
+                            ("--indifference", args.indifference), ("--boundary", args.boundary)):
             if value is not None:
                 raise InputError(f"{flag} is for sequential trials; add --sequential (or --budget).")
         args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
@@ -75,7 +79,7 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
     confidence = DEFAULT_CONFIDENCE if args.confidence is None else args.confidence
     indifference = 0.0 if args.indifference is None else args.indifference
     try:   # the rule checks its own ranges (block and max_trials are checked above, in flag words)
-        rule = SequentialRule(block, max_trials, confidence, indifference)
+        rule = SequentialRule(block, max_trials, confidence, indifference, args.boundary or "exact")
     except ValueError as err:   # "confidence must be in ..." -> "--confidence must be in ..."
         raise InputError(f"--{err}") from None
     args.trials = max_trials   # the grid's seeds: every look's prompts are built (checked) before the model

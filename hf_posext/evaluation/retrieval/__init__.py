@@ -8,7 +8,7 @@ Wilson intervals and an effective length per method (docs/retrieval.md).
     run.py       evaluate_retrieval (on grid.run_grid)   plots.py     plots and summary table
     blocks.py    trials added in blocks of seeds: checked, merged
     report.py    lm-eval's RULER records kept compactly, tables beside the suite's rows
-    sequential.py  the stopping rule: Clopper–Pearson, the error split over the looks
+    sequential.py  the stopping rule: Clopper–Pearson at levels exact over the looks
     schedule.py  evaluate_sequential: looks where decisions are open, a budget
     vllm_engine.py  `--engine vllm`: serve's arguments per cell, a worker in vLLM's Python
     vllm_worker.py  that worker (run by path there; imports only vllm)

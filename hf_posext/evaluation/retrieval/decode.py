@@ -3,10 +3,19 @@
 The prefix (head + haystack before the depth) is run once with a cache; each trial continues
 from a deep copy of that cache (transformers' documented prefix-cache reuse: pass the copy as
 `past_key_values` to `generate` with the whole prompt; generate feeds only the uncached tokens).
-The copy costs ~20 ms against a trial's seconds (benchmarks/results/prefix_reuse.md), so the
-cache is copied, not cropped back (DynamicCache.crop's argument changed meaning in 5.x).
+A trial continues from a *fork* of that cache, not a deep copy: transformers' DynamicLayer.update
+grows a layer by `torch.cat` into new tensors (cache_utils.py, DynamicLayer.update) and never
+writes into the ones it holds, so new layer objects over the prefix's own tensors leave the prefix
+untouched; any other cache or layer type is deep-copied (a deep copy of a 4k-token prefix moved
+~190 MB per trial at 8k). Not cropped back: DynamicCache.crop's argument changed meaning in 5.x.
 Every forward that continues a cache attends by `attention.continuation` (the cached keys
 unmasked, the new ones causal, merged by log-sum-exp), not by SDPA over a materialised mask.
+
+A greedy decode step (one new token) runs on one thread (`one_thread_steps`): its ops are tiny
+and memory-bound, so a second thread gains little, and where the cores are shared (here: a
+fine-tuning run beside the suite) every op waits for a preempted second thread at its barrier:
+at 2,048 tokens a step took 2.3 s on 2 threads against 0.09 s on 1, the matrix products 35x
+slower each (torch.profiler; benchmarks/results/prefix_reuse.md). Prefills keep every thread.
 
 Across the depths of one (task, method, length): a deeper cell's prefix extends a shallower
 one's token for token (prompt.py: the head, then whole haystack blocks, the same blocks at every
@@ -23,8 +32,10 @@ from __future__ import annotations
 
 import copy
 import inspect
+from contextlib import contextmanager
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.generation import utils as _generation_utils
 
 from ...attention.continuation import continuation_attention
@@ -74,16 +85,48 @@ class SharedPrefix:
         return self.cache
 
 
+@contextmanager
+def one_thread_steps(model):
+    """Within the block, a forward of one new token runs on one thread, any longer one on the
+    threads there were (CPU only); the thread count is restored on exit."""
+    wide = torch.get_num_threads()
+    if wide == 1 or _device(model).type != "cpu":
+        yield
+        return
+
+    def narrow(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        torch.set_num_threads(1 if ids is not None and ids.shape[-1] == 1 else wide)
+
+    handle = model.register_forward_pre_hook(narrow, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+        torch.set_num_threads(wide)
+
+
+def fork(cache):
+    """A cache a trial may grow without touching `cache` (module doc): new DynamicLayer objects
+    over the same tensors, or a deep copy of any other kind."""
+    if type(cache) is not DynamicCache or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return copy.deepcopy(cache)
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]
+    return out
+
+
 @torch.inference_mode()
 def generate_trial(model, tokenizer, ids: list[int], max_new_tokens: int, cache=None,
                    scores: bool = False):
     """Greedy continuation of `ids` (new token ids; with `scores`, also the logits of each
     step), continuing from `cache` when given (a cache of a prefix of `ids`, left untouched)."""
     x = torch.tensor([ids], device=_device(model))
-    extra = {CACHE_KWARG: copy.deepcopy(cache)} if cache is not None else {}
-    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=_pad(tokenizer), return_dict_in_generate=True,
-                         output_logits=scores, **extra)
+    extra = {CACHE_KWARG: fork(cache)} if cache is not None else {}
+    with one_thread_steps(model):
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=_pad(tokenizer), return_dict_in_generate=True,
+                             output_logits=scores, **extra)
     seq = out.sequences if hasattr(out, "sequences") else out   # a generate override may return ids
     new = seq[0, x.shape[1]:].tolist()
     return (new, [l[0] for l in out.logits]) if scores else new

@@ -34,7 +34,7 @@ from ..shared.grid import knob_text
 from ..shared.settings import RunInfo
 from .decode import answer_cell, takes_shared
 from .run import evaluate_retrieval
-from .sequential import ABOVE, BELOW, UNDECIDED, SequentialRule, call, effective_bounds
+from .sequential import ABOVE, BELOW, BOUNDARY_TEXT, UNDECIDED, SequentialRule, call, effective_bounds
 from .settings import RetrievalGrid
 
 
@@ -192,7 +192,7 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
                         clock: Callable[[], float] = time.monotonic,
                         log: Callable[[str], None] = lambda s: print(s, flush=True)) -> SequentialResult:
     """Run `grid`'s questions look by look (the module docstring); each block row gains `look`,
-    `max_trials`, `confidence`, `indifference`, and the question's `decision`, `decision_low`, `decision_high`
+    `max_trials`, `confidence`, `indifference`, `rule` (the boundary), and the question's `decision`, `decision_low`, `decision_high`
     and `bar` after that look. `clock` and `answer_fn` are injectable (tests: a fake clock the
     stub answers advance). bar: a fixed bar in (0, 1] instead of the reference's (e.g. a target
     accuracy such as issue #40's 0.9): no cell is then a reference and no length <= L is needed."""
@@ -201,7 +201,7 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
     run = run or RunInfo()
     run = dataclasses.replace(run, extra_columns={**run.extra_columns, "max_trials": rule.max_trials,
                                                   "confidence": rule.confidence,
-                                                  "indifference": rule.indifference})
+                                                  "indifference": rule.indifference, "rule": rule.boundary})
     trained = trained_length(model)
     if bar is None and not any(length <= trained for length in grid.lengths):
         raise ValueError(f"sequential trials need a length <= the trained length {trained} in the "
@@ -238,7 +238,7 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
         state.bars = _bars(state.questions, grid.margin) if bar is None else {t: bar for t in grid.tasks}
         for r in state.questions:
             if r.looks:
-                r.decision, r.low, r.high = rule.decide(r.correct, r.trials, state.bars[r.task])
+                r.decision, r.low, r.high = rule.decide(r.correct, r.trials, state.bars[r.task], r.depths)
         state.rows += rows
         if computed:   # rows read back keep what their run recorded
             for r in rows:
@@ -294,7 +294,7 @@ def plan_text(state: SequentialResult, budget: Budget | None) -> str:
     cost = (f" (about {sum(c * n for c, n in costs) / 60:.0f} min at the pace of the stored looks)"
             if costs and all(c is not None for c, _ in costs) else "")
     return (f"sequential: looks of {rule.block} trial(s) at each depth, at most {rule.max_trials} "
-            f"({rule.looks} looks), Clopper–Pearson bounds, wrong decisions <= {1 - rule.confidence:.2g} over all looks"
+            f"({rule.looks} looks), Clopper–Pearson bounds at {BOUNDARY_TEXT[rule.boundary]}, wrong decisions <= {1 - rule.confidence:.2g} over all looks"
             f"{zone_text(rule)}; "
             f"{len(state.questions)} questions, {done} looks stored; at most {left} trials to run"
             f"{cost}; reference first ({refs}); budget: {budget.text() if budget else 'none'}")
@@ -325,7 +325,8 @@ def decisions_table(state: SequentialResult) -> str:
         lines.append(f"{qs[0].label().rsplit(' at ', 1)[0]}: {'; '.join(parts) or 'no look yet'} "
                      f"-> effective length {length}")
     bars = "; ".join(f"{t}: {'none' if b is None else f'{b:.2f}'}" for t, b in state.bars.items())
-    lines.append(f"bar (reference - margin): {bars}; [bounds]: Clopper–Pearson, a decision wrong with "
+    lines.append(f"bar (reference - margin): {bars}; [bounds]: Clopper–Pearson at "
+                 f"{BOUNDARY_TEXT[state.rule.boundary]}, a decision wrong with "
                  f"probability <= {1 - state.rule.confidence:.2g} over all {state.rule.looks} looks"
                  f"{zone_text(state.rule)}")
     open_q = state.open_questions()
