@@ -211,47 +211,53 @@ def depth_mixes(rule: SequentialRule, mixes_each: int = 200, runs_seed: int = 0)
     return lines
 
 
+def questions(rows: list[dict], margin: float):
+    """(task, bar, (method, factor, length), its rows) of every question with a bar: the bar is
+    the unpatched model's pooled accuracy within L minus `margin` (none where that is <= margin)."""
+    merged, trained = merge_blocks(rows), int(rows[0]["trained_length"])
+    for task in dict.fromkeys(r["task"] for r in merged):
+        ref = [r for r in merged if r["task"] == task and r["method"] == "none" and int(r["length"]) <= trained]
+        k, n = pooled(ref)
+        if not n or k / n <= margin:
+            continue
+        groups: dict[tuple, list[dict]] = {}
+        for r in merged:
+            if r["task"] == task:
+                groups.setdefault((r["method"], float(r["factor"]), int(r["length"])), []).append(r)
+        for key, part in groups.items():
+            yield task, k / n - margin, key, part
+
+
 def at_committed_rates(rows: list[dict], rule: SequentialRule, margin: float, runs: int,
                        totals: dict[str, float] | None = None) -> list[str]:
     """A live run's expected cost, simulated with each depth cell's committed accuracy as its
     true rate (few trials: a rough stand-in, 0/4 read as 0): per question the chance the rule
     decides, the chance its call equals the fixed design's, and the mean trials, against
     max_trials a cell; the reference cells count in full."""
-    merged = merge_blocks(rows)
     trained = int(rows[0]["trained_length"])
     lines = ["| task | method | length | committed rates by depth | decided | call as fixed | mean trials (fixed) |",
              "|---|---|---|---|---|---|---|"]
     total_seq = total_fixed = not_as_fixed = seq_scope = fixed_scope = 0.0
-    for task in dict.fromkeys(r["task"] for r in merged):
-        ref = [r for r in merged if r["task"] == task and r["method"] == "none" and int(r["length"]) <= trained]
-        k, n = pooled(ref)
-        if not n or k / n <= margin:
+    for task, bar, (method, factor, length), part in questions(rows, margin):
+        fixed_n = rule.max_trials * len(part)
+        total_fixed += fixed_n
+        in_scope = task in SCOPE
+        fixed_scope += fixed_n * in_scope
+        if method == "none" and length <= trained:
+            total_seq += fixed_n
+            seq_scope += fixed_n * in_scope
             continue
-        bar = k / n - margin
-        groups: dict[tuple, list[dict]] = {}
-        for r in merged:
-            if r["task"] == task:
-                groups.setdefault((r["method"], float(r["factor"]), int(r["length"])), []).append(r)
-        for (method, factor, length), part in groups.items():
-            fixed_n = rule.max_trials * len(part)
-            total_fixed += fixed_n
-            in_scope = task in SCOPE
-            fixed_scope += fixed_n * in_scope
-            if method == "none" and length <= trained:
-                total_seq += fixed_n
-                seq_scope += fixed_n * in_scope
-                continue
-            rates = [int(r["correct"]) / int(r["trials"]) for r in sorted(part, key=lambda r: float(r["depth"]))]
-            counts, mean = simulate(rates, bar, rule, runs, seed=0)
-            fixed = ABOVE if sum(rates) / len(rates) >= bar else BELOW
-            decided = (counts[ABOVE] + counts[BELOW]) / runs
-            # undecided at the last look falls back on the point estimate, itself random: not counted
-            same = counts[fixed] / runs
-            not_as_fixed += 1 - same
-            total_seq += mean
-            seq_scope += mean * in_scope
-            lines.append(f"| {task} | {method} s={factor:g} | {_k(length)} | {', '.join(f'{x:.2f}' for x in rates)} | "
-                         f"{decided:.2f} | ≥ {same:.2f} | {mean:.1f} ({fixed_n}) |")
+        rates = [int(r["correct"]) / int(r["trials"]) for r in sorted(part, key=lambda r: float(r["depth"]))]
+        counts, mean = simulate(rates, bar, rule, runs, seed=0)
+        fixed = ABOVE if sum(rates) / len(rates) >= bar else BELOW
+        decided = (counts[ABOVE] + counts[BELOW]) / runs
+        # undecided at the last look falls back on the point estimate, itself random: not counted
+        same = counts[fixed] / runs
+        not_as_fixed += 1 - same
+        total_seq += mean
+        seq_scope += mean * in_scope
+        lines.append(f"| {task} | {method} s={factor:g} | {_k(length)} | {', '.join(f'{x:.2f}' for x in rates)} | "
+                     f"{decided:.2f} | ≥ {same:.2f} | {mean:.1f} ({fixed_n}) |")
     lines.append(f"| all | | | | | | **{total_seq:.0f} ({total_fixed:.0f}) = {total_seq / total_fixed:.0%}** |")
     if totals is not None:
         totals.update(seq=total_seq, fixed=total_fixed, not_as_fixed=not_as_fixed, seq_scope=seq_scope,
@@ -268,35 +274,26 @@ def floor(rows: list[dict], rule: SequentialRule, margin: float) -> tuple[float,
     question whose depths are all at 0 or 1 (its count k = n · mean, no chance in it) cannot stop
     before the first look where that holds, nor, if it never does, before its last; any other
     question is counted at one look (a bound, not a forecast)."""
-    merged, trained = merge_blocks(rows), int(rows[0]["trained_length"])
+    trained = int(rows[0]["trained_length"])
     need = fixed = 0.0
     alpha = 1.0 - rule.confidence
-    for task in dict.fromkeys(r["task"] for r in merged):
-        ref = [r for r in merged if r["task"] == task and r["method"] == "none" and int(r["length"]) <= trained]
-        k, n = pooled(ref)
-        if not n or k / n <= margin:
+    for _task, bar, (method, _factor, length), part in questions(rows, margin):
+        rates = [int(r["correct"]) / int(r["trials"]) for r in part]
+        sizes = rule.sizes(len(rates))
+        fixed += sizes[-1]
+        if method == "none" and length <= trained:
+            need += sizes[-1]
             continue
-        bar = k / n - margin
-        groups: dict[tuple, list[float]] = {}
-        for r in merged:
-            if r["task"] == task:
-                groups.setdefault((r["method"], int(r["length"])), []).append(int(r["correct"]) / int(r["trials"]))
-        for (method, length), rates in groups.items():
-            sizes = rule.sizes(len(rates))
-            fixed += sizes[-1]
-            if method == "none" and length <= trained:
-                need += sizes[-1]
-                continue
-            if any(0.0 < x < 1.0 for x in rates):
-                need += sizes[0]
-                continue
-            mean, looks = sum(rates) / len(rates), []
-            for n_j in sizes:
-                kk = round(n_j * mean)
-                up = tail_values(n_j, bar - rule.indifference, True)[kk]    # `above` needs this <= alpha
-                down = tail_values(n_j, bar + rule.indifference, False)[kk]
-                looks.append(n_j if min(up, down) <= alpha else None)
-            need += next((x for x in looks if x), sizes[-1])
+        if any(0.0 < x < 1.0 for x in rates):
+            need += sizes[0]
+            continue
+        mean, looks = sum(rates) / len(rates), []
+        for n_j in sizes:
+            kk = round(n_j * mean)
+            up = tail_values(n_j, bar - rule.indifference, True)[kk]    # `above` needs this <= alpha
+            down = tail_values(n_j, bar + rule.indifference, False)[kk]
+            looks.append(n_j if min(up, down) <= alpha else None)
+        need += next((x for x in looks if x), sizes[-1])
     return need, fixed
 
 
