@@ -1,14 +1,10 @@
-"""Sequential trials on the committed 2x grid, replayed (issue 37): how many trials the rule of
-`hf-posext retrieval --sequential` (hf_posext/evaluation/retrieval/sequential.py) would have
-needed to reach each decision, against the fixed design's, and whether its decisions equal the
-committed ones. A REPLAY of the committed per-trial outcomes (each row keeps every trial's
-expected and generated answer; they are scored again here, in seed order), not a rerun: where
-the rule asks for a look the folder has no trials for, the cell is reported as needing more.
+"""Sequential trials on the committed 2x grid, replayed (issue 37): the trials the rule of
+`hf-posext retrieval --sequential` (evaluation/retrieval/sequential.py) needs for each decision
+against the fixed design's, and whether its decisions equal the committed ones. A REPLAY of the
+committed per-trial outcomes (scored again, in seed order), not a rerun; plus a simulated live
+run, the floor any rule needs, and the rule at known accuracies (`sequential.simulate`).
 
     python benchmarks/retrieval_sequential.py            # writes benchmarks/results/retrieval_sequential.md
-
-Also the rule's operating characteristics at the two bars the grid meets, simulated at known
-accuracies (`sequential.simulate`): wrong decisions and mean trials per cell.
 """
 
 from __future__ import annotations
@@ -132,14 +128,12 @@ def tables(rows: list[dict], rule: SequentialRule, margin: float,
             eff_lines.append(f"| {task} | {method} s={factor:g} | {_k(fixed_eff)} | {seq} |")
         about = f"bar {bar:.2f}" if bar is not None else f"no bar (reference {k}/{n} ≤ margin)"
         eff_lines.append(f"| {task} | | {about} | |")
-    said = {"decided": "decided by the rule", "at max": f"undecided after {rule.max_trials} a cell (point estimate)",
-            "needs more": "would need more trials than the folder has"}
+    said = {"decided": "decided by the rule", "at max": f"undecided after {rule.max_trials} a cell (point estimate)", "needs more": "would need more trials than the folder has"}
     summary = ["Questions with a bar, the reference cells aside (they run in full): " + "; ".join(
         f"**{said[kind]}: {c}**" + (f", {a} of them as the fixed design" if kind != "needs more" else "")
         + f", {u} of their {m} trials" for kind, (c, a, u, m) in tally.items())
         + f". All cells: {n_used} of {n_committed} committed trials replayed."]
-    eff = ["| task | method | effective length, fixed (committed rows) | sequential (replayed calls) |",
-           "|---|---|---|---|", *eff_lines]
+    eff = ["| task | method | effective length, fixed (committed rows) | sequential (replayed calls) |", "|---|---|---|---|", *eff_lines]
     if tally_out is not None:   # per kind: questions, as the fixed design, trials used, committed
         tally_out.update(tally)
     return [*summary, "", *lines, "", *eff]

@@ -1,8 +1,10 @@
-"""Shared helpers for the evaluation tests: tiny random models and a character tokenizer."""
+"""Shared helpers for the evaluation tests: tiny random models, a character tokenizer, and stand-ins
+for `--dtype auto`'s timing probe."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
@@ -40,3 +42,13 @@ def tiny_checkpoint(path):
     tiny_model().save_pretrained(path)
     char_tokenizer().save_pretrained(path)
     return path
+
+
+# --dtype auto's timing probe, stood in (tests/test_auto_dtype.py, tests/test_retrieval.py)
+def no_probe(shapes):
+    pytest.fail("the probe ran")
+
+
+def probe(float32, bfloat16):
+    """A stand-in for the timing function: these seconds per dtype."""
+    return lambda shapes: {"float32": float32, "bfloat16": bfloat16}
