@@ -298,3 +298,14 @@ def test_dpe_detect_end_to_end_on_a_local_model_and_text(tmp_path, capsys):
     knobs = parse_knobs(f"dpe:group_scales=@{out},dpe:key_dims=@{out}", ["dpe"])["dpe"]
     model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "dpe", 16.0, window=16, **knobs)
     assert hf_posext.is_patched(model)
+
+    # another dtype probes again (an answer can differ between dtypes) and resumes only its own rows
+    assert found["dtype"] == "float32"
+    for _ in range(2):
+        assert cli.main(["dpe-detect", "--model", str(folder), "--dataset", str(text), "--target-length",
+                         "1024", "--window", "16", "--groups", "4", "--shortest", "512",
+                         "--top-dims", "3", "--dtype", "bfloat16", "--out", str(out)]) == 0
+        rows = [json.loads(line) for line in out.with_suffix(".log.jsonl").read_text().splitlines()]
+        assert len(rows) == 4 * 2 * 2
+        assert sum(r["key"].endswith("-bfloat16") for r in rows) == 4 * 2
+    assert json.loads(out.read_text())["dtype"] == "bfloat16"

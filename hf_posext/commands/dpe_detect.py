@@ -25,6 +25,7 @@ from ..evaluation.shared.inputs import InputError, check_device, check_model_arg
 from ..rope.compat import rotary_dim, text_config
 from ..search.dpe import GROUPS, component_norms, detect, select_key_dims
 from . import session
+from .auto_dtype import auto_inputs, fast_dtype
 from .model_args import load_model_from, load_tokenizer_from
 
 DEFAULT_TUNING = "embedded:shakespeare/king-lear"
@@ -50,6 +51,7 @@ def add_subcommand(sub) -> None:
                         "48 of 64); default: every dimension")
     p.add_argument("--out", required=True, help="the JSON file to write")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    session.add_dtype_arg(p)
     p.set_defaults(run=run)
 
 
@@ -87,6 +89,8 @@ def run(args) -> int:
     documents = load_documents(source, streaming=True)
     tokenizer = load_tokenizer_from(args)
     docs = select_documents(documents, TokenCache(tokenizer), length + 1, args.max_docs)
+    if args.dtype == "auto":   # measured before the weights load, as the grid commands do
+        args.dtype = fast_dtype(args.device, **auto_inputs(args.model, args.gguf_file))
     model = load_model_from(args)
     L = int(model.config.max_position_embeddings)
     key_dims = None
@@ -103,6 +107,7 @@ def run(args) -> int:
     except ValueError as err:
         raise InputError(str(err)) from None
     result["data"] = source.label
+    result["dtype"] = args.dtype
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"dpe group_scales {result['group_scales']} (window {window}, target {length}); "

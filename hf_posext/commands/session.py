@@ -94,14 +94,19 @@ def add_knobs_arg(g, scope: str) -> None:
                         + "; ".join(f"{k}: {h}" for k, h in KNOB_HELP.items()).replace("%", "%%"))
 
 
+def add_dtype_arg(g) -> None:
+    """--dtype, one declaration for the grid commands and `dpe-detect`."""
+    g.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help=f"weights dtype (default float32); auto: {AUTO_DTYPE}".replace("%", "%%"))
+
+
 def add_run_args(p: argparse.ArgumentParser) -> None:
     """The model, grid and output flags every grid command (`eval`, `passkey`, `retrieval`) takes."""
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show the Python traceback of an error (default: one line)")
     g = p.add_argument_group("model")
     add_model_args(g)
-    g.add_argument("--dtype", default="float32", choices=DTYPES,
-                   help=f"weights dtype (default float32); auto: {AUTO_DTYPE}".replace("%", "%%"))
+    add_dtype_arg(g)
     g.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model")
     g.add_argument("--attn-implementation", default=None,
                    help="transformers attention implementation: sdpa, eager, flash_attention_2, "

@@ -154,11 +154,15 @@ def detect(model, tokenizer, docs: Sequence[np.ndarray], target: int, *, window:
     if log is not None and log.exists():
         done = {r["key"]: r for r in map(json.loads, log.read_text().splitlines()) if r.get("key")}
     table: dict[int, dict[int, dict[str, float]]] = {}
+    # a probe's answer can differ between dtypes: a resumed run reuses only its own dtype's rows
+    # (float32 rows carry no tag, as every row logged before --dtype existed was float32)
+    dtype = next(model.parameters()).dtype
+    dtype_tag = "" if dtype == torch.float32 else f"-{str(dtype).removeprefix('torch.')}"
     for g in range(groups):
         for s in scales:
             knobs = [base] * groups
             knobs[g] = s
-            key = f"T{target}-w{window}-g{g}-s{s}-b{base}-n{len(probes)}-k{key_dims is not None}"
+            key = f"T{target}-w{window}-g{g}-s{s}-b{base}-n{len(probes)}-k{key_dims is not None}{dtype_tag}"
             if key not in done:
                 start = time.monotonic()
                 patch(model, "dpe", target / L, window=window, group_scales=knobs, key_dims=key_dims)
