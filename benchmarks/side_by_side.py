@@ -113,8 +113,11 @@ def step_retrieval() -> None:
 
 
 def step_report() -> None:
-    from side_by_side_report import write_report
-    write_report(OUT, RESULTS / "side_by_side.md")
+    from side_by_side_report import Setup, write_report   # it reads the rows; what was run, from here
+    setup = Setup(tune=TUNE, held_out=HELD_OUT, target=TARGET, objectives=OBJECTIVES,
+                  search_minutes=SEARCH_MINUTES, knobs=KNOBS, tasks=TASKS, depths=DEPTHS,
+                  dpe_file=DPE_FILE.name, commands=__doc__ or "")
+    print(f"wrote {write_report(OUT, RESULTS / 'side_by_side.md', setup)}", flush=True)
 
 
 STEPS = {"dpe": step_dpe, "search": step_search, "eval": step_eval, "retrieval": step_retrieval,
