@@ -104,8 +104,6 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-# ---- perplexity on the held-out text -------------------------------------------------------------
-
 def _split(row: dict, L: int) -> dict[str, tuple[float, int]] | None:
     """(NLL sum, tokens) within L (positions < L), past L and over the whole length; None when
     the row's buckets have no edge at L."""
@@ -164,8 +162,6 @@ def eval_cells(ev: Eval, label: str) -> list[str]:
     return [f"{math.exp(a[k][0] / a[k][1] - b[k][0] / b[k][1]):.4f}" for k in ("within L", "past L", "whole")]
 
 
-# ---- retrieval on RULER's haystack ---------------------------------------------------------------
-
 def read_retrieval(out: Path, setup: Setup) -> tuple[dict[str, list[dict]], dict[str, str]]:
     """label -> its retrieval rows at TARGET; rows of a searched checkpoint whose prompts differ
     from the shared run's (data hash per task and depth) are refused, with a note."""
@@ -196,20 +192,26 @@ def retrieval_cell(rows: list[dict], task: str, depths: str) -> str:
     return rate_text(k, n) + (f" ({done}/{wanted} depths)" if done < wanted else "")
 
 
-# ---- the tuning runs: DPE's detection and the two searches -----------------------------------------
-
 def dpe_lines(out: Path, page: Path, setup: Setup) -> list[str]:
-    path = out.parent / "dpe" / setup.dpe_file
-    probes = _jsonl(path.with_suffix(".log.jsonl"))
-    logged = (f"{len(probes)} probes logged in [{path.with_suffix('.log.jsonl').name}]"
-              f"({_rel(path.with_suffix('.log.jsonl'), page)}), "
-              f"{sum(float(p['seconds']) for p in probes) / 60:.1f} min of probe wall time")
-    if not path.exists():
-        return [f"DPE's detection: not finished ({logged})." if probes else "DPE's detection: not run."]
-    d = json.loads(path.read_text())
-    return [f"DPE's detection on {setup.tuned} ([{path.name}]({_rel(path, page)})): target {d['target_length']}, "
-            f"window {d['window']}, candidate scales {d['candidates']}, base scale {d['base_scale']}; "
-            f"detected `group_scales` {d['group_scales']} (group 0 = the fastest frequencies); {logged}."]
+    """DPE's detected scales and its probe rows: groups x scales, share of needles found / answer NLL."""
+    path, log = out.parent / "dpe" / setup.dpe_file, out.parent / "dpe" / Path(setup.dpe_file).with_suffix(".log.jsonl")
+    probes = {(int(p["group"]), int(p["scale"])): p for p in _jsonl(log)   # a resumed probe: its last row
+              if str(p.get("key", "")).startswith(f"T{setup.target}-")}
+    if not probes:
+        return ["DPE's detection: not run."]
+    logged = (f"{len(probes)} probes logged in [{log.name}]({_rel(log, page)}), "
+              f"{sum(float(p['seconds']) for p in probes.values()) / 60:.1f} min of probe wall time")
+    head = [f"DPE's detection: not finished ({logged})."]
+    if path.exists():
+        d = json.loads(path.read_text())
+        head = [f"DPE's detection on {setup.tuned} ([{path.name}]({_rel(path, page)})): target {d['target_length']}, "
+                f"window {d['window']}, candidate scales {d['candidates']}, base scale {d['base_scale']}; detected "
+                f"`group_scales` {d['group_scales']} (group 0 = the fastest frequencies); {logged}."]
+    scales = sorted({s for _, s in probes})
+    return [*head, "", "| group | " + " | ".join(f"scale {s}: found / NLL" for s in scales) + " |",
+            "|---|" + "---|" * len(scales),
+            *(f"| {g} | " + " | ".join(f"{probes[g, s]['found']:.2f} / {probes[g, s]['nll']:.3f}" if (g, s) in probes
+                                       else "" for s in scales) + " |" for g in sorted({g for g, _ in probes}))]
 
 
 def search_table(out: Path, page: Path, setup: Setup) -> list[str]:
@@ -235,8 +237,6 @@ def search_table(out: Path, page: Path, setup: Setup) -> list[str]:
                      f"| {'yes' if (folder / 'config.json').exists() else 'no'} |")
     return lines
 
-
-# ---- the plot --------------------------------------------------------------------------------------
 
 ZOOM = 1.5   # the lower panel: methods within this factor of the baseline at every bucket
 
@@ -286,8 +286,6 @@ def plot(ev: Eval, path: Path, setup: Setup) -> Path | None:
     plt.close(fig)
     return path
 
-
-# ---- the page --------------------------------------------------------------------------------------
 
 def _rel(path: Path, page: Path) -> str:
     return Path(os.path.relpath(path, page.parent)).as_posix()
