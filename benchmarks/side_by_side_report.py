@@ -8,6 +8,7 @@ script that imports it (tests/test_layout.py: no import circle between scripts).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -70,6 +71,8 @@ class Setup:
     depths: str               # retrieval depths, comma-separated
     dpe_file: str             # DPE's detection result, a file name in results/dpe/
     commands: str             # the script's docstring: its steps as commands
+    target4: int = 0          # the 4x length (0: none), its perplexity run of `methods4` only
+    methods4: str = ""
 
     @property
     def size(self) -> str:
@@ -238,53 +241,19 @@ def search_table(out: Path, page: Path, setup: Setup) -> list[str]:
     return lines
 
 
-ZOOM = 1.5   # the lower panel: methods within this factor of the baseline at every bucket
-
-
 def plot(ev: Eval, path: Path, setup: Setup) -> Path | None:
-    """Per-bucket ratio of each method's perplexity to the sliding baseline's over the same
-    tokens: every method on a log scale, then (linear) the ones that stay within ZOOM of it."""
-    if ev.base is None or not ev.rows:
+    """side_by_side_plot.plot_ratios of every row read (rope-only dashed, the unpatched dotted)."""
+    if ev.base is None or "bucket_nll" not in ev.base:
         return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    base, L = ev.base, int(ev.base["trained_length"])
-    edges = base["bucket_edges"]
+    from side_by_side_plot import plot_ratios
     curves = []
     for i, line in enumerate(setup.lines()):
-        row = ev.rows.get(line.label)
-        if row is not None:
-            ratios = [math.exp(n / t - bn / bt) if t and bt else math.nan for n, t, bn, bt in
-                      zip(row["bucket_nll"], row["bucket_tokens"], base["bucket_nll"], base["bucket_tokens"])]
-            curves.append((i, line, ratios))
-    near = [c for c in curves if max(c[2]) <= ZOOM]
-    fig, axes = plt.subplots(2 if near else 1, 1, figsize=(10, 8 if near else 4.8), squeeze=False)
-    for ax, shown in zip(axes[:, 0], (curves, near)):
-        for i, line, ratios in shown:
+        if "bucket_nll" in ev.rows.get(line.label, {}):
             rope_only = line.portable.startswith("yes") and not line.unpatched
-            ax.step(edges, [*ratios, ratios[-1]], where="post", linewidth=1.6, color=f"C{i}",
-                    linestyle=":" if line.unpatched else "--" if rope_only else "-",
-                    label=line.label + ("" if rope_only or line.unpatched else " (attention-level)"))
-        ax.axvline(L, color="black", linestyle=":", linewidth=1.2, label=f"trained length L = {L}")
-        ax.axhline(1.0, color="black", linewidth=1.6,
-                   label=f"unpatched, sliding {format_length(int(base['window']))} window (the baseline)")
-        ax.set_xlim(edges[0], edges[-1])
-        ax.set_ylabel("perplexity / sliding baseline's")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    axes[0, 0].set_yscale("log")
-    axes[0, 0].set_title(f"{_name(setup.held_out)}, first {setup.target} tokens, {base.get('dtype', '')}:\nperplexity "
-                         "per bucket / the sliding baseline's over the same tokens (log scale)", fontsize=10)
-    if near:
-        axes[1, 0].set_title(f"the methods within {ZOOM:g}x of the baseline at every bucket (linear scale)",
-                             fontsize=10)
-    axes[-1, 0].set_xlabel(f"prediction position (buckets of {edges[1] - edges[0]} tokens)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+            curves.append((line.label + ("" if rope_only or line.unpatched else " (attention-level)"),
+                           ":" if line.unpatched else "--" if rope_only else "-", i, ev.rows[line.label]))
+    return None if not curves else plot_ratios(curves, ev.base, path, f"{_name(setup.held_out)}, first {setup.target} tokens, "
+                                              f"{ev.base.get('dtype', '')}")
 
 
 def _rel(path: Path, page: Path) -> str:
@@ -315,8 +284,8 @@ def _measured(ev: Eval, retrieval: dict[str, list[dict]]) -> list[str]:
                    f"read in one forward ({b['tokens']} predictions), dtype {', '.join(dtypes)}; "
                    f"L = {b['trained_length']}. Baseline: the unpatched model with a sliding "
                    f"{b['window']}-token window, stride {b['stride']}. Ratios divide perplexity by the "
-                   f"baseline's over the same tokens, split at L from the rows' `bucket_nll` / "
-                   f"`bucket_tokens` (edges every {b['bucket_edges'][1]} positions).")
+                   "baseline's over the same tokens, split at L from the rows' `bucket_nll` / "
+                   f"`bucket_tokens` (edges every {(b.get('bucket_edges') or [0, '?'])[1]} positions).")
     rows = [r for rs in retrieval.values() for r in rs]
     if rows:
         trials = sorted({int(r["trials"]) for r in rows})
@@ -340,6 +309,29 @@ def _cost(ev: Eval, retrieval: dict[str, list[dict]], setup: Setup) -> list[str]
     if ev.base is not None:
         lines.append(f"| baseline (sliding window) | {float(ev.base['seconds']):.0f} |  |")
     return lines
+
+
+def section_4x(out: Path, page: Path, setup: Setup) -> list[str]:
+    """The perplexity run at the 4x length: its table (the methods it ran), plot and wall times."""
+    if not setup.target4:
+        return []
+    at4 = dataclasses.replace(setup, target=setup.target4)
+    ev, ran = read_eval(out, at4), setup.methods4.split(",")
+    text = [f"## At {at4.size} (eval-{at4.size}: {', '.join(ran)} and the unpatched model)", ""]
+    if ev.base is None and not ev.rows:
+        return text + [f"Perplexity at {at4.size}: {NOT_RUN}.", ""]
+    text += [f"| method | tuned on | portable | ppl / sliding, within L | past L | whole {at4.size} | wall s |",
+             "|---|---|---|---|---|---|---|"]
+    for line in at4.lines():
+        if not line.searched and (line.method in ran or line.unpatched):
+            row = ev.rows.get(line.label)
+            wall = "" if row is None else f"{float(row['seconds']):.0f}"
+            text.append(f"| {_shown(line, list(ev.rows.values()))} | {line.tuned_on} | {line.portable} | "
+                        + " | ".join(eval_cells(ev, line.label)) + f" | {wall} |")
+    png = plot(ev, page.with_name(f"{page.stem}_{at4.size}.png"), at4)
+    return text + [""] + [f"- {note}" for note in ev.notes.values()] + _measured(ev, {}) + [
+        f"- The sliding baseline's run: {float(ev.base['seconds']):.0f} s." if ev.base else "", "",
+        *([f"![per-position perplexity ratio at {at4.size}]({png.name})", ""] if png else [])]
 
 
 def _shown(line: Line, rows: list[dict]) -> str:
@@ -380,8 +372,8 @@ def write_report(out_dir: Path, page_path: Path, setup: Setup) -> Path:
     if png is not None:
         text += [f"![per-position perplexity ratio to the sliding baseline]({png.name})", "",
                  "Per bucket of positions: each method's perplexity over the bucket / the sliding "
-                 "baseline's over the same tokens; dashed: rope-only configs. Lower panel: the methods within "
-                 f"{ZOOM:g}x of the baseline at every bucket, on a linear scale.", ""]
+                 "baseline's over the same tokens; dashed: rope-only configs. Lower panel: the methods that "
+                 "stay near the baseline at every bucket, on a linear scale.", ""]
     text += ["## What was measured", "", *_measured(ev, retrieval),
              "- Portable: a rope-only config, written in `config.json` where transformers and the "
              "engines read it; attention-level methods run in transformers with hf_posext only.", "",
@@ -390,6 +382,7 @@ def write_report(out_dir: Path, page_path: Path, setup: Setup) -> Path:
              "the best objective value is the mean NLL of the objective each one optimizes, so the two "
              "are not comparable with each other):", "", *search_table(out_dir, page_path, setup), "",
              "Wall time on the shared 2-core CPU:", "", *_cost(ev, retrieval, setup), "",
+             *section_4x(out_dir, page_path, setup),
              "## Commands", "", "Each step runs hf-posext's own commands (benchmarks/side_by_side.py "
              "prints each as it starts); a rerun resumes:", "", "```bash", *_commands(setup), "```", "",
              *_kept_reading(page_path)]
