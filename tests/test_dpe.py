@@ -233,6 +233,31 @@ def test_detection_on_a_tiny_model(tmp_path):
     hf_posext.patch(model, "dpe", 16.0, window=16, group_scales=result["group_scales"])
 
 
+def test_the_all_base_probe_runs_once(tmp_path, monkeypatch):
+    """At s = 2·T/L (the base) every group's probe is the same config: one forward, not one per
+    group; the other groups' rows carry the score of a direct probe at the all-base scales."""
+    model = tiny_model("llama", attn_implementation="sdpa")
+    doc = np.random.default_rng(1).integers(0, 128, 1100)
+    base = 2 * 1024 // TRAINED
+    ids, answers = detection.probe_document(doc, CharTokenizer(), 1024, seed=0)
+    hf_posext.patch(model, "dpe", 1024 / TRAINED, window=16, group_scales=[base] * 4)
+    direct = detection.probe_score(model, ids, answers)
+    hf_posext.unpatch(model)
+    calls = []
+    real = detection.probe_score
+    monkeypatch.setattr(detection, "probe_score", lambda *a: calls.append(1) or real(*a))
+    log = tmp_path / "probe.log.jsonl"
+    result = detection.detect(model, CharTokenizer(), [doc], 1024, window=16, groups=4, shortest=32,
+                              log_path=log, progress=lambda line: None)
+    assert result["candidates"] == [1, 2, 4, 8, 16, 32] and result["base_scale"] == base == 32
+    assert len(calls) == 4 * 6 - 3
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    at_base = [r for r in rows if r["scale"] == base]
+    assert len(rows) == 24 and len(at_base) == 4 and sum("same_as" in r for r in at_base) == 3
+    for r in at_base:
+        assert r["found"] == direct["found"] and r["nll"] == pytest.approx(direct["nll"], abs=1e-6)
+
+
 def test_knobs_on_the_command_line(tmp_path):
     """--knobs takes the reference's dash form and @FILE.json (what dpe-detect writes)."""
     from hf_posext.evaluation.shared.inputs import InputError, parse_knobs
