@@ -1,8 +1,8 @@
 """The side-by-side page of issue #41 (results/side_by_side.md and its .png) from what
 benchmarks/side_by_side.py wrote under results/side-by-side/ and results/dpe/. Every figure is
 read from those files, never typed in; a step not run yet (or still running) reads "not run" in
-its cells, so the page can be written at any point of the run. The "Reading it" section is the
-lead's: a page that has one keeps it when the report is rewritten. What was run (texts, length,
+its cells, so the page can be written at any point of the run. The "Reading it" section (after the
+table and plot) is the lead's: a page that has one keeps it when the report is rewritten. What was run (texts, length,
 knobs, the commands) comes from side_by_side.py as a `Setup`: this module does not import the
 script that imports it (tests/test_layout.py: no import circle between scripts)."""
 
@@ -374,7 +374,7 @@ def write_report(out_dir: Path, page_path: Path, setup: Setup) -> Path:
                  "Per bucket of positions: each method's perplexity over the bucket / the sliding "
                  "baseline's over the same tokens; dashed: rope-only configs. Lower panel: the methods that "
                  "stay near the baseline at every bucket, on a linear scale.", ""]
-    text += ["## What was measured", "", *_measured(ev, retrieval),
+    text += [*_kept_reading(page_path), "## What was measured", "", *_measured(ev, retrieval),
              "- Portable: a rope-only config, written in `config.json` where transformers and the "
              "engines read it; attention-level methods run in transformers with hf_posext only.", "",
              *dpe_lines(out_dir, page_path, setup), "",
@@ -384,7 +384,6 @@ def write_report(out_dir: Path, page_path: Path, setup: Setup) -> Path:
              "Wall time on the shared 2-core CPU:", "", *_cost(ev, retrieval, setup), "",
              *section_4x(out_dir, page_path, setup),
              "## Commands", "", "Each step runs hf-posext's own commands (benchmarks/side_by_side.py "
-             "prints each as it starts); a rerun resumes:", "", "```bash", *_commands(setup), "```", "",
-             *_kept_reading(page_path)]
+             "prints each as it starts); a rerun resumes:", "", "```bash", *_commands(setup), "```", ""]
     page_path.write_text("\n".join(text).rstrip() + "\n")
     return page_path
