@@ -167,32 +167,30 @@ def detect(model, tokenizer, docs: Sequence[np.ndarray], target: int, *, window:
             knobs = [base] * groups
             knobs[g] = s
             key = key_of(g, s)
-            # at s = base every group's probe is the one config (all groups at the base scale):
-            # probed once, the other groups' rows point to it (7 of the 40 forwards at 2x)
-            same = next((done[k] for k in (key_of(h, base) for h in range(groups)) if k in done),
-                        None) if s == base else None
-            if key not in done and same is not None:
-                done[key] = {**same, "key": key, "group": g, "seconds": 0.0,
-                             "same_as": same.get("same_as") or same["key"]}
-                if log is not None:
-                    with log.open("a") as f:
-                        f.write(json.dumps(done[key]) + "\n")
             if key not in done:
-                start = time.monotonic()
-                patch(model, "dpe", target / L, window=window, group_scales=knobs, key_dims=key_dims)
-                try:
-                    scores = [probe_score(model, ids, ans) for ids, ans in probes]
-                finally:
-                    unpatch(model)
-                done[key] = {"key": key, "group": g, "scale": s,
-                             "found": sum(r["found"] for r in scores) / len(scores),
-                             "nll": sum(r["nll"] for r in scores) / len(scores),
-                             "seconds": round(time.monotonic() - start, 1)}
+                # at s = base every group's probe is the one config (all groups at the base scale):
+                # probed once, the other groups' rows point to it (7 of the 40 forwards at 2x)
+                same = next((done[k] for k in (key_of(h, base) for h in range(groups)) if k in done),
+                            None) if s == base else None
+                if same is not None:
+                    done[key] = {**same, "key": key, "group": g, "seconds": 0.0,
+                                 "same_as": same.get("same_as") or same["key"]}
+                else:
+                    start = time.monotonic()
+                    patch(model, "dpe", target / L, window=window, group_scales=knobs, key_dims=key_dims)
+                    try:
+                        scores = [probe_score(model, ids, ans) for ids, ans in probes]
+                    finally:
+                        unpatch(model)
+                    done[key] = {"key": key, "group": g, "scale": s,
+                                 "found": sum(r["found"] for r in scores) / len(scores),
+                                 "nll": sum(r["nll"] for r in scores) / len(scores),
+                                 "seconds": round(time.monotonic() - start, 1)}
+                    progress(f"group {g} scale {s}: found {done[key]['found']:.2f}, "
+                             f"answer NLL {done[key]['nll']:.3f} ({done[key]['seconds']} s)")
                 if log is not None:
                     with log.open("a") as f:
                         f.write(json.dumps(done[key]) + "\n")
-                progress(f"group {g} scale {s}: found {done[key]['found']:.2f}, "
-                         f"answer NLL {done[key]['nll']:.3f} ({done[key]['seconds']} s)")
             table.setdefault(g, {})[s] = {k: done[key][k] for k in ("found", "nll")}
     best = [max(table[g], key=lambda s: (table[g][s]["found"], -table[g][s]["nll"])) for g in range(groups)]
     return {"method": "dpe", "target_length": target, "trained_length": L, "window": window,
