@@ -5,10 +5,11 @@ Tuning text (DPE's detection, both searches): King Lear. Held out: Hamlet (per-p
 perplexity, float32, against the unpatched model's sliding 8k window) and RULER's noise haystack
 with RULER's wordings (retrieval: niah_single, multi_key, five depths, bfloat16 -- the AMX
 matrix units make a 16k forward 2.5x faster than float32 here, and every method runs in the one
-dtype). At 4x (32k) only the methods that need no tuning run (YaRN, CoPE, Self-Extend), in
-bfloat16: a 32k DPE detection is ~40 probes of 32k tokens and a search at 32k 45 minutes, more
-than a session here holds; the 4x rows of the earlier searches are in results/search.md. The best attention-level method on Hamlet at 16k and 32k is Self-Extend with
-window 6144 and group_size auto (benchmarks/results/long_context.md).
+dtype). At 4x (32k) only the methods that need no detection or search at 32k run (YaRN, CoPE,
+Self-Extend with its knobs from King Lear), in bfloat16: a 32k DPE detection is 41 forwards of
+32k tokens and a search at 32k 45 minutes, more than a session here holds; the 4x rows of the
+earlier searches are in results/search.md. The best attention-level method on Hamlet at 16k and
+32k is Self-Extend with window 6144 and group_size auto (benchmarks/results/long_context.md).
 
 Each step runs hf-posext's own commands, resumably (a rerun skips what is on disk):
 
@@ -16,7 +17,7 @@ Each step runs hf-posext's own commands, resumably (a rerun skips what is on dis
     python benchmarks/side_by_side.py search     # needle and perplexity objectives, same budget
     python benchmarks/side_by_side.py eval       # per-position perplexity on Hamlet at 16k
     python benchmarks/side_by_side.py retrieval  # niah_single, multi_key at 16k, 5 depths
-    python benchmarks/side_by_side.py eval32     # 4x: the methods tuned on nothing at 32k, bf16
+    python benchmarks/side_by_side.py eval32     # 4x: the methods needing no 32k tuning, bf16
     python benchmarks/side_by_side.py report     # results/side_by_side.md and its plot
 """
 
@@ -27,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hf_posext.evaluation.shared.results import format_length
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 OUT = RESULTS / "side-by-side"
@@ -34,8 +37,9 @@ TUNE = "embedded:shakespeare/king-lear"
 HELD_OUT = "embedded:shakespeare/hamlet"
 TARGET = 16384               # 2x the embedded model's trained 8,192
 TARGET4 = 32768              # 4x
-METHODS4 = "yarn,cope,self_extend"   # at 4x, the methods tuned on nothing (see the docstring)
-DPE_FILE = RESULTS / "dpe" / "dpe-16k-bf16.json"
+SIZE, SIZE4 = format_length(TARGET), format_length(TARGET4)   # folder names, as the report derives them
+METHODS4 = "yarn,cope,self_extend"   # at 4x, the methods needing no detection or search there
+DPE_FILE = RESULTS / "dpe" / f"dpe-{SIZE}-bf16.json"
 OBJECTIVES = ("needle", "perplexity")
 SEARCH_MINUTES = 15          # each objective the same wall-time budget on this 2-core CPU
 METHODS = "yarn,cope,dpe,self_extend"
@@ -46,7 +50,7 @@ TASKS, DEPTHS, TRIALS = "niah_single,multi_key", "0,0.25,0.5,0.75,1", 1
 
 
 def search_dir(objective: str) -> Path:
-    return OUT / f"search-{objective}-16k"
+    return OUT / f"search-{objective}-{SIZE}"
 
 
 def cli(*argv: str) -> None:
@@ -82,19 +86,19 @@ def need(path: Path, step: str) -> None:
 
 def step_eval() -> None:
     need(DPE_FILE, "dpe")
-    out = OUT / "eval-16k"
+    out = OUT / f"eval-{SIZE}"
     cli("eval", "--dtype", "float32", "--dataset", HELD_OUT, "--lengths", str(TARGET), "--methods", METHODS,
         "--knobs", KNOBS, "--out", str(out), "--no-progress", *resume(out))
     for objective in OBJECTIVES:   # the searched checkpoint read as it is (its own longrope config)
         need(search_dir(objective) / "config.json", "search")
-        out = OUT / f"eval-16k-search-{objective}"
+        out = OUT / f"eval-{SIZE}-search-{objective}"
         cli("eval", "--model", str(search_dir(objective)), "--dtype", "float32", "--dataset", HELD_OUT,
             "--lengths", str(TARGET), "--methods", "none", "--no-baseline", "--out", str(out),
             "--no-progress", *resume(out))
 
 
 def step_eval32() -> None:
-    out = OUT / "eval-32k"
+    out = OUT / f"eval-{SIZE4}"
     cli("eval", "--dtype", "bfloat16", "--dataset", HELD_OUT, "--lengths", str(TARGET4),
         "--methods", METHODS4, "--knobs", SELF_EXTEND, "--out", str(out),
         "--no-progress", *resume(out))
@@ -104,11 +108,11 @@ def step_retrieval() -> None:
     need(DPE_FILE, "dpe")
     grid = ["--dtype", "bfloat16", "--tasks", TASKS, "--lengths", str(TARGET), "--depths", DEPTHS,
             "--trials", str(TRIALS), "--no-progress"]
-    out = OUT / "retrieval-16k"
+    out = OUT / f"retrieval-{SIZE}"
     cli("retrieval", "--methods", METHODS, "--knobs", KNOBS, *grid, "--out", str(out), *resume(out))
     for objective in OBJECTIVES:
         need(search_dir(objective) / "config.json", "search")
-        out = OUT / f"retrieval-16k-search-{objective}"
+        out = OUT / f"retrieval-{SIZE}-search-{objective}"
         cli("retrieval", "--model", str(search_dir(objective)), "--methods", "none", *grid,
             "--out", str(out), *resume(out))
 
@@ -122,8 +126,7 @@ def step_report() -> None:
 
 
 STEPS = {"dpe": step_dpe, "search": step_search, "eval": step_eval, "retrieval": step_retrieval,
-         "eval32": step_eval32,
-         "report": step_report}
+         "eval32": step_eval32, "report": step_report}
 
 
 def main(argv: list[str] | None = None) -> int:
