@@ -15,31 +15,122 @@ from hf_posext.evaluation.retrieval import build_cell, get_task, noise_haystack
 from hf_posext.attention.continuation import continuation_attention
 from hf_posext.evaluation.retrieval.decode import SharedPrefix, answer_cell, generate_trial, prefill
 from hf_posext.generation import fixed_rope_scale
+from transformers.cache_utils import DynamicLayer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.mark.parametrize("method", ["none", "yarn", "dynamic_ntk", "leaky_rerope", "dual_chunk"])
-def test_cached_trial_equals_full_recompute(method):
+# (method, factor, knobs) for every method; STRING keeps its distances inside L = 64 only up to
+# L + S − W = 80 tokens (its reach check), with knobs that shift something (as test_attention.py)
+EVERY_METHOD = [("none", 1.0, {})] + [(m, 4.0, {}) for m in hf_posext.ROPE_METHODS] + [
+    (m, 1.25, {"shifted_offset": 21, "local_value": 5}) if m == "string" else (m, 4.0, {})
+    for m in hf_posext.ATTENTION_METHODS]
+
+
+def recompute(model, ids: list[int], m: int):
+    """The reference: greedy tokens and each step's logits, every step one forward of the whole
+    sequence so far without any cache (transformers' own attention, no continuation), up to `m`
+    tokens or the end-of-sequence token (where generate stops)."""
+    seq, logits, eos = list(ids), [], model.generation_config.eos_token_id
+    for _ in range(m):
+        out = model(torch.tensor([seq]), use_cache=False).logits[0, -1]
+        logits.append(out)
+        seq.append(int(out.argmax()))
+        if seq[-1] in (eos if isinstance(eos, list) else [eos]):
+            break
+    return seq[len(ids):], logits
+
+
+def assert_same_answer(got, want):
+    assert got[0] == want[0]
+    assert len(got[1]) == len(want[1])
+    for a, b in zip(got[1], want[1]):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method,factor,knobs", EVERY_METHOD, ids=[m for m, _, _ in EVERY_METHOD])
+def test_cached_trial_equals_full_recompute(method, factor, knobs, monkeypatch):
+    """A trial as answer_cell runs it (a fork of the prefix cache with reserved capacity, by
+    attention.continuation) gives the tokens and logits of a recompute without any cache; so
+    does the fork without the reserve (DynamicLayer's cat); the prefix cache is left as it was."""
+    from hf_posext.evaluation.retrieval import decode
+    from hf_posext.evaluation.retrieval.reserved import ReservedLayer
+    tok, model = char_tokenizer(), tiny_model()
+    if method != "none":
+        hf_posext.patch(model, method, factor, **knobs)
+    cell = build_cell(tok, get_task("multi_key"), noise_haystack(tok), 700, 0.5, [0, 1])
+    assert len(cell.prefix) > 100          # a real shared prefix
+    forks, real = [], decode.reserved_fork
+    monkeypatch.setattr(decode, "reserved_fork", lambda c, n: forks.append(real(c, n)) or forks[-1])
+    with torch.inference_mode(), fixed_rope_scale(model, cell.hold_length):
+        with continuation_attention(model):
+            cache = prefill(model, cell.prefix)
+            held = [(layer.keys, layer.values, layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+            runs = [[generate_trial(model, tok, cell.prompt(i), cell.max_new_tokens[i], cache, scores=True, capacity=c)
+                     for c in (None, 0)] for i in range(2)]
+        for i, (reserved, grown) in enumerate(runs):
+            m = cell.max_new_tokens[i]
+            full = recompute(model, cell.prompt(i), m)
+            assert len(full[0]) > 1                            # decode steps ran
+            assert_same_answer(reserved, full)
+            assert_same_answer(grown, full)
+            # the reserved fork held the trial exactly: its buffers full, nothing grown past them
+            trial = forks[i]
+            assert all(type(layer) is ReservedLayer for layer in trial.layers)
+            for layer in trial.layers:
+                assert layer.buffers[0].shape[-2] == len(cell.prompt(i)) + m - 1   # the reserve
+                assert layer.get_seq_length() == len(cell.prompt(i)) + len(full[0]) - 1
+                assert layer.keys.data_ptr() == layer.buffers[0].data_ptr()
+        assert len(forks) == 2                                 # capacity 0 forked without it
+        assert cache.get_seq_length() == len(cell.prefix)   # the shared cache was not consumed
+        for layer, (k, v, k0, v0) in zip(cache.layers, held):  # nor written into by a trial's fork
+            assert type(layer) is DynamicLayer and layer.keys is k and layer.values is v
+            assert torch.equal(k, k0) and torch.equal(v, v0) and k.shape[-2] == len(cell.prefix)
+
+
+@pytest.mark.parametrize("method", ["none", "dual_chunk"])
+def test_a_trial_past_its_reserve_grows_and_stays_exact(method):
+    """More tokens than reserved: the suffix itself (capacity below the prompt) or the decode
+    steps (capacity one past the prompt) overflow; the layers grow, the answer is the recompute's."""
     tok, model = char_tokenizer(), tiny_model()
     if method != "none":
         hf_posext.patch(model, method, 4.0)
-    cell = build_cell(tok, get_task("multi_key"), noise_haystack(tok), 700, 0.5, [0, 1])
-    assert len(cell.prefix) > 100          # a real shared prefix
-    with fixed_rope_scale(model, cell.hold_length):
+    cell = build_cell(tok, get_task("single_needle"), noise_haystack(tok), 600, 0.5, [2])
+    ids, m = cell.prompt(0), cell.max_new_tokens[0]
+    assert m > 2
+    with torch.inference_mode(), fixed_rope_scale(model, cell.hold_length):
         with continuation_attention(model):
             cache = prefill(model, cell.prefix)
-            held = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
-            runs = [generate_trial(model, tok, cell.prompt(i), cell.max_new_tokens[i], cache, scores=True)
-                    for i in range(2)]
-        for i, (cached, cached_logits) in enumerate(runs):
-            full, full_logits = generate_trial(model, tok, cell.prompt(i), cell.max_new_tokens[i], None, scores=True)
-            assert cached == full
-            for a, b in zip(cached_logits, full_logits):
-                torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
-        assert cache.get_seq_length() == len(cell.prefix)   # the shared cache was not consumed
-        for layer, (k, v) in zip(cache.layers, held):        # nor written into by a trial's fork
-            assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+            got = [generate_trial(model, tok, ids, m, cache, scores=True, capacity=c)
+                   for c in (len(cell.prefix) + 2, len(ids) + 1)]
+        full = recompute(model, ids, m)
+    assert len(full[0]) > 2                          # decode steps past the reserve ran
+    for g in got:
+        assert_same_answer(g, full)
+    assert cache.get_seq_length() == len(cell.prefix)
+
+
+def test_reserved_layer_writes_in_place_and_returns_what_dynamic_layer_does():
+    """transformers' DynamicLayer is the reference for every update's result; within the
+    reserve the buffers stay the same (written in place), past it the layer grows; the layer it
+    was made from keeps its tensors."""
+    from hf_posext.evaluation.retrieval.reserved import ReservedLayer
+    g = torch.Generator().manual_seed(0)
+    kv = lambda n: (torch.randn(1, 2, n, 4, generator=g), torch.randn(1, 2, n, 4, generator=g))  # noqa: E731
+    prefix, ref = DynamicLayer(), DynamicLayer()
+    k0, v0 = kv(5)
+    k0, v0 = prefix.update(k0, v0)           # the prefix layer's own tensors
+    ref.update(k0, v0)
+    layer = ReservedLayer(prefix, capacity=5 + 3 + 2)
+    ptrs = []
+    for n in (3, 1, 1, 1):                        # a suffix, two steps within the reserve, one past it
+        k, v = kv(n)
+        got, want = layer.update(k, v), ref.update(k, v)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert layer.get_seq_length() == ref.get_seq_length()
+        ptrs.append(layer.buffers[0].data_ptr())
+    assert ptrs[0] == ptrs[1] == ptrs[2] != ptrs[3]
+    assert prefix.keys is k0 and prefix.values is v0 and prefix.get_seq_length() == 5
 
 
 def test_decode_steps_run_on_one_thread_and_the_threads_come_back():

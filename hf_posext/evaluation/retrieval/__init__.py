@@ -7,6 +7,7 @@ Wilson intervals and an effective length per method (docs/retrieval.md).
     stats.py     scoring, Wilson, effective length       settings.py  RetrievalGrid
     run.py       evaluate_retrieval (on grid.run_grid)   plots.py     plots and summary table
     blocks.py    trials added in blocks of seeds: checked, merged
+    reserved.py  a trial's cache layers with reserved capacity: decode steps write in place
     report.py    lm-eval's RULER records kept compactly, tables beside the suite's rows
     sequential.py  the stopping rule: Clopper–Pearson at levels exact over the looks
     schedule.py  evaluate_sequential: looks where decisions are open, a budget

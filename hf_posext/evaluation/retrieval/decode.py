@@ -8,6 +8,9 @@ grows a layer by `torch.cat` into new tensors (cache_utils.py, DynamicLayer.upda
 writes into the ones it holds, so new layer objects over the prefix's own tensors leave the prefix
 untouched; any other cache or layer type is deep-copied (a deep copy of a 4k-token prefix moved
 ~190 MB per trial at 8k). Not cropped back: DynamicCache.crop's argument changed meaning in 5.x.
+The fork's layers reserve the trial's whole length (`reserved.ReservedLayer`): the suffix forward
+copies the prefix into a buffer once, and each decode step writes its token in place instead of
+DynamicLayer's cat copying the whole cache per layer per step.
 Every forward that continues a cache attends by `attention.continuation` (the cached keys
 unmasked, the new ones causal, merged by log-sum-exp), not by SDPA over a materialised mask.
 
@@ -41,6 +44,7 @@ from transformers.generation import utils as _generation_utils
 from ...attention.continuation import continuation_attention
 from ...generation import fixed_rope_scale
 from .prompt import CellPrompts
+from .reserved import reserved_fork
 
 
 # transformers 5.x renamed generate's `past_key_values` to `cache` (deprecated alias until 5.40,
@@ -116,13 +120,24 @@ def fork(cache):
     return out
 
 
+def trial_cache(cache, capacity: int):
+    """What a trial continues from: a fork of `cache` whose layers reserve `capacity` tokens
+    (`reserved.reserved_fork`), or, with `capacity` 0 or a cache of another kind, `fork(cache)`."""
+    return (reserved_fork(cache, capacity) if capacity > 0 else None) or fork(cache)
+
+
 @torch.inference_mode()
 def generate_trial(model, tokenizer, ids: list[int], max_new_tokens: int, cache=None,
-                   scores: bool = False):
+                   scores: bool = False, capacity: int | None = None):
     """Greedy continuation of `ids` (new token ids; with `scores`, also the logits of each
-    step), continuing from `cache` when given (a cache of a prefix of `ids`, left untouched)."""
+    step), continuing from `cache` when given (a cache of a prefix of `ids`, left untouched).
+    `capacity`: the tokens the trial's cache layers reserve (None: the prompt and the answer,
+    all the trial holds, as generate feeds back every new token but the last; 0: none, the
+    layers grow by DynamicLayer's cat; fewer than the trial needs: they grow past it)."""
     x = torch.tensor([ids], device=_device(model))
-    extra = {CACHE_KWARG: fork(cache)} if cache is not None else {}
+    if capacity is None:
+        capacity = len(ids) + max_new_tokens - 1
+    extra = {CACHE_KWARG: trial_cache(cache, capacity)} if cache is not None else {}
     with one_thread_steps(model):
         out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                              do_sample=False, pad_token_id=_pad(tokenizer), return_dict_in_generate=True,
