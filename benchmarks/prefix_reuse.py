@@ -18,8 +18,11 @@ ones move less when other work shares the cores). Runs `--reps` rounds of every 
   generate + the suffix), the figure issue 37 asks to be at most 0.65 of full;
 - trial, answer: the same with `--answer-tokens` new tokens (default 8, single_needle's budget in
   the committed grid): the suffix plus that many decode steps over the 8k cache, each on one
-  thread (`decode.one_thread_steps`); trial, answer (steps on all threads): the same `generate`
-  call without it, as a trial ran before;
+  thread (`decode.one_thread_steps`), the fork's layers reserving the trial's whole length
+  (`reserved.ReservedLayer`: each step writes its token in place); trial, answer (cache grown by
+  cat): the same trial with the fork's layers growing by DynamicLayer's `torch.cat` (a copy of
+  the whole cache per layer per step), as a trial ran before; trial, answer (steps on all
+  threads): that `generate` call without `one_thread_steps` either, as a trial ran before that;
 - sharing (with `--share-depths`): the prefixes of those depths prefilled one by one from
   scratch against `decode.SharedPrefix` extending one cache from depth to depth.
 """
@@ -72,9 +75,9 @@ def main() -> None:
         def suffix():
             model(ids[:, cut:], **{CACHE_KWARG: fork(cache)}, use_cache=True, logits_to_keep=1)
 
-        def trial(new: int = 1):
+        def trial(new: int = 1, capacity: int | None = None):
             with continuation_attention(model):
-                generate_trial(model, tok, ids[0].tolist(), new, cache)
+                generate_trial(model, tok, ids[0].tolist(), new, cache, capacity=capacity)
 
         def wide_answer():   # generate_trial's call without decode.one_thread_steps
             x = ids[:, :]
@@ -91,6 +94,7 @@ def main() -> None:
                  "fork": lambda: fork(cache), "deep copy (before)": lambda: copy.deepcopy(cache),
                  "suffix (sdpa)": suffix, "suffix": new_suffix,
                  "trial": trial, "trial, answer": lambda: trial(args.answer_tokens),
+                 "trial, answer (cache grown by cat)": lambda: trial(args.answer_tokens, capacity=0),
                  "trial, answer (steps on all threads)": wide_answer}
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
@@ -128,7 +132,7 @@ def main() -> None:
     if args.answer_tokens > 1:   # what one greedy step over the whole cache adds
         steps = args.answer_tokens - 1
         print()
-        for k in ("trial, answer", "trial, answer (steps on all threads)"):
+        for k in ("trial, answer", "trial, answer (cache grown by cat)", "trial, answer (steps on all threads)"):
             w, c = ((fast[k][i] - fast["trial"][i]) / steps for i in (0, 1))
             print(f"{'' if k == 'trial, answer' else '  '}one decode step (({k} - trial) / {steps}): {w:.3f} s wall, "
                   f"{c:.3f} s CPU, {w / fast['full'][0]:.4f} / {c / fast['full'][1]:.4f} of full")
