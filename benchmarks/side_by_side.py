@@ -1,15 +1,23 @@
 """Issue #41's side by side: YaRN, CoPE, DPE, the search under each objective and the best
-attention-level method, on the embedded SmolLM2-135M at 2x (16k), on text none was tuned on.
+attention-level method, on the embedded SmolLM2-135M at 2x (16k) and 4x (32k), on text none
+was tuned on.
 
-Tuning text (DPE's detection, both searches): King Lear. Held out: Hamlet (per-position
-perplexity, float32, against the unpatched model's sliding 8k window) and RULER's noise haystack
-with RULER's wordings (retrieval: niah_single, multi_key, five depths, bfloat16 -- the AMX
-matrix units make a 16k forward 2.5x faster than float32 here, and every method runs in the one
-dtype). At 4x (32k) only the methods that need no detection or search at 32k run (YaRN, CoPE,
-Self-Extend with its knobs from King Lear), in bfloat16: a 32k DPE detection is 41 forwards of
-32k tokens and a search at 32k 45 minutes, more than a session here holds; the 4x rows of the
-earlier searches are in results/search.md. The best attention-level method on Hamlet at 16k and
-32k is Self-Extend with window 6144 and group_size auto (benchmarks/results/long_context.md).
+Tuning text (DPE's detection, the searches): King Lear. Held out: Hamlet (per-position
+perplexity against the unpatched model's sliding 8k window; float32 at 2x, bfloat16 at 4x) and,
+at 2x, RULER's noise haystack with RULER's wordings (retrieval: niah_single, multi_key, five
+depths, bfloat16 -- the AMX matrix units make a 16k forward 2.5x faster than float32 here, and
+every method runs in the one dtype). The best attention-level method on Hamlet at 16k and 32k is
+Self-Extend with window 6144 and group_size auto (benchmarks/results/long_context.md).
+
+At 4x every method runs, perplexity only: DPE with the scales of its own 32k detection, and the
+two searches, which did not get the same budget. The needle objective is searched here (20
+minutes, 8k proxy, evolution); the perplexity objective is not searched again: its 45-minute
+search at 32k (8k proxy, evolution; benchmarks/search.py tune4, results/search.md) is reused,
+and it predates the proxy's attention-mask fix (docs/search.md: its spans were each scored in
+isolation). Its folder kept only config.json and the log (the weights were the embedded model's,
+unchanged), so `search32` rebuilds the checkpoint under side-by-side/ with hf_posext.search's
+save_best, the path the search itself saved it by, and checks the rope config written equals
+the searched one.
 
 Each step runs hf-posext's own commands, resumably (a rerun skips what is on disk):
 
@@ -17,13 +25,16 @@ Each step runs hf-posext's own commands, resumably (a rerun skips what is on dis
     python benchmarks/side_by_side.py search     # needle and perplexity objectives, same budget
     python benchmarks/side_by_side.py eval       # per-position perplexity on Hamlet at 16k
     python benchmarks/side_by_side.py retrieval  # niah_single, multi_key at 16k, 5 depths
-    python benchmarks/side_by_side.py eval32     # 4x: the methods needing no 32k tuning, bf16
-    python benchmarks/side_by_side.py report     # results/side_by_side.md and its plot
+    python benchmarks/side_by_side.py dpe32      # dpe-detect at 32k, bf16  -> results/dpe/dpe-32k-bf16.json
+    python benchmarks/side_by_side.py search32   # 4x: needle search; the reused perplexity search's checkpoint
+    python benchmarks/side_by_side.py eval32     # 4x: every method on Hamlet at 32k, bf16
+    python benchmarks/side_by_side.py report     # results/side_by_side.md and its plots
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -38,19 +49,29 @@ HELD_OUT = "embedded:shakespeare/hamlet"
 TARGET = 16384               # 2x the embedded model's trained 8,192
 TARGET4 = 32768              # 4x
 SIZE, SIZE4 = format_length(TARGET), format_length(TARGET4)   # folder names, as the report derives them
-METHODS4 = "yarn,cope,self_extend"   # at 4x, the methods needing no detection or search there
-DPE_FILE = RESULTS / "dpe" / f"dpe-{SIZE}-bf16.json"
 OBJECTIVES = ("needle", "perplexity")
-SEARCH_MINUTES = 15          # each objective the same wall-time budget on this 2-core CPU
+SEARCH_MINUTES = 15          # each objective at 2x the same wall-time budget on this 2-core CPU
+SEARCH_MINUTES4 = 20         # the needle objective at 4x
+PROXY, PROXY4 = "4k", "8k"   # the searches' proxy lengths at 2x and 4x
+REUSED4 = RESULTS / "search-lear-32k"   # the perplexity objective at 4x: benchmarks/search.py tune4
+REUSED4_MINUTES = 45         # its budget (its command: results/search.md)
 METHODS = "yarn,cope,dpe,self_extend"
 # Self-Extend as benchmarks/long_context.py runs it; DPE with the scales its detection found
 SELF_EXTEND = "self_extend:window=6144,self_extend:group_size=auto"
-KNOBS = f"{SELF_EXTEND},dpe:group_scales=@{DPE_FILE}"
 TASKS, DEPTHS, TRIALS = "niah_single,multi_key", "0,0.25,0.5,0.75,1", 1
 
 
-def search_dir(objective: str) -> Path:
-    return OUT / f"search-{objective}-{SIZE}"
+def dpe_file(target: int) -> Path:
+    return RESULTS / "dpe" / f"dpe-{format_length(target)}-bf16.json"
+
+
+def knobs(target: int) -> str:
+    return f"{SELF_EXTEND},dpe:group_scales=@{dpe_file(target)}"
+
+
+def search_dir(objective: str, target: int = TARGET) -> Path:
+    """The searched checkpoint of `objective` (at 4x, perplexity: REUSED4's, rebuilt by search32)."""
+    return OUT / f"search-{objective}-{format_length(target)}"
 
 
 def cli(*argv: str) -> None:
@@ -63,53 +84,95 @@ def resume(out: Path) -> list[str]:
     return ["--resume"] if out.exists() else []
 
 
-def step_dpe() -> None:
-    cli("dpe-detect", "--dataset", TUNE, "--target-length", str(TARGET), "--dtype", "bfloat16",
-        "--out", str(DPE_FILE))
-
-
-def step_search() -> None:
-    for objective in OBJECTIVES:
-        out = search_dir(objective)
-        if (out / "config.json").exists():
-            print(f"{out} holds a finished search; skipped", flush=True)
-            continue
-        cli("search", "--objective", objective, "--dataset", TUNE, "--target-length", str(TARGET),
-            "--proxy-length", "4k", "--algorithm", "evolution", "--budget-minutes", str(SEARCH_MINUTES),
-            "--no-final-check", "--no-progress", "--out", str(out))
-
-
 def need(path: Path, step: str) -> None:
     if not path.exists():
         sys.exit(f"{path} is missing: run `python benchmarks/side_by_side.py {step}` first.")
 
 
-def step_eval() -> None:
-    need(DPE_FILE, "dpe")
-    out = OUT / f"eval-{SIZE}"
-    cli("eval", "--dtype", "float32", "--dataset", HELD_OUT, "--lengths", str(TARGET), "--methods", METHODS,
-        "--knobs", KNOBS, "--out", str(out), "--no-progress", *resume(out))
-    for objective in OBJECTIVES:   # the searched checkpoint read as it is (its own longrope config)
-        need(search_dir(objective) / "config.json", "search")
-        out = OUT / f"eval-{SIZE}-search-{objective}"
-        cli("eval", "--model", str(search_dir(objective)), "--dtype", "float32", "--dataset", HELD_OUT,
-            "--lengths", str(TARGET), "--methods", "none", "--no-baseline", "--out", str(out),
-            "--no-progress", *resume(out))
+def detect(target: int) -> None:
+    cli("dpe-detect", "--dataset", TUNE, "--target-length", str(target), "--dtype", "bfloat16",
+        "--out", str(dpe_file(target)))
 
 
-def step_eval32() -> None:
-    out = OUT / f"eval-{SIZE4}"
-    cli("eval", "--dtype", "bfloat16", "--dataset", HELD_OUT, "--lengths", str(TARGET4),
-        "--methods", METHODS4, "--knobs", SELF_EXTEND, "--out", str(out),
+def search(objective: str, target: int, proxy: str, minutes: float) -> None:
+    out = search_dir(objective, target)
+    if (out / "config.json").exists():
+        print(f"{out} holds a finished search; skipped", flush=True)
+        return
+    cli("search", "--objective", objective, "--dataset", TUNE, "--target-length", str(target),
+        "--proxy-length", proxy, "--algorithm", "evolution", "--budget-minutes", str(minutes),
+        "--no-final-check", "--no-progress", "--out", str(out))
+
+
+def rebuild(searched: Path, out: Path) -> None:
+    """The embedded model saved with `searched`'s rope config by hf_posext.search.save_best (how
+    `hf-posext search` saved it), then the rope config written checked equal to the searched one."""
+    from transformers import AutoConfig
+
+    from hf_posext.data.embedded import load_model, load_tokenizer
+    from hf_posext.rope.compat import get_rope_parameters
+    from hf_posext.search import SearchResult, save_best
+
+    if not (searched / "config.json").is_file():   # committed with its log (results/search.md)
+        sys.exit(f"{searched}/config.json is missing: restore it from git (benchmarks/search.py tune4 made it).")
+    rope = lambda folder: get_rope_parameters(AutoConfig.from_pretrained(folder))   # noqa: E731
+    wanted = rope(searched)
+    if (out / "config.json").exists() and rope(out) == wanted:
+        print(f"{out} holds {searched.name}'s checkpoint; skipped", flush=True)
+        return
+    long, short = wanted.get("long_factor"), wanted.get("short_factor")
+    if wanted.get("rope_type") != "longrope" or short not in (long, [1.0] * len(long or [])):
+        sys.exit(f"{searched}/config.json is not a longrope config with short_factor = long_factor "
+                 "or identity (what save_best writes); rebuild it by hand.")
+    model, tokenizer = load_model(), load_tokenizer()
+    target = round(float(wanted["factor"]) * int(wanted["original_max_position_embeddings"]))
+    best = SearchResult(long, float(wanted["attention_factor"]), math.nan, math.nan, math.nan,
+                        source=f"{searched.name} (reused)", steps=0, checked=False)
+    save_best(model, tokenizer, best, out, target, "same" if short == long else "identity")
+    if rope(out) != wanted:
+        sys.exit(f"{out}: the rope config written differs from {searched}/config.json's.")
+    print(f"{out}: the embedded model with {searched.name}'s rope config", flush=True)
+
+
+def eval_searched(objective: str, target: int, dtype: str, step: str) -> None:
+    """Perplexity of a searched checkpoint read as it is (its own rope config), no baseline."""
+    need(search_dir(objective, target) / "config.json", step)
+    out = OUT / f"eval-{format_length(target)}-search-{objective}"
+    cli("eval", "--model", str(search_dir(objective, target)), "--dtype", dtype, "--dataset", HELD_OUT,
+        "--lengths", str(target), "--methods", "none", "--no-baseline", "--out", str(out),
         "--no-progress", *resume(out))
 
 
+def eval_all(target: int, dtype: str, dpe_step: str, search_step: str) -> None:
+    need(dpe_file(target), dpe_step)
+    for objective in OBJECTIVES:   # before the long shared run: a missing search fails first
+        need(search_dir(objective, target) / "config.json", search_step)
+    out = OUT / f"eval-{format_length(target)}"
+    cli("eval", "--dtype", dtype, "--dataset", HELD_OUT, "--lengths", str(target), "--methods", METHODS,
+        "--knobs", knobs(target), "--out", str(out), "--no-progress", *resume(out))
+    for objective in OBJECTIVES:
+        eval_searched(objective, target, dtype, search_step)
+
+
+def step_dpe() -> None:
+    detect(TARGET)
+
+
+def step_search() -> None:
+    for objective in OBJECTIVES:
+        search(objective, TARGET, PROXY, SEARCH_MINUTES)
+
+
+def step_eval() -> None:
+    eval_all(TARGET, "float32", "dpe", "search")
+
+
 def step_retrieval() -> None:
-    need(DPE_FILE, "dpe")
+    need(dpe_file(TARGET), "dpe")
     grid = ["--dtype", "bfloat16", "--tasks", TASKS, "--lengths", str(TARGET), "--depths", DEPTHS,
             "--trials", str(TRIALS), "--no-progress"]
     out = OUT / f"retrieval-{SIZE}"
-    cli("retrieval", "--methods", METHODS, "--knobs", KNOBS, *grid, "--out", str(out), *resume(out))
+    cli("retrieval", "--methods", METHODS, "--knobs", knobs(TARGET), *grid, "--out", str(out), *resume(out))
     for objective in OBJECTIVES:
         need(search_dir(objective) / "config.json", "search")
         out = OUT / f"retrieval-{SIZE}-search-{objective}"
@@ -117,16 +180,40 @@ def step_retrieval() -> None:
             "--out", str(out), *resume(out))
 
 
+def step_dpe32() -> None:
+    detect(TARGET4)
+
+
+def step_search32() -> None:
+    search("needle", TARGET4, PROXY4, SEARCH_MINUTES4)
+    rebuild(REUSED4, search_dir("perplexity", TARGET4))
+
+
+def step_eval32() -> None:
+    eval_all(TARGET4, "bfloat16", "dpe32", "search32")
+
+
 def step_report() -> None:
-    from side_by_side_report import Setup, write_report   # it reads the rows; what was run, from here
-    setup = Setup(tune=TUNE, held_out=HELD_OUT, target=TARGET, objectives=OBJECTIVES,
-                  search_minutes=SEARCH_MINUTES, knobs=KNOBS, tasks=TASKS, depths=DEPTHS,
-                  dpe_file=DPE_FILE.name, commands=__doc__ or "", target4=TARGET4, methods4=METHODS4)
-    print(f"wrote {write_report(OUT, RESULTS / 'side_by_side.md', setup)}", flush=True)
+    # they read the rows; what was run, from here
+    from side_by_side_4x import section_4x
+    from side_by_side_report import Search, Setup, write_report
+    page = RESULTS / "side_by_side.md"
+    setup = Setup(tune=TUNE, held_out=HELD_OUT, target=TARGET, knobs=knobs(TARGET), tasks=TASKS,
+                  depths=DEPTHS, dpe_file=dpe_file(TARGET).name, commands=__doc__ or "",
+                  searches=tuple(Search(o, search_dir(o), SEARCH_MINUTES) for o in OBJECTIVES))
+    setup4 = Setup(tune=TUNE, held_out=HELD_OUT, target=TARGET4, knobs=knobs(TARGET4), tasks="",
+                   depths="", dpe_file=dpe_file(TARGET4).name, commands=__doc__ or "", searches=(
+                       Search("needle", search_dir("needle", TARGET4), SEARCH_MINUTES4),
+                       Search("perplexity", REUSED4, REUSED4_MINUTES,
+                              "reused: searched by benchmarks/search.py tune4 (results/search.md) before "
+                              "the proxy's attention-mask fix (docs/search.md: its spans were each scored "
+                              f"in isolation); evaluated from {search_dir('perplexity', TARGET4).name}/, "
+                              "the embedded model saved with its config (side_by_side.py search32)")))
+    print(f"wrote {write_report(OUT, page, setup, section_4x(OUT, page, setup4))}", flush=True)
 
 
 STEPS = {"dpe": step_dpe, "search": step_search, "eval": step_eval, "retrieval": step_retrieval,
-         "eval32": step_eval32, "report": step_report}
+         "dpe32": step_dpe32, "search32": step_search32, "eval32": step_eval32, "report": step_report}
 
 
 def main(argv: list[str] | None = None) -> int:

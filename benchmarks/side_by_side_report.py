@@ -3,18 +3,19 @@ benchmarks/side_by_side.py wrote under results/side-by-side/ and results/dpe/. E
 read from those files, never typed in; a step not run yet (or still running) reads "not run" in
 its cells, so the page can be written at any point of the run. The "Reading it" section (after the
 table and plot) is the lead's: a page that has one keeps it when the report is rewritten. What was run (texts, length,
-knobs, the commands) comes from side_by_side.py as a `Setup`: this module does not import the
-script that imports it (tests/test_layout.py: no import circle between scripts)."""
+knobs, searches, the commands) comes from side_by_side.py as one `Setup` per length: this module
+does not import the script that imports it (tests/test_layout.py: no import circle between scripts).
+The 4x section is side_by_side_4x.py's, built from these readers and passed in by the script."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import hf_posext
 from hf_posext.evaluation.perplexity.buckets import nll_from
@@ -59,20 +60,27 @@ class Line:
 
 
 @dataclass(frozen=True)
+class Search:
+    """A search whose checkpoint side_by_side.py evaluates."""
+    objective: str
+    folder: Path              # its search_log.jsonl (and config.json once finished)
+    minutes: float            # its wall-time budget
+    note: str = ""            # said under the search table (e.g. where a reused search came from)
+
+
+@dataclass(frozen=True)
 class Setup:
-    """What benchmarks/side_by_side.py ran (its own constants, passed by its `report` step)."""
+    """What benchmarks/side_by_side.py ran at one length (its own constants, passed by its
+    `report` step)."""
     tune: str                 # the tuning text (DPE's detection, the searches)
     held_out: str             # the perplexity text
     target: int               # the target length
-    objectives: tuple[str, ...]
-    search_minutes: float     # each search's wall-time budget
     knobs: str                # the --knobs of the shared runs
     tasks: str                # retrieval tasks, comma-separated
     depths: str               # retrieval depths, comma-separated
     dpe_file: str             # DPE's detection result, a file name in results/dpe/
     commands: str             # the script's docstring: its steps as commands
-    target4: int = 0          # the 4x length (0: none), its perplexity run of `methods4` only
-    methods4: str = ""
+    searches: tuple[Search, ...]
 
     @property
     def size(self) -> str:
@@ -82,13 +90,17 @@ class Setup:
     def tuned(self) -> str:
         return _name(self.tune)
 
+    @property
+    def held(self) -> str:
+        return _name(self.held_out)
+
     def knobs_of(self, method: str) -> str:
         return ", ".join(k.split(":", 1)[1] for k in self.knobs.split(",") if k.startswith(f"{method}:"))
 
     def lines(self) -> list[Line]:
         n = self.size
         shared = lambda label, method, tuned: Line(label, method, False, f"eval-{n}", f"retrieval-{n}", tuned)  # noqa: E731
-        searches = sorted(self.objectives, key="perplexity".__ne__)   # the plain objective first
+        searches = sorted((s.objective for s in self.searches), key="perplexity".__ne__)   # plain first
         return [shared("yarn", "yarn", "nothing"), shared("cope", "cope", "nothing"),
                 shared("dpe (detected scales)", "dpe", f"{self.tuned} (its detection)"),
                 *(Line(f"search, objective={o}", "none", True, f"eval-{n}-search-{o}", f"retrieval-{n}-search-{o}",
@@ -217,14 +229,21 @@ def dpe_lines(out: Path, page: Path, setup: Setup) -> list[str]:
                                        else "" for s in scales) + " |" for g in sorted({g for g, _ in probes}))]
 
 
-def search_table(out: Path, page: Path, setup: Setup) -> list[str]:
-    lines = ["| objective | algorithm | proxy length | budget (min) | evaluated (seeds + candidates) "
+def search_lines(page: Path, setup: Setup) -> list[str]:
+    """The searches' lead-in, their table (read from their logs) and their notes."""
+    budgets = {s.minutes for s in setup.searches}
+    lines = [f"The searches (`hf-posext search` on {setup.tuned}, "
+             + ("each objective the same wall-time budget" if len(budgets) == 1 else
+                "the objectives with different wall-time budgets: the column budget")
+             + "; the best objective value is the mean NLL of the objective each one optimizes, so the two "
+             "are not comparable with each other):", "",
+             "| objective | algorithm | proxy length | budget (min) | evaluated (seeds + candidates) "
              "| minutes (log's elapsed) | best objective value (mean NLL) | from | finished |", "|---|---|---|---|---|---|---|---|---|"]
-    for objective in sorted(setup.objectives, key="perplexity".__ne__):
-        folder = out / f"search-{objective}-{setup.size}"
+    for search in sorted(setup.searches, key=lambda s: s.objective != "perplexity"):
+        folder, objective = search.folder, search.objective
         log = _jsonl(folder / "search_log.jsonl")
         if not log:
-            lines.append(f"| {objective} | {NOT_RUN} |  |  |  |  |  |  |  |")
+            lines.append(f"| {objective} | {NOT_RUN} |  | {search.minutes:g} |  |  |  |  |  |")
             continue
         settings = next((r["settings"] for r in log if r["kind"] == "settings"), {})
         scored = [r for r in log if r["kind"] in ("seed", "candidate", "step")]
@@ -236,9 +255,10 @@ def search_table(out: Path, page: Path, setup: Setup) -> list[str]:
         minutes = max((float(r.get("elapsed", 0)) for r in log), default=0.0) / 60
         lines.append(f"| [{settings.get('objective', 'perplexity')}]({_rel(folder / 'search_log.jsonl', page)}) "
                      f"| {settings.get('algorithm', 'gradient')} | {settings.get('proxy_length', '')} "
-                     f"| {setup.search_minutes:g} | {seeds} + {len(scored) - seeds} | {minutes:.1f} | {value} | {source} "
+                     f"| {search.minutes:g} | {seeds} + {len(scored) - seeds} | {minutes:.1f} | {value} | {source} "
                      f"| {'yes' if (folder / 'config.json').exists() else 'no'} |")
-    return lines
+    notes = [f"- {s.objective}: {s.note}." for s in setup.searches if s.note]
+    return lines + ([""] + notes if notes else [])
 
 
 def plot(ev: Eval, path: Path, setup: Setup) -> Path | None:
@@ -274,7 +294,7 @@ def _kept_reading(page: Path) -> list[str]:
     return [m.group(0).rstrip(), ""] if m else []
 
 
-def _measured(ev: Eval, retrieval: dict[str, list[dict]]) -> list[str]:
+def measured(ev: Eval, retrieval: dict[str, list[dict]]) -> list[str]:
     """What the rows are, read from them: texts, dtypes, windows, trials."""
     out = []
     if ev.base is not None:
@@ -311,30 +331,7 @@ def _cost(ev: Eval, retrieval: dict[str, list[dict]], setup: Setup) -> list[str]
     return lines
 
 
-def section_4x(out: Path, page: Path, setup: Setup) -> list[str]:
-    """The perplexity run at the 4x length: its table (the methods it ran), plot and wall times."""
-    if not setup.target4:
-        return []
-    at4 = dataclasses.replace(setup, target=setup.target4)
-    ev, ran = read_eval(out, at4), setup.methods4.split(",")
-    text = [f"## At {at4.size} (eval-{at4.size}: {', '.join(ran)} and the unpatched model)", ""]
-    if ev.base is None and not ev.rows:
-        return text + [f"Perplexity at {at4.size}: {NOT_RUN}.", ""]
-    text += [f"| method | tuned on | portable | ppl / sliding, within L | past L | whole {at4.size} | wall s |",
-             "|---|---|---|---|---|---|---|"]
-    for line in at4.lines():
-        if not line.searched and (line.method in ran or line.unpatched):
-            row = ev.rows.get(line.label)
-            wall = "" if row is None else f"{float(row['seconds']):.0f}"
-            text.append(f"| {_shown(line, list(ev.rows.values()))} | {line.tuned_on} | {line.portable} | "
-                        + " | ".join(eval_cells(ev, line.label)) + f" | {wall} |")
-    png = plot(ev, page.with_name(f"{page.stem}_{at4.size}.png"), at4)
-    return text + [""] + [f"- {note}" for note in ev.notes.values()] + _measured(ev, {}) + [
-        f"- The sliding baseline's run: {float(ev.base['seconds']):.0f} s." if ev.base else "", "",
-        *([f"![per-position perplexity ratio at {at4.size}]({png.name})", ""] if png else [])]
-
-
-def _shown(line: Line, rows: list[dict]) -> str:
+def shown(line: Line, rows: list[dict]) -> str:
     """The label, with the scale factor its rows ran at for the rope methods that take one."""
     if line.searched or line.method not in hf_posext.ROPE_METHODS:
         return line.label
@@ -342,8 +339,9 @@ def _shown(line: Line, rows: list[dict]) -> str:
     return f"{line.label} (s = {', '.join(f'{f:g}' for f in factors)})" if factors else line.label
 
 
-def write_report(out_dir: Path, page_path: Path, setup: Setup) -> Path:
-    """Write the page (and its plot beside it, same stem, .png) from the folders under out_dir."""
+def write_report(out_dir: Path, page_path: Path, setup: Setup, sections: Sequence[str] = ()) -> Path:
+    """Write the page (and its plot beside it, same stem, .png) from the folders under out_dir;
+    `sections`: lines of further sections (the 4x one), before the commands."""
     out_dir, page_path = Path(out_dir), Path(page_path)
     ev = read_eval(out_dir, setup)
     retrieval, retrieval_notes = read_retrieval(out_dir, setup)
@@ -363,7 +361,7 @@ def write_report(out_dir: Path, page_path: Path, setup: Setup) -> Path:
             "|---|---|---|---|---|---|" + "---|" * len(tasks)]
     for line in setup.lines():
         found = retrieval.get(line.label, [])
-        cells = [_shown(line, every), line.tuned_on, line.portable, *eval_cells(ev, line.label),
+        cells = [shown(line, every), line.tuned_on, line.portable, *eval_cells(ev, line.label),
                  *(REFUSED if line.label in retrieval_notes else retrieval_cell(found, t, setup.depths)
                    for t in tasks)]
         text.append("| " + " | ".join(cells) + " |")
@@ -374,15 +372,11 @@ def write_report(out_dir: Path, page_path: Path, setup: Setup) -> Path:
                  "Per bucket of positions: each method's perplexity over the bucket / the sliding "
                  "baseline's over the same tokens; dashed: rope-only configs. Lower panel: the methods that "
                  "stay near the baseline at every bucket, on a linear scale.", ""]
-    text += [*_kept_reading(page_path), "## What was measured", "", *_measured(ev, retrieval),
+    text += [*_kept_reading(page_path), "## What was measured", "", *measured(ev, retrieval),
              "- Portable: a rope-only config, written in `config.json` where transformers and the "
              "engines read it; attention-level methods run in transformers with hf_posext only.", "",
-             *dpe_lines(out_dir, page_path, setup), "",
-             f"The searches (`hf-posext search` on {tuned}, each objective the same wall-time budget; "
-             "the best objective value is the mean NLL of the objective each one optimizes, so the two "
-             "are not comparable with each other):", "", *search_table(out_dir, page_path, setup), "",
-             "Wall time on the shared 2-core CPU:", "", *_cost(ev, retrieval, setup), "",
-             *section_4x(out_dir, page_path, setup),
+             *dpe_lines(out_dir, page_path, setup), "", *search_lines(page_path, setup), "",
+             "Wall time on the shared 2-core CPU:", "", *_cost(ev, retrieval, setup), "", *sections,
              "## Commands", "", "Each step runs hf-posext's own commands (benchmarks/side_by_side.py "
              "prints each as it starts); a rerun resumes:", "", "```bash", *_commands(setup), "```", ""]
     page_path.write_text("\n".join(text).rstrip() + "\n")
