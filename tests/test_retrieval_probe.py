@@ -48,9 +48,10 @@ def test_masses_and_loss_equal_a_full_forward(method):
         with torch.no_grad():
             logits = reference(torch.tensor([ids + answer])).logits[0, len(ids) - 1:-1]
         nll = torch.nn.functional.cross_entropy(logits, torch.tensor(answer), reduction="none")
-        assert row["answer_tokens"] == len(answer) == 6
-        assert row["nll"] == pytest.approx(nll.mean().item(), abs=1e-4)
-        assert row["nll_first"] == pytest.approx(nll[0].item(), abs=1e-4)
+        assert row["answer_tokens"] == len(answer) == 6 and tok.decode(answer[:1]) == " "
+        assert row["nll_tokens"] == pytest.approx(nll.tolist(), abs=1e-4)
+        assert row["nll"] == pytest.approx(nll[1:].mean().item(), abs=1e-4)   # the digits, not the space
+        assert row["nll_first"] == pytest.approx(nll[1].item(), abs=1e-4)
     # the greedy answers are the suite's own (answer_cell decodes fewer tokens: a prefix of ours)
     suite = answer_cell(model, tok, cell)
     assert all(r["output"].startswith(" ".join(s.split())) for r, s in zip(rows, suite))

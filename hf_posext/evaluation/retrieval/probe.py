@@ -1,9 +1,11 @@
 """Why a model misses a needle (issue #40, item 3): for each trial of a cell, three measures of
 one prompt, run as the suite runs it —
 
-- the answer's loss: the mean negative log-likelihood per token of the right answer (" " + the
+- the answer's loss: the negative log-likelihood of each token of the right answer (" " + the
   answers, as `tasks.answer_text` writes them, without its closing period), teacher-forced after
-  the prompt: how far the right answer is from being generated (and the first token's alone);
+  the prompt: how far the right answer is from being generated. Its mean and its first token's
+  leave out leading tokens that are only whitespace (SmolLM2 writes " 60494" as " ", "6", ...:
+  the space is the format, the digits are the answer);
 - the attention the prompt's last position (the one that predicts the answer's first token) pays
   to the queried needle's tokens (`CellPrompts.needle_spans`): per layer, the softmax weights on
   the span, summed over it and averaged over the heads; beside it the same for a control span of
@@ -112,6 +114,7 @@ def probe_trial(model, tokenizer, cell: CellPrompts, i: int, base, multi_answer:
             logits = torch.cat([logits, _forward(model, answer[:-1], step).logits[0]])
     nll = torch.nn.functional.cross_entropy(logits.float(), torch.tensor(answer, device=logits.device),
                                             reduction="none").tolist()
+    lead = next((j for j, t in enumerate(answer) if tokenizer.decode([t]).strip()), 0)
     with continuation_attention(model):
         text = tokenizer.decode(generate_trial(model, tokenizer, ids, answer_tokens, cache),
                                 skip_special_tokens=True)
@@ -119,7 +122,7 @@ def probe_trial(model, tokenizer, cell: CellPrompts, i: int, base, multi_answer:
     score = score_trial(text, trial.answers, multi_answer)
     return {"seed": trial.seed, "prompt_tokens": len(ids), "needle_span": [start, end],
             "control_span": list(control), "answer": " ".join(trial.answers), "answer_tokens": len(answer),
-            "nll": sum(nll) / len(nll), "nll_first": nll[0],
+            "nll": sum(nll[lead:]) / len(nll[lead:]), "nll_first": nll[lead], "nll_tokens": nll,
             "needle_mean": sum(needle) / len(needle), "needle_max": max(needle),
             "needle_max_layer": needle.index(max(needle)),
             "control_mean": sum(far) / len(far), "control_max": max(far),
