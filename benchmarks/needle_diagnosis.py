@@ -10,7 +10,7 @@ checkpoint (config.json inside, e.g. <arm>/train/final), loaded as saved (its ro
 Every setting is checked, and every prompt built, before a model loads.
 
 Writes --out/rows.jsonl (one row per trial, with the per-layer masses; a rerun skips the cells
-there) and --out/report.md (a table per cell: k/n right, the answer's NLL, needle vs control mass).
+done with the same weights: path, size and mtime) and --out/report.md (a table per cell: k/n right, the answer's NLL, needle vs control mass).
 
     nice -n 10 python benchmarks/needle_diagnosis.py --arms free,docs=DIR,mix=DIR --out DIR
     python benchmarks/needle_diagnosis.py --smoke --out DIR    # a tiny random model, for the tests
@@ -101,7 +101,8 @@ def arm(text: str, args) -> dict:
     if text == "free":
         trained = (embedded.TRAINED_CONTEXT if args.model.startswith("embedded:")
                    else AutoConfig.from_pretrained(args.model).max_position_embeddings)
-        return {"label": "free", "path": "free", "tokenizer": embedded.load_tokenizer(args.model),
+        return {"label": "free", "path": "free", "stamp": f"{args.model} yarn {args.factor:g}",
+                "tokenizer": embedded.load_tokenizer(args.model),
                 "max_length": int(trained * args.factor)}
     label, _, folder = text.rpartition("=")
     path = Path(folder).expanduser()
@@ -109,8 +110,10 @@ def arm(text: str, args) -> dict:
         raise ValueError(f"--arms {text}: no config.json in {path}; give free or a saved checkpoint folder "
                          "(e.g. <arm>/train/final)")
     config = AutoConfig.from_pretrained(path)
-    return {"label": label or path.name, "path": str(path.resolve()), "tokenizer": AutoTokenizer.from_pretrained(path),
-            "max_length": int(config.max_position_embeddings)}
+    weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+    stamp = ",".join(f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights)
+    return {"label": label or path.name, "path": str(path.resolve()), "stamp": stamp,
+            "tokenizer": AutoTokenizer.from_pretrained(path), "max_length": int(config.max_position_embeddings)}
 
 
 def smoke_model(out: Path) -> Path:
@@ -148,10 +151,11 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows_path = args.out / "rows.jsonl"
     rows = [json.loads(line) for line in rows_path.open()] if rows_path.exists() else []
-    done = {(r["arm"], r["path"], r["dtype"], r["length"], r["task"], r["depth"], r["seed"]) for r in rows}
+    # a row counts for the same arm weights (path, size, mtime), dtype and cell
+    done = {(r["arm"], r["path"], r["stamp"], r["dtype"], r["length"], r["task"], r["depth"], r["seed"]) for r in rows}
     for a in args.arm_list:
-        todo = [k for k, cell in args.cells.items() if k[0] == a["label"] and any(
-            (a["label"], a["path"], args.dtype, *k[1:], s) not in done for s in args.seed_list)]
+        todo = [k for k in args.cells if k[0] == a["label"] and any(
+            (a["label"], a["path"], a["stamp"], args.dtype, *k[1:], s) not in done for s in args.seed_list)]
         if not todo:
             continue
         model, shared = load(a, args), SharedPrefix()   # depths ascending: a prefix extends the last one
@@ -163,7 +167,7 @@ def main(argv=None) -> int:
                                shared=(shared, label), answer_tokens=args.answer_tokens)
             with rows_path.open("a") as f:
                 for r in found:
-                    r = {"arm": label, "path": a["path"], "dtype": args.dtype, "length": length, "task": task,
+                    r = {"arm": label, "path": a["path"], "stamp": a["stamp"], "dtype": args.dtype, "length": length, "task": task,
                          "depth": depth, **r}
                     f.write(json.dumps(r) + "\n")
                     rows.append(r)
@@ -178,10 +182,12 @@ def cell_task(args, name: str):
 
 
 def report(rows: list[dict], args) -> str:
-    """One line per (arm, length, task, depth): the rows of this run's settings, pooled over seeds."""
+    """One line per (arm, length, task, depth): the rows of this run's arms (as they are now) and
+    dtype, pooled over the trial seeds asked for."""
     cells: dict[tuple, list[dict]] = {}
+    arms = {(a["label"], a["path"], a["stamp"], args.dtype) for a in args.arm_list}
     for r in rows:
-        if r["dtype"] == args.dtype and r["seed"] in args.seed_list:
+        if (r["arm"], r["path"], r["stamp"], r["dtype"]) in arms and r["seed"] in args.seed_list:
             cells.setdefault((r["arm"], r["length"], r["task"], r["depth"]), []).append(r)
 
     def mean(rs, k):
@@ -201,7 +207,7 @@ def report(rows: list[dict], args) -> str:
             "the prompt (a leading space token left out), mean per token and the first. Masses: the attention weight the prompt's last position "
             "puts on the needle's tokens, summed over them, averaged over heads; per layer, then the mean over "
             "layers and the layer with the most (pooled over the trials); the control is a span of equal "
-            "length at 3/4 (or 1/4) of the prompt, read at the same layers.\n\n")
+            "length at 3/4 of the prompt (1/4 for a needle past 3/5), read at the same layers.\n\n")
     return head + "\n".join(lines) + "\n"
 
 

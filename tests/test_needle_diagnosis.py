@@ -1,6 +1,6 @@
 """benchmarks/needle_diagnosis.py as a command: its smoke run (a tiny random Llama) writes a row per
-trial and the report, a rerun skips the cells done, and a bad input is one error line before any
-model loads. Subprocesses importing torch: slow."""
+trial and the report, a rerun skips the cells done (and redoes them for new weights), and a bad
+input is one error line before any model loads. Subprocesses importing torch: slow."""
 
 import json
 import os
@@ -35,6 +35,12 @@ def test_smoke_rows_report_resume_and_bad_inputs(tmp_path):
     assert again.returncode == 0 and "trials" not in again.stdout
     assert len((out / "rows.jsonl").read_text().splitlines()) == 4
     tiny = out / "smoke-model"
+    weights = next(tiny.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))   # "retrained"
+    third = run("--smoke", "--out", out, cwd=tmp_path)
+    assert third.returncode == 0 and third.stdout.count("trials") == 2          # both cells again
+    assert len((out / "rows.jsonl").read_text().splitlines()) == 8
+    assert (out / "report.md").read_text().count("| tiny | 512 |") == 2        # the new weights' rows only
     for argv, says in [(["--arms", f"x={tmp_path}/nowhere"], "no config.json"),
                        (["--arms", tiny, "--lengths", 4096], "past what arm smoke-model allows"),
                        (["--arms", tiny, "--tasks", "needle_in_a_box"], "unknown retrieval task"),

@@ -69,8 +69,9 @@ def test_needle_span_is_where_the_needle_text_is(task, depth):
 
 
 def test_control_span_is_far_and_as_long():
-    assert control_span((100, 140), 1000) == (750, 790)   # needle in the first half: at 3/4
-    assert control_span((600, 640), 1000) == (250, 290)   # else at 1/4
+    assert control_span((100, 140), 1000) == (750, 790)   # the needle before 3/5: at 3/4
+    assert control_span((560, 600), 1000) == (750, 790)
+    assert control_span((610, 650), 1000) == (250, 290)   # else at 1/4
     with pytest.raises(ValueError, match="no room"):
         control_span((10, 60), 100)
 

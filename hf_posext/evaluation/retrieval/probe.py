@@ -72,11 +72,12 @@ def span_mass(attentions, start: int, end: int) -> list[float]:
 
 def control_span(span: tuple[int, int], length: int) -> tuple[int, int]:
     """A span as long as `span` at a fixed place far from it in a `length`-token prompt: at 3/4
-    of the prompt when the needle starts in its first half, else at 1/4 (away from the head's
-    first tokens, where attention sinks, and from the question, which the last position reads)."""
+    of the prompt, or at 1/4 when the needle starts past 3/5 of it (so depths 0 to 0.5 share one
+    control place; away from the head's first tokens, where attention sinks, and from the
+    question, which the last position reads)."""
     start, end = span
     n = end - start
-    at = round((0.75 if start < length / 2 else 0.25) * length)
+    at = round((0.75 if start <= 0.6 * length else 0.25) * length)
     if (at < end and start < at + n) or at + n > length - 1:
         raise ValueError(f"a {length}-token prompt has no room for a {n}-token control span apart from "
                          f"the needle at [{start}, {end}); use a longer length.")
