@@ -13,6 +13,7 @@ Wilson intervals and an effective length per method (docs/retrieval.md).
     schedule.py  evaluate_sequential: looks where decisions are open, a budget
     vllm_engine.py  `--engine vllm`: serve's arguments per cell, a worker in vLLM's Python
     vllm_worker.py  that worker (run by path there; imports only vllm)
+    probe.py     why a needle is missed: the answer's loss, the attention on the needle, the answer
 """
 
 from .decode import answer_cell

@@ -12,7 +12,7 @@ the end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .haystack import Haystack
 from .tasks import Task, Trial, answer_text
@@ -29,6 +29,9 @@ class CellPrompts:
     suffixes: list[list[int]]
     trials: list[Trial]
     max_new_tokens: list[int]
+    # per trial, [start, end) of the queried needle's tokens in prompt(i) (`probe.py` measures
+    # the attention paid to them)
+    needle_spans: list[tuple[int, int]] = field(default_factory=list)
 
     def prompt(self, i: int) -> list[int]:
         return self.prefix + self.suffixes[i]
@@ -82,18 +85,20 @@ def place(tokenizer, trials: list[Trial], haystack: Haystack, length: int, depth
     k = len(blocks)
     before = round(depth * k)
     prefix = head + [t for b in blocks[:before] for t in b]
-    suffixes, max_new = [], []
+    suffixes, max_new, spans = [], [], []
     for trial in trials:
         m = len(trial.needles)
-        at = {}
+        at: dict[int, list[tuple[int, str]]] = {}
         for i, needle in enumerate(trial.needles):
-            at.setdefault(before + round(i * (k - before) / m), []).append(needle)
-        suffix = []
+            at.setdefault(before + round(i * (k - before) / m), []).append((i, needle))
+        suffix: list[int] = []
         for j in range(before, k + 1):
-            for needle in at.get(j, []):
+            for i, needle in at.get(j, []):
+                if i == 0:
+                    spans.append((len(prefix) + len(suffix), len(prefix) + len(suffix) + len(_ids(tokenizer, needle))))
                 suffix += _ids(tokenizer, needle)
             if j < k:
                 suffix += blocks[j]
         suffixes.append(suffix + _ids(tokenizer, trial.question))
         max_new.append(_answer_tokens(tokenizer, trial))
-    return CellPrompts(prefix, suffixes, trials, max_new)
+    return CellPrompts(prefix, suffixes, trials, max_new, spans)
