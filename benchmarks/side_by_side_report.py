@@ -214,7 +214,9 @@ def dpe_lines(out: Path, page: Path, setup: Setup) -> list[str]:
               if str(p.get("key", "")).startswith(f"T{setup.target}-")}
     if not probes:
         return ["DPE's detection: not run."]
-    logged = (f"{len(probes)} probes logged in [{log.name}]({_rel(log, page)}), "
+    shared = sum(1 for p in probes.values() if "same_as" in p)   # the base-scale probe, run once, copied
+    logged = (f"{len(probes)} rows logged in [{log.name}]({_rel(log, page)}), "
+              f"{len(probes) - shared} of them forwards ({shared} copy the shared base-scale probe), "
               f"{sum(float(p['seconds']) for p in probes.values()) / 60:.1f} min of probe wall time")
     head = [f"DPE's detection: not finished ({logged})."]
     if path.exists():
