@@ -43,6 +43,8 @@ import json
 import sys
 from pathlib import Path
 
+from hf_posext.evaluation.shared.inputs import comma_items
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 if str(HERE) not in sys.path:   # the report module beside this script (also under runpy)
@@ -112,18 +114,14 @@ def parse(argv=None) -> argparse.Namespace:
     return args
 
 
-def names(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
 def check_grid(args) -> None:
     """Every evaluation setting, checked before anything trains (ValueError naming the flag and the
     fix); sets args.task_list, haystack_list, held_out, seed_list and the sequential defaults."""
-    args.task_list, args.haystack_list, args.held_out = names(args.tasks), names(args.haystacks), names(args.eval_document)
+    args.task_list, args.haystack_list, args.held_out = comma_items(args.tasks), comma_items(args.haystacks), comma_items(args.eval_document)
     if not args.held_out:
         raise ValueError("--eval-document is empty: name the document(s) held out of training.")
     try:
-        args.seed_list = [int(x) for x in names(args.seeds)]
+        args.seed_list = [int(x) for x in comma_items(args.seeds)]
     except ValueError:
         raise ValueError(f"--seeds {args.seeds!r}: give integers, e.g. 0,1") from None
     if not args.seed_list or len(set(args.seed_list)) != len(args.seed_list) or min(args.seed_list) < 0:
@@ -277,7 +275,7 @@ def extended_copy(args, folder: Path) -> Path:
 
 def eval_source(args, name: str | None = None) -> str:
     """A held-out document (default the first) as `hf-posext eval --dataset` names it."""
-    name = name or names(args.eval_document)[0]
+    name = name or comma_items(args.eval_document)[0]
     if args.dataset.startswith("embedded:"):
         return f"{args.dataset}/{name}"
     folder = Path(args.dataset)

@@ -23,6 +23,8 @@ import json
 import sys
 from pathlib import Path
 
+from hf_posext.evaluation.shared.inputs import comma_items
+
 SMOKE = dict(lengths="512", tasks="single_needle,niah_single", depths="0.5", seeds="0,1")
 
 
@@ -47,10 +49,6 @@ def parse(argv=None) -> argparse.Namespace:
     return args
 
 
-def split(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
 def check(args) -> None:
     """Every setting, and every cell's prompts (args.cells), before any model loads."""
     from hf_posext.evaluation.retrieval.haystack import noise_haystack
@@ -60,9 +58,9 @@ def check(args) -> None:
         args.arms = f"tiny={smoke_model(args.out)}"
         vars(args).update(SMOKE)
     try:
-        args.length_list = sorted({int(x) for x in split(args.lengths)})
-        args.depth_list = sorted({float(x) for x in split(args.depths)})
-        args.seed_list = [int(x) for x in split(args.seeds)]
+        args.length_list = sorted({int(x) for x in comma_items(args.lengths)})
+        args.depth_list = sorted({float(x) for x in comma_items(args.depths)})
+        args.seed_list = [int(x) for x in comma_items(args.seeds)]
     except ValueError:
         raise ValueError("--lengths and --seeds take integers, --depths numbers, comma-separated") from None
     if not args.length_list or min(args.length_list) < 1 or not args.depth_list or not args.seed_list:
@@ -73,10 +71,10 @@ def check(args) -> None:
         raise ValueError(f"--seeds {args.seeds!r}: give distinct integers >= 0")
     if args.answer_tokens < 1:
         raise ValueError("--answer-tokens must be >= 1")
-    if not split(args.tasks):
+    if not comma_items(args.tasks):
         raise ValueError("--tasks is empty: give retrieval suite tasks, e.g. single_needle,niah_single")
-    args.task_list = [get_task(t) for t in split(args.tasks)]
-    args.arm_list = [arm(a, args) for a in split(args.arms)]
+    args.task_list = [get_task(t) for t in comma_items(args.tasks)]
+    args.arm_list = [arm(a, args) for a in comma_items(args.arms)]
     labels = [a["label"] for a in args.arm_list]
     if not labels or len(set(labels)) != len(labels):
         raise ValueError(f"--arms {args.arms!r}: give one or more arms with distinct labels (label=folder)")

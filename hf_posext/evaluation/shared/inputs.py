@@ -42,6 +42,11 @@ def parse_length(text: str, flag: str = "--lengths") -> int:
     return int(value)
 
 
+def comma_items(text: str | None) -> list[str]:
+    """A comma-separated flag's items, stripped, empty ones dropped (`a, b,,c` -> [a, b, c])."""
+    return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
 def parse_lengths(text: str) -> list[int]:
     items = [t for t in text.split(",") if t.strip()]
     if not items:
@@ -56,7 +61,7 @@ def parse_lengths(text: str) -> list[int]:
 def parse_methods(text: str) -> list[str]:
     """Names from `hf_posext.catalog.METHODS` (aliases resolved), `none`, or `all`."""
     out = []
-    for name in [t.strip() for t in text.split(",") if t.strip()]:
+    for name in comma_items(text):
         try:
             names = list(_catalog.METHODS) if name.lower() == "all" else [canonical(name)]
         except ValueError:
@@ -100,7 +105,7 @@ def parse_knobs(text: str | None, methods: list[str]) -> dict:
     the fields of `RopeExtensionConfig`, values checked by it for every method of the grid."""
 
     knobs: dict = {}
-    for item in [t.strip() for t in (text or "").split(",") if t.strip()]:
+    for item in comma_items(text):
         target, _, assignment = item.rpartition(":") if ":" in item.split("=")[0] else ("", "", item)
         name, eq, value = assignment.partition("=")
         if not eq:
@@ -116,7 +121,7 @@ def parse_knobs(text: str | None, methods: list[str]) -> dict:
 def parse_factors(text: str) -> list:
     """--factor: "auto" and/or scales, each checked by the one factor spec (rope/knobs.py)."""
     out: list[float | str] = []
-    for item in [t.strip() for t in text.split(",") if t.strip()]:
+    for item in comma_items(text):
         try:
             out.append(factor_spec(item))
         except (TypeError, ValueError) as err:
@@ -128,7 +133,7 @@ def parse_factors(text: str) -> list:
 
 def parse_floats01(text: str, flag: str) -> list[float]:
     out = []
-    for item in [t.strip() for t in text.split(",") if t.strip()]:
+    for item in comma_items(text):
         try:
             value = float(item.rstrip("%")) / (100 if item.endswith("%") else 1)
         except ValueError:
