@@ -167,6 +167,10 @@ def main(argv=None) -> int:
                 for r in found:
                     r = {"arm": label, "path": a["path"], "stamp": a["stamp"], "dtype": args.dtype, "length": length, "task": task,
                          "depth": depth, **r}
+                    row_key = (label, a["path"], a["stamp"], args.dtype, length, task, depth, r["seed"])
+                    if row_key in done:   # a cell re-run for a new seed: its old seeds' rows stay once
+                        continue
+                    done.add(row_key)
                     f.write(json.dumps(r) + "\n")
                     rows.append(r)
         del model

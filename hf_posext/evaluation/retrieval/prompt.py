@@ -94,9 +94,10 @@ def place(tokenizer, trials: list[Trial], haystack: Haystack, length: int, depth
         suffix: list[int] = []
         for j in range(before, k + 1):
             for i, needle in at.get(j, []):
-                if i == 0:
-                    spans.append((len(prefix) + len(suffix), len(prefix) + len(suffix) + len(_ids(tokenizer, needle))))
-                suffix += _ids(tokenizer, needle)
+                ids = _ids(tokenizer, needle)
+                if i == 0:   # the queried needle: where its tokens sit in the whole prompt
+                    spans.append((len(prefix) + len(suffix), len(prefix) + len(suffix) + len(ids)))
+                suffix += ids
             if j < k:
                 suffix += blocks[j]
         suffixes.append(suffix + _ids(tokenizer, trial.question))
