@@ -152,25 +152,23 @@ def main(argv=None) -> int:
     # a row counts for the same arm weights (path, size, mtime), dtype and cell
     done = {(r["arm"], r["path"], r["stamp"], r["dtype"], r["length"], r["task"], r["depth"], r["seed"]) for r in rows}
     for a in args.arm_list:
-        todo = [k for k in args.cells if k[0] == a["label"] and any(
-            (a["label"], a["path"], a["stamp"], args.dtype, *k[1:], s) not in done for s in args.seed_list)]
+        def missing(key, a=a) -> list[int]:   # the cell's trials (indices) without a row yet
+            return [i for i, s in enumerate(args.seed_list)
+                    if (a["label"], a["path"], a["stamp"], args.dtype, *key[1:], s) not in done]
+        todo = [k for k in args.cells if k[0] == a["label"] and missing(k)]
         if not todo:
             continue
         model, shared = load(a, args), SharedPrefix()   # depths ascending: a prefix extends the last one
         for key in todo:
             label, length, task, depth = key
-            cell = args.cells[key]
-            print(f"{label} {length} {task} depth {depth}: {len(cell.trials)} trials", flush=True)
+            cell, only = args.cells[key], missing(key)   # a cell re-run for a new seed probes that seed only
+            print(f"{label} {length} {task} depth {depth}: {len(only)} trials", flush=True)
             found = probe_cell(model, a["tokenizer"], cell, cell_task(args, task).multi_answer,
-                               shared=(shared, label), answer_tokens=args.answer_tokens)
+                               shared=(shared, label), answer_tokens=args.answer_tokens, only=only)
             with rows_path.open("a") as f:
                 for r in found:
                     r = {"arm": label, "path": a["path"], "stamp": a["stamp"], "dtype": args.dtype, "length": length, "task": task,
                          "depth": depth, **r}
-                    row_key = (label, a["path"], a["stamp"], args.dtype, length, task, depth, r["seed"])
-                    if row_key in done:   # a cell re-run for a new seed: its old seeds' rows stay once
-                        continue
-                    done.add(row_key)
                     f.write(json.dumps(r) + "\n")
                     rows.append(r)
         del model

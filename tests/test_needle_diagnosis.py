@@ -35,11 +35,16 @@ def test_smoke_rows_report_resume_and_bad_inputs(tmp_path):
     assert again.returncode == 0 and "trials" not in again.stdout
     assert len((out / "rows.jsonl").read_text().splitlines()) == 4
     tiny = out / "smoke-model"
+    more = run("--arms", f"tiny={tiny}", "--lengths", 512, "--depths", 0.5, "--seeds", "0,1,2", "--out", out,
+               cwd=tmp_path)                                # a seed added: only it is probed, once a cell
+    assert more.returncode == 0 and more.stdout.count(": 1 trials") == 2, more.stderr[-2000:]
+    added = [json.loads(line) for line in (out / "rows.jsonl").open()][4:]
+    assert sorted((r["task"], r["seed"]) for r in added) == [("niah_single", 2), ("single_needle", 2)]
     weights = next(tiny.glob("*.safetensors"))
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))   # "retrained"
     third = run("--smoke", "--out", out, cwd=tmp_path)
     assert third.returncode == 0 and third.stdout.count("trials") == 2          # both cells again
-    assert len((out / "rows.jsonl").read_text().splitlines()) == 8
+    assert len((out / "rows.jsonl").read_text().splitlines()) == 10
     assert (out / "report.md").read_text().count("| tiny | 512 |") == 2        # the new weights' rows only
     for argv, says in [(["--arms", f"x={tmp_path}/nowhere"], "no config.json"),
                        (["--arms", tiny, "--lengths", 4096], "past what arm smoke-model allows"),

@@ -23,6 +23,7 @@ and the model's own implementation is set back after the step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import contextmanager
 
 import torch
@@ -134,9 +135,10 @@ def probe_trial(model, tokenizer, cell: CellPrompts, i: int, base, multi_answer:
 @torch.inference_mode()
 def probe_cell(model, tokenizer, cell: CellPrompts, multi_answer: bool, *,
                shared: tuple[SharedPrefix, object] | None = None,
-               answer_tokens: int = ANSWER_TOKENS) -> list[dict]:
-    """`probe_trial` for every trial of the cell, its prefix prefilled once (`shared` = (holder,
-    model-state key): extended from a shallower cell's, as `decode.answer_cell` does)."""
+               answer_tokens: int = ANSWER_TOKENS, only: Sequence[int] | None = None) -> list[dict]:
+    """`probe_trial` for every trial of the cell (or the indices in `only`: a rerun's missing
+    seeds, probed in the same prompts as the whole cell's), its prefix prefilled once (`shared` =
+    (holder, model-state key): extended from a shallower cell's, as `decode.answer_cell` does)."""
     check_attention(model)
     if len(cell.needle_spans) != len(cell.trials):
         raise ValueError("the cell has no needle spans; build it with retrieval.prompt.build_cell.")
@@ -147,4 +149,4 @@ def probe_cell(model, tokenizer, cell: CellPrompts, multi_answer: bool, *,
                 base = (shared[0].cache_of(model, cell.prefix, (shared[1], cell.hold_length))
                         if shared is not None else prefill(model, cell.prefix))
         return [probe_trial(model, tokenizer, cell, i, base, multi_answer, answer_tokens)
-                for i in range(len(cell.trials))]
+                for i in (range(len(cell.trials)) if only is None else only)]
