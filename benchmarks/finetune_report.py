@@ -159,9 +159,12 @@ def draw(args, names, data, pairs, default: bool, lengths: list[int]) -> None:
                   if default else f"{pairs[0][0]} in {pairs[0][1]} by arm (YaRN s={args.factor:g}; depths {args.depths})")
     longest = [r for n in names for r in relabel(data[n][0], n) if int(r["length"]) == lengths[-1]]
     base = [r for r in ppl0 if r["protocol"] == "baseline" and int(r["length"]) == lengths[-1]]
+    own = {label(n): r for n in names for r in data[n][0]   # each arm's own sliding window, below
+           if r["protocol"] == "baseline" and int(r["length"]) == lengths[-1]}
     plot_nll_by_position(longest + base, args.out / "loss_by_position_arms.png",
                          f"loss by position on {args.eval_document}; dashed: the {label(names[0])} arm "
-                         "read in sliding windows of its trained length")
+                         "read in sliding windows of its trained length; below: each arm minus its own",
+                         baselines=own)
 
 
 def section(name: str, data, many: bool) -> list[str]:

@@ -255,3 +255,26 @@ def test_table_columns_and_position_plot(tmp_path):
     assert len(xs) == len(yarn["bucket_nll"]) and all(y > 0 for y in ys)
     path = plot_nll_by_position(rows, tmp_path / "nll.png", "test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_position_plot_against_each_series_own_baseline(tmp_path, monkeypatch):
+    """`baselines=`: the bottom panel is each series minus its own sliding window (fine-tuned arms
+    are different models), not minus the one dashed baseline. An own baseline 0.25 nats a token
+    below the shared one (every bucket's sum lowered by 0.25 x its tokens) moves the series' delta
+    up by exactly 0.25."""
+    from hf_posext.evaluation.shared import results
+    model = tiny_model()
+    rows = P.evaluate_perplexity(model, DOCS, PerplexityGrid(methods=["yarn"], lengths=[64, 128], factors=[2.0]),
+                                 progress=False)
+    yarn = next(r for r in rows if r["method"] == "yarn" and r["length"] == 128)
+    base = next(r for r in rows if r["protocol"] == "baseline" and r["length"] == 128)
+    own = {**base, "bucket_nll": [n - 0.25 * t for n, t in zip(base["bucket_nll"], base["bucket_tokens"])]}
+    figures = []
+    monkeypatch.setattr(results, "_save_figure", lambda fig, top, title, path: figures.append(fig) or path)
+    for mapping in (None, {results._series_label(yarn): own}):
+        results.plot_nll_by_position([yarn, base], tmp_path / "p.png", "t", baselines=mapping)
+    (_, ys), (_, bs) = curve(yarn), curve(base)
+    shared, mine = (fig.axes[1].get_lines()[0].get_ydata() for fig in figures)
+    assert list(shared) == pytest.approx([y - b for y, b in zip(ys, bs)])
+    assert list(mine) == pytest.approx([y - b + 0.25 for y, b in zip(ys, bs)])
+    assert figures[1].axes[1].get_ylabel() == "Δ NLL vs its own sliding window"

@@ -265,13 +265,16 @@ def _save_figure(fig, ax, title: str, path: str | Path) -> Path:
     return path
 
 
-def plot_nll_by_position(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
+def plot_nll_by_position(rows: Sequence[dict], path: str | Path, title: str = "",
+                         baselines: dict[str, dict] | None = None) -> Path:
     """Loss by position at the longest length with position buckets. Top: mean NLL per token
     against position, one line per method (each point a token-weighted mean over three
     neighbouring buckets), the sliding-window baseline dashed black. Bottom: each method minus
     the baseline, bucket by bucket (the text's own ups and downs cancel; below 0 past L: the
     method uses context the window cannot see); methods off that scale (the unpatched model
-    past L) are named instead. A dotted vertical line at the trained length in both."""
+    past L) are named instead. A dotted vertical line at the trained length in both.
+    baselines: {series label: that series' own baseline row}, for series that are different
+    models (fine-tuned arms): the bottom panel then shows each minus its own sliding window."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -296,7 +299,9 @@ def plot_nll_by_position(rows: Sequence[dict], path: str | Path, title: str = ""
         line, = top.plot(xs, ys, linestyle=styles[i % len(styles)], linewidth=1.6,
                          label=_series_label(r), alpha=0.9)
         if base_xy:
-            pts = [(x, y - base_xy[x]) for x, y in zip(xs, ys) if x in base_xy]
+            own = (baselines or {}).get(_series_label(r))
+            ref = dict(zip(*curve(own))) if own is not None else base_xy
+            pts = [(x, y - ref[x]) for x, y in zip(xs, ys) if x in ref]
             deltas.append((r, line.get_color(), styles[i % len(styles)], pts))
     if deltas:
         spans = sorted(max(abs(d) for _, d in pts) for *_, pts in deltas if pts)
@@ -309,9 +314,9 @@ def plot_nll_by_position(rows: Sequence[dict], path: str | Path, title: str = ""
             bottom.plot(*zip(*pts), color=color, linestyle=style, linewidth=1.6)
         bottom.axhline(0.0, color="black", linestyle="--", linewidth=1.5)
         bottom.set_ylim(-limit, limit)
-        bottom.set_ylabel("Δ NLL vs sliding baseline")
-        if off:
-            bottom.set_title("off this scale: " + "; ".join(off), fontsize=9)
+        bottom.set_ylabel("Δ NLL vs its own sliding window" if baselines else "Δ NLL vs sliding baseline")
+        if off:   # wrapped: one long line ran off the figure's edge
+            bottom.set_title(textwrap.fill("off this scale: " + "; ".join(off), 95), fontsize=9)
     _mark_trained(top, shown)
     _mark_trained(bottom, shown, label=False)
     for ax in (top, bottom):

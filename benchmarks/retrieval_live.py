@@ -1,0 +1,168 @@
+"""Sequential trials against the fixed design, both run live in one invocation (issue #37).
+
+`benchmarks/retrieval_sequential.py` replays committed trials and simulates a live run; this
+script measures one: the same `hf-posext retrieval` arguments run twice, one after the other on
+the same machine, first with `--sequential --trials T --max-trials M` (looks of T trials a
+depth, stopping a question once decided), then as the fixed design (`--trials M`, every cell
+run in full). Both runs load the model the same way and measure the unpatched model's reference
+cells (lengths <= L) in full, as the sequential rule requires. The report puts, per (task,
+method, length), the two designs' trials, wall time (the rows' `seconds`: each cell's own
+compute, its share of the prefix prefill included) and call (the sequential decision, or its
+point-estimate fallback, against the fixed design's pooled accuracy vs the bar, as
+`stats.effective_length` compares it), and each whole run's wall time.
+
+    python benchmarks/retrieval_live.py --out benchmarks/results/retrieval-live --trials 4 --max-trials 20 -- \\
+        --tasks niah_single --methods yarn --factor 2 --lengths 4k,16k --depths 0.5,1 --dtype bfloat16
+
+Everything after `--` goes to both runs unchanged, but `--confidence`, `--indifference` and
+`--boundary` (the rule) to the sequential run only; `--trials`, `--max-trials`, `--sequential`,
+`--budget`, `--out` and `--seed` there are refused (this script sets them). `--resume` continues
+both runs (their rows keep their `seconds`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from hf_posext.evaluation.retrieval.stats import pooled
+
+OWN = ("--trials", "--max-trials", "--sequential", "--budget", "--out", "--seed", "--resume")
+RULE = ("--confidence", "--indifference", "--boundary")   # the sequential run's rule: not the fixed design's
+
+
+def without_rule(common: list[str]) -> list[str]:
+    """The arguments with the rule's flags (and their values) taken out, for the fixed design."""
+    kept, skip = [], False
+    for a in common:
+        if skip:
+            skip = False
+        elif a.split("=")[0] in RULE:
+            skip = "=" not in a
+        else:
+            kept.append(a)
+    return kept
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="retrieval_live.py", description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="results folder (sequential/, fixed/, report.md)")
+    p.add_argument("--trials", type=int, default=4, help="sequential: trials a depth per look (default 4)")
+    p.add_argument("--max-trials", type=int, default=20, help="the fixed design's trials a cell, and the "
+                   "sequential run's most (default 20)")
+    p.add_argument("--resume", action="store_true", help="continue both runs in --out")
+    p.add_argument("retrieval", nargs=argparse.REMAINDER, help="-- then `hf-posext retrieval` arguments")
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.common = args.retrieval[1:] if args.retrieval[:1] == ["--"] else args.retrieval
+    refused = sorted({a.split("=")[0] for a in args.common if a.split("=")[0] in OWN})
+    if refused:
+        p.error(f"{', '.join(refused)} after `--`: this script sets it; give --trials / --max-trials / "
+                "--resume before `--`")
+    if not 1 <= args.trials <= args.max_trials:
+        p.error(f"--trials {args.trials} --max-trials {args.max_trials}: need 1 <= trials <= max-trials")
+    if args.max_trials % args.trials:
+        p.error(f"--max-trials {args.max_trials} is not a whole number of looks of --trials {args.trials}; "
+                "the fixed design would not be the sequential run's full length")
+    if not args.resume and any((args.out / d / "retrieval.json").exists() for d in ("sequential", "fixed")):
+        p.error(f"{args.out} already holds runs: pass --resume to continue them, or another --out")
+    return args
+
+
+def runs(args) -> dict[str, list[str]]:
+    """The two `hf-posext retrieval` command lines (checked by the CLI before any model loads)."""
+    tail = ["--no-plot", "--no-progress"] + (["--resume"] if args.resume else [])
+    return {"sequential": ["retrieval", *args.common, "--sequential", "--trials", str(args.trials),
+                           "--max-trials", str(args.max_trials), "--out", str(args.out / "sequential"), *tail],
+            "fixed": ["retrieval", *without_rule(args.common), "--trials", str(args.max_trials),
+                      "--out", str(args.out / "fixed"), *tail]}
+
+
+def question_rows(rows: list[dict]) -> dict[tuple, list[dict]]:
+    by: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by.setdefault((r["task"], r["method"], float(r["factor"]), int(r["length"])), []).append(r)
+    return by
+
+
+def fixed_call(part: list[dict], ref: list[dict], trained: int, margin: float) -> tuple[str, float | None]:
+    """The fixed design's call on one question: pooled accuracy against the reference's bar."""
+    rk, rn = pooled([r for r in ref if int(r["length"]) <= trained])
+    if not rn or rk / rn <= margin:
+        return "no bar", None
+    bar = rk / rn - margin
+    k, n = pooled(part)
+    return ("above" if k / n >= bar else "below"), bar
+
+
+def sequential_call(part: list[dict]) -> tuple[str, str]:
+    """(text, side): the last look's decision (every row of a look carries it); undecided falls
+    back on the point estimate against the bar, as the CLI's effective length does."""
+    last = max(part, key=lambda r: int(r.get("look") or 0))
+    decision = last.get("decision") or "undecided"
+    if decision != "undecided" or last.get("bar") is None:
+        return decision, decision
+    k, n = pooled(part)
+    side = "above" if k / n >= float(last["bar"]) else "below"
+    return f"undecided ({side} by its point estimate)", side
+
+
+def report(args, walls: dict[str, float], margin: float) -> str:
+    rows = {d: json.loads((args.out / d / "retrieval.json").read_text())["rows"] for d in ("sequential", "fixed")}
+    seq, fix = question_rows(rows["sequential"]), question_rows(rows["fixed"])
+    trained = int(rows["fixed"][0]["trained_length"])
+    lines = ["| task | method | length | sequential: trials | wall s | call | fixed: trials | wall s | call (bar) | same call |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    totals = {"sequential": [0, 0.0], "fixed": [0, 0.0]}
+    for key in sorted(fix, key=lambda k: (k[0], k[1] != "none", k[1], k[3])):
+        task, method, factor, length = key
+        ref = [r for (t, m, _f, _n), part in fix.items() if t == task and m == "none" for r in part]
+        s_part, f_part = seq.get(key, []), fix[key]
+        is_ref = method == "none" and length <= trained
+        f_call, bar = ("reference", None) if is_ref else fixed_call(f_part, ref, trained, margin)
+        s_call, s_side = ("reference", "") if is_ref else sequential_call(s_part) if s_part else ("not run", "")
+        same = "—" if is_ref else ("yes" if s_side == f_call else "no")
+        cells = []
+        for name, part in (("sequential", s_part), ("fixed", f_part)):
+            n, secs = pooled(part)[1], sum(float(r["seconds"]) for r in part)
+            totals[name][0] += n
+            totals[name][1] += secs
+            cells.append((n, secs))
+        bar_text = f" ({bar:.2f})" if bar is not None else ""
+        lines.append(f"| {task} | {method} s={factor:g} | {length} | {cells[0][0]} | {cells[0][1]:.1f} | {s_call} | "
+                     f"{cells[1][0]} | {cells[1][1]:.1f} | {f_call}{bar_text} | {same} |")
+    (sn, ss), (fn, fs) = totals["sequential"], totals["fixed"]
+    lines.append(f"| all | | | **{sn}** ({sn / fn:.0%}) | **{ss:.1f}** ({ss / fs if fs else 0:.0%}) | | {fn} | {fs:.1f} | | |")
+    run_text = "; ".join(f"{d} {walls[d]:.1f} s" for d in walls) or "resumed: see the rows' seconds"
+    return "\n".join([
+        "# Sequential trials against the fixed design, live (issue #37)", "",
+        "Made by `python benchmarks/retrieval_live.py " + " ".join(args.argv) + "`: the same "
+        "`hf-posext retrieval` arguments run sequentially, then as the fixed design, in one invocation. "
+        f"Trials and wall time per question are the rows' (`seconds`: a cell's compute); this invocation's wall "
+        f"time: {run_text}. Reference cells (unpatched, lengths <= {trained}) run in full in both.", "",
+        *lines, ""])
+
+
+def main(argv=None) -> int:
+    from hf_posext import cli
+    args = parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    walls: dict[str, float] = {}
+    for name, argv_ in runs(args).items():
+        print("hf-posext " + " ".join(argv_), flush=True)
+        began = time.perf_counter()
+        if cli.main(argv_):
+            raise SystemExit(f"the {name} run failed (its rows so far are in {args.out / name})")
+        walls[name] = time.perf_counter() - began
+    margin = cli.build_parser().parse_args(runs(args)["fixed"]).margin
+    (args.out / "report.md").write_text(report(args, walls, margin))
+    print(f"report: {args.out / 'report.md'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    raise SystemExit(main())
