@@ -96,7 +96,8 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys, monkey
         assert (out / arm / "train" / "final" / "model.safetensors").exists()
     mix_cfg = json.loads((out / "mix" / "train" / "config.json").read_text())
     docs_cfg = json.loads((out / "docs" / "train" / "config.json").read_text())
-    assert mix_cfg["data"]["synthetic"]["share"] == 0.5 and docs_cfg["data"]["synthetic"]["share"] == 0.0
+    assert mix_cfg["data"]["synthetic"]["share"] == 0.25 and docs_cfg["data"]["synthetic"]["share"] == 0.0
+    assert mix_cfg["data"]["synthetic"]["min_span"] == 0.9       # the defaults: the best setting measured
     assert mix_cfg["training"]["max_steps"] == docs_cfg["training"]["max_steps"] == 2
     assert docs_cfg["data"]["eval_documents"] == ["held"]
     report = (out / "report.md").read_text()
