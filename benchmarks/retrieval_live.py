@@ -62,6 +62,10 @@ def parse(argv=None) -> argparse.Namespace:
     if refused:
         p.error(f"{', '.join(refused)} after `--`: this script sets it; give --trials / --max-trials / "
                 "--resume before `--`")
+    spaced = dict(zip(args.common, args.common[1:]))   # --dtype X, or --dtype=X
+    dtype = spaced.get("--dtype") or next((a.split("=", 1)[1] for a in args.common if a.startswith("--dtype=")), None)
+    if dtype == "auto":   # each run would probe on its own, and a probe under load can choose otherwise
+        p.error("--dtype auto after `--`: the two runs must compute alike; give float32 or bfloat16")
     if not 1 <= args.trials <= args.max_trials:
         p.error(f"--trials {args.trials} --max-trials {args.max_trials}: need 1 <= trials <= max-trials")
     if args.max_trials % args.trials:

@@ -34,6 +34,8 @@ def stub(model, tokenizer, cell, reuse_prefix):
     (["--", "--out=x"], "--out after `--`"),
     (["--trials", "3", "--max-trials", "8"], "not a whole number of looks"),
     (["--trials", "0"], "need 1 <= trials"),
+    (["--", "--dtype", "auto"], "--dtype auto after `--`"),
+    (["--", "--dtype=auto"], "--dtype auto after `--`"),
 ])
 def test_bad_inputs_fail_before_any_run(tmp_path, capsys, argv, says):
     with pytest.raises(SystemExit) as stop:
