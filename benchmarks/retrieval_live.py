@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from hf_posext.evaluation.retrieval.stats import pooled
+from hf_posext.evaluation.retrieval.sequential import UNDECIDED, call
+from hf_posext.evaluation.retrieval.stats import effective_length, pooled
 
 OWN = ("--trials", "--max-trials", "--sequential", "--budget", "--out", "--seed", "--resume")
 RULE = ("--confidence", "--indifference", "--boundary")   # the sequential run's rule: not the fixed design's
@@ -93,25 +94,21 @@ def question_rows(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def fixed_call(part: list[dict], ref: list[dict], trained: int, margin: float) -> tuple[str, float | None]:
-    """The fixed design's call on one question: pooled accuracy against the reference's bar."""
-    rk, rn = pooled([r for r in ref if int(r["length"]) <= trained])
-    if not rn or rk / rn <= margin:
+    """The fixed design's call on one question (one length): `stats.effective_length`'s comparison
+    of its pooled accuracy with the reference's bar."""
+    reached, reference = effective_length(part, ref, trained, margin)
+    if reference is None or reference <= margin:
         return "no bar", None
-    bar = rk / rn - margin
-    k, n = pooled(part)
-    return ("above" if k / n >= bar else "below"), bar
+    return ("above" if reached is not None else "below"), reference - margin
 
 
 def sequential_call(part: list[dict]) -> tuple[str, str]:
     """(text, side): the last look's decision (every row of a look carries it); undecided falls
-    back on the point estimate against the bar, as the CLI's effective length does."""
+    back on the point estimate against the bar (`sequential.call`, as the CLI's effective length)."""
     last = max(part, key=lambda r: int(r.get("look") or 0))
-    decision = last.get("decision") or "undecided"
-    if decision != "undecided" or last.get("bar") is None:
-        return decision, decision
-    k, n = pooled(part)
-    side = "above" if k / n >= float(last["bar"]) else "below"
-    return f"undecided ({side} by its point estimate)", side
+    bar = None if last.get("bar") is None else float(last["bar"])
+    side, fallback = call(last.get("decision") or UNDECIDED, *pooled(part), bar, complete=True)
+    return (f"undecided ({side} by its point estimate)" if fallback else side), side
 
 
 def report(args, walls: dict[str, float], margin: float) -> str:
