@@ -172,10 +172,10 @@ def test_deeper_cells_extend_the_shallower_prefix_cache(method):
     holder = SharedPrefix()
     with fixed_rope_scale(model, cells[0].hold_length), continuation_attention(model):
         for cell in cells:
-            before = holder.cache
+            before = holder.held.get("state", (None, None))[1]
             cache = holder.cache_of(model, cell.prefix, "state")
             assert cache is before or before is None      # extended in place, not prefilled anew
-            assert cache.get_seq_length() == len(cell.prefix) and holder.tokens == cell.prefix
+            assert cache.get_seq_length() == len(cell.prefix) and holder.held["state"][0] == cell.prefix
             own = prefill(model, cell.prefix)
             for i in range(len(cell.trials)):
                 ids, m = cell.prompt(i), cell.max_new_tokens[i]
@@ -193,12 +193,64 @@ def test_the_holder_starts_over_when_the_prefix_or_the_state_differs():
     hay = noise_haystack(tok)
     deep = build_cell(tok, get_task("single_needle"), hay, 600, 0.75, [0])
     shallow = build_cell(tok, get_task("single_needle"), hay, 600, 0.25, [0])
+    other = build_cell(tok, get_task("multi_key"), hay, 700, 0.25, [0])   # another head
     holder = SharedPrefix()
     first = holder.cache_of(model, deep.prefix, "a")
-    assert holder.cache_of(model, shallow.prefix, "a") is not first      # shorter: a new prefill
-    assert holder.tokens == shallow.prefix
-    again = holder.cache_of(model, shallow.prefix, "a")
-    assert holder.cache_of(model, shallow.prefix, "b") is not again      # another model state
+    assert holder.prefilled == len(deep.prefix)
+    view = holder.cache_of(model, shallow.prefix, "a")                  # shorter: a view, no forward
+    assert view is not first and view.get_seq_length() == len(shallow.prefix)
+    assert holder.prefilled == len(deep.prefix) and holder.held["a"][0] == deep.prefix
+    assert other.prefix[:len(shallow.prefix)] != shallow.prefix
+    holder.cache_of(model, other.prefix, "a")                           # not a prefix of it: anew
+    assert holder.prefilled == len(deep.prefix) + len(other.prefix) and holder.held["a"][0] == other.prefix
+    holder.cache_of(model, other.prefix, "b")                           # another model state
+    assert list(holder.held) == ["b"]                                   # max_bytes 0: only the last kept
+
+
+def test_a_shorter_prefix_is_served_as_a_view_and_the_held_cache_stays_intact():
+    """A later look's shallow depth is read from the deepest prefix held (`head_view`): its
+    trials' tokens and logits equal a full recompute's, under a dynamic method's held rope
+    too, and the held tensors are neither moved nor written by the trials."""
+    tok, model = char_tokenizer(), tiny_model()
+    hf_posext.patch(model, "dynamic_ntk", 4.0)
+    hay = noise_haystack(tok)
+    deep, shallow = (build_cell(tok, get_task("single_needle"), hay, 700, d, [0, 1, 2]) for d in (1.0, 0.25))
+    holder = SharedPrefix()
+    with fixed_rope_scale(model, deep.hold_length), continuation_attention(model):
+        held = holder.cache_of(model, deep.prefix, "state")
+        snapshot = [(layer.keys.data_ptr(), layer.keys.clone(), layer.values.clone()) for layer in held.layers]
+        view = holder.cache_of(model, shallow.prefix, "state")
+        assert holder.prefilled == len(deep.prefix)
+        for i in range(len(shallow.trials)):
+            ids, m = shallow.prompt(i), shallow.max_new_tokens[i]
+            got, got_logits = generate_trial(model, tok, ids, m, view, scores=True)
+            full, full_logits = generate_trial(model, tok, ids, m, None, scores=True)
+            assert got == full
+            for x, z in zip(got_logits, full_logits):
+                torch.testing.assert_close(x, z, atol=2e-5, rtol=1e-4)
+    for layer, (ptr, keys, values) in zip(held.layers, snapshot):
+        assert layer.keys.data_ptr() == ptr and torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+
+
+def test_the_holder_keeps_states_within_its_bytes_and_drops_the_least_recently_used():
+    from hf_posext.evaluation.retrieval.decode import cache_bytes, head_view
+    tok, model = char_tokenizer(), tiny_model()
+    prefix = build_cell(tok, get_task("single_needle"), noise_haystack(tok), 600, 0.5, [0]).prefix
+    one = cache_bytes(prefill(model, prefix))
+    assert one == 2 * model.config.num_hidden_layers * len(prefix) * model.config.num_key_value_heads \
+        * (model.config.hidden_size // model.config.num_attention_heads) * 4   # keys + values, float32
+    holder = SharedPrefix(max_bytes=2 * one)
+    for key in ("a", "b", "a", "c"):                                    # "a" used again: "b" is the oldest
+        holder.cache_of(model, prefix, key)
+    assert list(holder.held) == ["a", "c"] and holder.prefilled == 3 * len(prefix)
+    with pytest.raises(ValueError, match="max_bytes"):
+        SharedPrefix(max_bytes=-1)
+
+    class Other(DynamicLayer):   # any layer type but DynamicLayer: its first tokens are not a slice
+        pass
+    cache = prefill(model, prefix)
+    cache.layers = [Other.__new__(Other) for _ in cache.layers]
+    assert head_view(cache, 3) is None
 
 
 def test_the_grid_extends_one_prefix_cache_over_a_columns_depths(monkeypatch):

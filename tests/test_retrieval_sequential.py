@@ -241,6 +241,9 @@ def test_no_length_within_the_trained_one_is_an_error(model, tmp_path):
     (["--budget", "30x"], "--budget '30x': give wall time as 30m, 2h or 90s"),
     (["--budget", "0"], "--budget must be at least 1 trial"),
     (["--boundary", "exact"], "--boundary is for sequential trials"),
+    (["--prefix-cache-gb", "2"], "--prefix-cache-gb is for sequential trials"),
+    (["--sequential", "--prefix-cache-gb", "-1"], "--prefix-cache-gb must be >= 0"),
+    (["--sequential", "--prefix-cache-gb", "nan"], "--prefix-cache-gb must be >= 0"),
 ])
 def test_bad_sequential_flags_fail_before_loading(extra, message, tmp_path, capsys, monkeypatch):
     import hf_posext.cli as cli

@@ -12,7 +12,8 @@ import re
 
 from ..evaluation.shared.inputs import InputError
 from ..evaluation.retrieval.blocks import merge_blocks
-from ..evaluation.retrieval.schedule import Budget, decisions_table, evaluate_sequential
+from ..evaluation.retrieval.schedule import (DEFAULT_PREFIX_CACHE_BYTES, Budget, decisions_table,
+                                             evaluate_sequential)
 from ..evaluation.retrieval.sequential import BOUNDARIES, DEFAULT_BLOCK, DEFAULT_CONFIDENCE, SequentialRule
 from ..evaluation.retrieval.settings import DEFAULT_TRIALS
 from ..evaluation.shared.settings import RunInfo
@@ -40,6 +41,10 @@ def add_args(g) -> None:
                    help="with --sequential: each look's level, computed exactly for the looks so that "
                         "all of them together err with at most 1 - confidence (exact, the default), or "
                         "(1 - confidence) / looks each (bonferroni, the union bound: more trials)")
+    g.add_argument("--prefix-cache-gb", type=float, default=None,
+                   help="with --sequential: memory for the prefix caches kept across looks (a later look "
+                        "of a question then prefills nothing), the least recently used question's dropped "
+                        f"first (default {DEFAULT_PREFIX_CACHE_BYTES / 2**30:g}; 0 keeps one, as the fixed design)")
     g.add_argument("--budget", default=None,
                    help="sequential trials within a budget: wall time (30m, 2h, 90s) or a number of "
                         "trials; open decisions the effective length rests on go first; --resume continues")
@@ -63,7 +68,8 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
     sequential = args.sequential or args.budget is not None
     if not sequential:
         for flag, value in (("--max-trials", args.max_trials), ("--confidence", args.confidence),
-                            ("--indifference", args.indifference), ("--boundary", args.boundary)):
+                            ("--indifference", args.indifference), ("--boundary", args.boundary),
+                            ("--prefix-cache-gb", args.prefix_cache_gb)):
             if value is not None:
                 raise InputError(f"{flag} is for sequential trials; add --sequential (or --budget).")
         args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
@@ -73,6 +79,8 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
     max_trials = DEFAULT_TRIALS if args.max_trials is None else args.max_trials
     if block < 1:
         raise InputError(f"--trials (trials per look) must be at least 1, got {block}.")
+    if args.prefix_cache_gb is not None and not 0 <= args.prefix_cache_gb < float("inf"):
+        raise InputError(f"--prefix-cache-gb must be >= 0 (0 keeps one prefix), got {args.prefix_cache_gb}.")
     if max_trials < block:
         raise InputError(f"--max-trials {max_trials} is below --trials {block} (the trials per look); "
                          "raise --max-trials.")
@@ -86,6 +94,12 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
     return rule, budget
 
 
+def cache_bytes(args) -> int:
+    """--prefix-cache-gb in bytes (its default when not given)."""
+    gb = args.prefix_cache_gb
+    return DEFAULT_PREFIX_CACHE_BYTES if gb is None else int(gb * 2**30)
+
+
 def run(args, grid, plan, tokenizer, haystack, ranks, report) -> int:
     """The sequential grid in the results folder; the table, plots and decisions (`report`)."""
     rule, budget = plan
@@ -95,7 +109,8 @@ def run(args, grid, plan, tokenizer, haystack, ranks, report) -> int:
     store, state = session.evaluate_in_store(args, args.store_name, ranks, lambda model, view, progress: (
         evaluate_sequential(model, tokenizer, grid, rule, haystack=haystack, store=view, budget=budget,
                             run=RunInfo(model_name=args.model, device=args.device,
-                                        fingerprint=args.fingerprint))))
+                                        fingerprint=args.fingerprint),
+                            prefix_cache_bytes=cache_bytes(args))))
     if state.rows:   # every block of the run's series in the folder, each cell's blocks as one row
         report(args, grid, store, merge_blocks(session.folder_rows(
             store.rows, state.rows, key=functools.partial(session.series_of, seeds=False))))

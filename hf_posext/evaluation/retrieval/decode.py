@@ -25,6 +25,9 @@ one's token for token (prompt.py: the head, then whole haystack blocks, the same
 depth), so `SharedPrefix` keeps the last prefix's cache and a deeper cell only prefills the
 blocks between the two needles on top of it. It checks the tokens, not the depths, and holds
 one cache per model state (the caller's key: method, factor, knobs) and rope hold length.
+Across the looks of a sequential question (the same prompts at every look, `prompt.py`'s
+`layout_seeds`), it keeps the deepest prefix and serves every depth from a view of its first
+tokens: a later look prefills nothing.
 A dynamic method's frequencies depend on the forward's length: they are held at the cell's
 `hold_length` for the prefix and every trial (`generation.fixed_rope_scale`), so the cached keys
 and the trial's queries are rotated alike. tests/test_retrieval_decode.py checks that a cached
@@ -73,20 +76,59 @@ def prefill(model, prefix: list[int], cache=None):
 
 
 class SharedPrefix:
-    """The last prefix prefilled, reused by a later cell whose prefix extends it (module doc)."""
+    """Prefix caches kept for later cells (module doc), one per model state (the caller's key
+    and the rope hold): the longest prefix prefilled under it. A cell whose prefix extends it
+    prefills only the tokens after it; one whose prefix it extends gets a view of its first
+    tokens (`head_view`, no forward: a later look of a sequential question, whose depths the
+    held deepest prefix covers). Up to `max_bytes` of caches are kept, the least recently used
+    dropped first; 0 keeps the last one only, dropped before another state's prefill (the fixed
+    design's cells come one model state at a time). `prefilled`: the prefix tokens run so far."""
 
-    def __init__(self):
-        self.key, self.tokens, self.cache = None, [], None
+    def __init__(self, max_bytes: int = 0):
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes, self.prefilled = max_bytes, 0
+        self.held: dict = {}   # key -> (tokens, cache), the most recently used last
 
     def cache_of(self, model, prefix: list[int], key) -> object:
-        """The cache of `prefix` under `key`, extending the held one when it is a prefix of it."""
-        n = len(self.tokens)
-        if self.cache is None or key != self.key or n > len(prefix) or prefix[:n] != self.tokens:
-            self.key, self.tokens, self.cache = key, [], None   # freed before the new prefill
-        if len(prefix) > len(self.tokens):
-            self.cache = prefill(model, prefix, self.cache)
-            self.tokens = list(prefix)
-        return self.cache
+        """The cache of `prefix` under `key` (held, a view of a held one, or extended)."""
+        tokens, cache = self.held.pop(key, ([], None))
+        n = len(tokens)
+        if cache is not None and n >= len(prefix) and tokens[:len(prefix)] == prefix:
+            view = cache if n == len(prefix) else head_view(cache, len(prefix))
+            if view is not None:
+                self.held[key] = (tokens, cache)
+                return view
+        if cache is None or n > len(prefix) or prefix[:n] != tokens:
+            tokens, cache = [], None   # freed before the new prefill
+        if self.max_bytes == 0:
+            self.held.clear()
+        self.prefilled += len(prefix) - len(tokens)
+        cache = prefill(model, prefix, cache)
+        self.held[key] = (list(prefix), cache)
+        while len(self.held) > 1 and sum(cache_bytes(c) for _, c in self.held.values()) > self.max_bytes:
+            self.held.pop(next(iter(self.held)))   # the least recently used
+        return cache
+
+
+def cache_bytes(cache) -> int:
+    """The bytes of a cache's keys and values."""
+    return sum(t.numel() * t.element_size() for layer in getattr(cache, "layers", ())
+               for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if torch.is_tensor(t))
+
+
+def head_view(cache, n: int):
+    """A cache of the first `n` tokens of `cache`, over views of its tensors (nothing copied,
+    `cache` untouched), or None for a cache that is not a plain DynamicCache of DynamicLayers (a
+    sliding window's or a quantized layer's first tokens are not a slice of what it holds)."""
+    if type(cache) is not DynamicCache or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return None
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]
+    for layer in out.layers:
+        if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+            layer.keys, layer.values = layer.keys[..., :n, :], layer.values[..., :n, :]
+    return out
 
 
 @contextmanager

@@ -8,6 +8,11 @@ generated stay within the cell's length, as RULER sizes its inputs by max_seq_le
 tokens_to_generate), before = round(depth · k), needle 0 (the queried one) goes before block
 `before` and needle i of m before block before + round(i · (k - before) / m): spread evenly to
 the end.
+
+A cell's layout (k, and the rope hold of a dynamic method) depends on the longest trial it
+holds. Sequential looks run a cell's seeds a block at a time, so `layout_seeds` (all the seeds
+the cell may ever run) fixes it: every look's prompts are then the fixed design's token for
+token (the same prefix at every look, which `decode.SharedPrefix` serves from its cache).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class CellPrompts:
     # per trial, [start, end) of the queried needle's tokens in prompt(i) (`probe.py` measures
     # the attention paid to them)
     needle_spans: list[tuple[int, int]] = field(default_factory=list)
+    # the rope hold of the layout's trials when they are more than these (`subset`)
+    hold: int | None = None
 
     def prompt(self, i: int) -> list[int]:
         return self.prefix + self.suffixes[i]
@@ -40,7 +47,15 @@ class CellPrompts:
     def hold_length(self) -> int:
         """Prompt + answer tokens of the longest trial: a dynamic method's frequencies are those
         of this length for every trial of the cell (so the shared prefix's cache is valid)."""
+        if self.hold is not None:
+            return self.hold
         return max(len(self.prefix) + len(s) + m for s, m in zip(self.suffixes, self.max_new_tokens))
+
+    def subset(self, indices: list[int]) -> "CellPrompts":
+        """These trials only, in the layout (and rope hold) of all of them."""
+        pick = lambda xs: [xs[i] for i in indices]   # noqa: E731
+        return CellPrompts(self.prefix, pick(self.suffixes), pick(self.trials), pick(self.max_new_tokens),
+                           pick(self.needle_spans) if self.needle_spans else [], self.hold_length)
 
 
 def _ids(tokenizer, text: str, special: bool = False) -> list[int]:
@@ -65,12 +80,18 @@ def _beside_haystack(tokenizer, trial: Trial) -> int:
 
 
 def build_cell(tokenizer, task: Task, haystack: Haystack, length: int, depth: float,
-               seeds) -> CellPrompts:
+               seeds, layout_seeds=None) -> CellPrompts:
+    """The prompts of `seeds`, laid out for `layout_seeds` (a superset; default `seeds`)."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be between 0 and 1 (a fraction of the haystack), got {depth}")
-    trials = [task.trial(s) for s in seeds]
-    return place(tokenizer, trials, haystack, length, depth, task.name,
+    seeds = list(seeds)
+    layout = seeds if layout_seeds is None else list(layout_seeds)
+    if not set(seeds) <= set(layout):
+        raise ValueError(f"seeds {sorted(set(seeds) - set(layout))} are not among the layout's seeds")
+    trials = [task.trial(s) for s in layout]
+    cell = place(tokenizer, trials, haystack, length, depth, task.name,
                  lambda: min_tokens(tokenizer, trials, haystack))
+    return cell if layout == seeds else cell.subset([layout.index(s) for s in seeds])
 
 
 def place(tokenizer, trials: list[Trial], haystack: Haystack, length: int, depth: float,

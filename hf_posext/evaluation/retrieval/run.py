@@ -39,7 +39,8 @@ def data_hash(tokenizer, haystack: Haystack, task: str) -> str:
 def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | None = None,
                        haystack: Haystack | None = None, store=None, ranks=None,
                        reuse_identical: bool = True, progress: bool = True,
-                       answer_fn=None, seed_blocks: bool = True, engine=None) -> list[dict]:
+                       answer_fn=None, seed_blocks: bool = True, engine=None,
+                       prefix_cache: SharedPrefix | None = None) -> list[dict]:
     """One row per (length, task, method, factor, depth): `correct` of `trials`, `accuracy`
     with its Wilson 95 % interval (`ci_low`, `ci_high`), RULER's mean `score`, and every
     trial's expected and generated answer (`answers`, `outputs`).
@@ -53,7 +54,9 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
     seeds overlapping a stored block are refused; False where each seed list is its own series
     (the passkey's tables: a run with more seeds is a new cell, not a second block).
     engine: e.g. `vllm_engine.VllmEngine`: answers come from that engine (`model` may then be its
-    weightless `planning_model`); rows and keys carry its name and version."""
+    weightless `planning_model`); rows and keys carry its name and version.
+    prefix_cache: the `decode.SharedPrefix` the cells' prefixes come from (default a new one for
+    this call; the sequential looks pass theirs, kept across looks)."""
     run = run or RunInfo()
     check_device(run.device, "device=")
     if run.dtype not in (None, "", "auto") and model_dtype(model) != run.dtype:
@@ -69,13 +72,13 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
     if engine is not None:
         engine.plan(cells)   # refusals before any engine loads
     memo: dict[tuple, CellPrompts] = {}
-    shared = SharedPrefix() if takes_shared(answer_fn) else None
+    shared = (prefix_cache if prefix_cache is not None else SharedPrefix()) if takes_shared(answer_fn) else None
 
     def prompts(cell: Cell) -> CellPrompts:
         where = (cell.extra["task"], cell.length, cell.extra["depth"])
         if where not in memo:
             memo[where] = build_cell(tokenizer, get_task(where[0]), haystack, cell.length,
-                                     where[2], seeds)
+                                     where[2], seeds, grid.layout_seeds)
         return memo[where]
 
     def compute(cell: Cell) -> dict:

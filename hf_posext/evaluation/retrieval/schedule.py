@@ -20,6 +20,11 @@ look at the same length and method, the same length, or the nearest measured len
 3.3x 8k in the committed grid), the trials in a look when the budget is trials. The first look
 measured is the probe. Every look is stored as it finishes; what stays open is reported.
 `--resume` reads the stored looks back (no trial recomputed) and continues the same order.
+
+A look's prompts are those of the question's whole series of seeds (`RetrievalGrid.layout_seeds`),
+so every look of a question has the same prefixes, and they are kept across looks
+(`decode.SharedPrefix`, up to `prefix_cache_bytes`, the least recently used question's dropped
+first): a later look only runs its trials' suffixes, as the fixed design's later trials do.
 """
 
 from __future__ import annotations
@@ -32,10 +37,14 @@ from typing import Callable
 from ...patcher import trained_length
 from ..shared.grid import knob_text
 from ..shared.settings import RunInfo
-from .decode import answer_cell, takes_shared
+from .decode import SharedPrefix, answer_cell, takes_shared
 from .run import evaluate_retrieval
 from .sequential import ABOVE, BELOW, BOUNDARY_TEXT, UNDECIDED, SequentialRule, call, effective_bounds
 from .settings import RetrievalGrid
+
+
+# prefix caches kept across looks: ~5 questions' deepest 16k prefixes of the embedded model in float32
+DEFAULT_PREFIX_CACHE_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -190,12 +199,16 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
                         run: RunInfo | None = None, haystack=None, store=None,
                         budget: Budget | None = None, answer_fn=None, bar: float | None = None,
                         clock: Callable[[], float] = time.monotonic,
+                        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
                         log: Callable[[str], None] = lambda s: print(s, flush=True)) -> SequentialResult:
     """Run `grid`'s questions look by look (the module docstring); each block row gains `look`,
     `max_trials`, `confidence`, `indifference`, `rule` (the boundary), and the question's `decision`, `decision_low`, `decision_high`
     and `bar` after that look. `clock` and `answer_fn` are injectable (tests: a fake clock the
     stub answers advance). bar: a fixed bar in (0, 1] instead of the reference's (e.g. a target
-    accuracy such as issue #40's 0.9): no cell is then a reference and no length <= L is needed."""
+    accuracy such as issue #40's 0.9): no cell is then a reference and no length <= L is needed.
+    Every look is laid out as the question's whole series of seeds (`RetrievalGrid.layout_seeds`:
+    its prompts are the fixed design's at max_trials), and the prefix caches are kept across
+    looks (`decode.SharedPrefix`, up to `prefix_cache_bytes`): a later look prefills nothing."""
     if bar is not None and not 0.0 < bar <= 1.0:
         raise ValueError(f"a fixed bar must be in (0, 1], got {bar}.")
     run = run or RunInfo()
@@ -208,6 +221,8 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
                          "grid: the bar is the unpatched model's accuracy there (add it to --lengths).")
     answer_fn = answer_fn or answer_cell
     state = SequentialResult([], questions_of(grid, trained, reference=bar is None), {}, rule)
+    holder = SharedPrefix(prefix_cache_bytes)
+    layout = tuple(range(grid.seed, grid.seed + rule.max_trials))
     start, spent_trials = clock(), 0
 
     def look(q: Question, compute: bool) -> bool:
@@ -223,13 +238,13 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
 
         sub = dataclasses.replace(
             grid, methods=[q.method], lengths=[q.length], tasks=[q.task], factors=[q.factor_spec],
-            seeds=rule.look_seeds(grid.seed, j),
+            seeds=rule.look_seeds(grid.seed, j), layout_seeds=layout,
             skip=tuple(grid.skip) + ((("none", q.length, 1.0),) if q.method != "none" else ()))
         began = clock()
         try:
             rows = evaluate_retrieval(model, tokenizer, sub, haystack=haystack, store=store,
                                       run=dataclasses.replace(run, extra_columns={**run.extra_columns, "look": j}),
-                                      progress=False, answer_fn=answer)
+                                      progress=False, answer_fn=answer, prefix_cache=holder)
         except _NotStored:
             return False
         q.looks.append((sum(int(r["correct"]) for r in rows), sum(int(r["trials"]) for r in rows)))

@@ -34,6 +34,9 @@ class RetrievalGrid:
         trial, the benchmark's comparison). margin: the effective length's tolerance
         (`stats.effective_length`).
     skip: (method, length, s) cells left out (`inputs.check_cells`, as `PerplexityGrid.skip`).
+    layout_seeds: the seeds whose prompts fix each cell's layout (`prompt.py`), a superset of the
+        trial seeds: a sequential look's block is laid out as the whole series (rows and keys
+        gain `layout_seeds`, so they never resume rows laid out otherwise). None: the trials'.
     """
 
     methods: Sequence[str]
@@ -49,6 +52,7 @@ class RetrievalGrid:
     reuse_prefix: bool = True
     margin: float = DEFAULT_MARGIN
     skip: Sequence[tuple[str, int, float]] = ()
+    layout_seeds: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -70,6 +74,9 @@ class RetrievalGrid:
             raise ValueError(f"seeds {list(self.seeds)} repeat a seed; each seed must count once.")
         if self.seeds is not None and not self.seeds:
             raise ValueError("seeds is empty.")
+        if self.layout_seeds is not None and not set(self.trial_seeds()) <= set(self.layout_seeds):
+            raise ValueError(f"layout_seeds must include every trial seed; missing "
+                             f"{sorted(set(self.trial_seeds()) - set(self.layout_seeds))}.")
         if not (0.0 <= self.margin < 1.0 and math.isfinite(self.margin)):
             raise ValueError(f"margin must be in [0, 1), got {self.margin}.")
 
@@ -79,9 +86,10 @@ class RetrievalGrid:
     def cells(self, trained: int) -> list[Cell]:
         """Cells in run order: by length (short first), task, method (`none` first), depth."""
         seeds = self.trial_seeds()
+        layout = {} if self.layout_seeds is None else {"layout_seeds": seeds_text(list(self.layout_seeds))}
         return [Cell(method, spec, s, length, "retrieval", knobs_for(method, self.knobs or {}),
                      {"task": task, "haystack": self.haystack, "depth": float(d),
-                      "trials": len(seeds), "seeds_list": seeds_text(seeds)})
+                      "trials": len(seeds), "seeds_list": seeds_text(seeds), **layout})
                 for length in sorted(set(self.lengths)) for task in self.tasks
                 for method, spec, s in method_factors(self.methods, self.factors, length, trained)
                 if (method, length, s) not in set(self.skip)
