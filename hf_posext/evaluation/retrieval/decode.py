@@ -39,6 +39,7 @@ from __future__ import annotations
 import copy
 import inspect
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -124,10 +125,14 @@ def head_view(cache, n: int):
     if type(cache) is not DynamicCache or any(type(layer) is not DynamicLayer for layer in cache.layers):
         return None
     out = copy.copy(cache)
-    out.layers = [copy.copy(layer) for layer in cache.layers]
-    for layer in out.layers:
-        if layer.is_initialized and layer.keys is not None and layer.keys.numel():
-            layer.keys, layer.values = layer.keys[..., :n, :], layer.values[..., :n, :]
+    out.layers = [_first_tokens(cast(DynamicLayer, layer), n) for layer in cache.layers]
+    return out
+
+
+def _first_tokens(layer: DynamicLayer, n: int) -> DynamicLayer:
+    out = copy.copy(layer)
+    if out.is_initialized and out.keys is not None and out.keys.numel():
+        out.keys, out.values = out.keys[..., :n, :], out.values[..., :n, :]
     return out
 
 
