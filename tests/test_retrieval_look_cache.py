@@ -44,7 +44,7 @@ def test_a_blocks_prompts_are_the_whole_series_prompts():
         RetrievalGrid(["yarn"], [694], seeds=[3, 4], layout_seeds=[0, 1, 2, 3])
 
 
-def sequential(model, folder, cache_bytes):
+def sequential(model, folder, cache_bytes=0):
     grid = RetrievalGrid(["yarn"], [694], depths=[0.25, 1.0], tasks=["multi_key"], factors=[2.0])
     # bar 0.05: a random model's 0/n never decides in 2 looks, so both questions (none, yarn) run
     # both looks, in turn
@@ -84,3 +84,20 @@ def test_looks_are_the_fixed_designs_trials_and_later_looks_prefill_nothing(mode
         assert {r["prompt_tokens"] for r in mine} <= {row["prompt_tokens"], row["prompt_tokens"] - 1,
                                                       row["prompt_tokens"] - 2}
         assert {r["prefix_tokens"] for r in mine} == {row["prefix_tokens"]}
+
+
+def test_resuming_looks_laid_out_for_another_series_is_refused(model, tmp_path):
+    """Stored looks laid out for max_trials 4 are not another run's looks at max_trials 8 (their
+    prompts differ): refused with the fix, not recomputed beside them; the same max_trials resumes."""
+    from hf_posext.evaluation.shared.store import ResultsError
+    sequential(model, tmp_path)
+    grid = RetrievalGrid(["yarn"], [694], depths=[0.25, 1.0], tasks=["multi_key"], factors=[2.0])
+    with ResultsStore(tmp_path, "retrieval", resume=True) as store:
+        with pytest.raises(ResultsError, match=r"seeds 0,1 are stored laid out for seeds 0,1,2,3; this run lays "
+                                               r"them out for seeds 0,1,2,3,4,5,6,7 .* Resume with the stored run's --max-trials"):
+            evaluate_sequential(model, char_tokenizer(), grid, SequentialRule(block=2, max_trials=8, confidence=0.9),
+                                store=store, bar=0.05, log=lambda s: None)
+        state = evaluate_sequential(model, char_tokenizer(), grid, SequentialRule(block=2, max_trials=4, confidence=0.9),
+                                    store=store, bar=0.05, log=lambda s: None,
+                                    answer_fn=lambda *a, **k: pytest.fail("a stored look was recomputed"))
+    assert all(len(q.looks) == 2 for q in state.questions)

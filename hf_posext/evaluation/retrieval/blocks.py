@@ -47,19 +47,30 @@ def _where(row: dict) -> str:
 def check_blocks(stored: Sequence[dict], asked: Sequence[dict]) -> None:
     """Refuse asked cells (row-like: CELL_FIELDS and seeds_list) whose seeds overlap a stored
     block of the same cell without being it; the same seeds again is a resume (or a recompute
-    that replaces the older row)."""
-    have: dict[tuple, list[frozenset[int]]] = {}
+    that replaces the older row), refused when laid out for other seeds (`layout_seeds`: a
+    sequential look's layout is its whole series', so another --max-trials is another prompt)."""
+    have: dict[tuple, list[tuple[frozenset[int], str]]] = {}
     for r in stored:
         if "seeds_list" in r:
-            have.setdefault(cell_of(r), []).append(seed_set(str(r["seeds_list"])))
+            have.setdefault(cell_of(r), []).append((seed_set(str(r["seeds_list"])), str(r.get("layout_seeds") or "")))
     for a in asked:
         mine = seed_set(str(a["seeds_list"]))
-        for block in have.get(cell_of(a), []):
+        for block, layout in have.get(cell_of(a), []):
+            if block == mine and layout != str(a.get("layout_seeds") or ""):
+                raise ResultsError(
+                    f"{_where(a)}: seeds {seeds_text(sorted(block))} are stored laid out for "
+                    f"{_layout(layout, block)}; this run lays them out for "
+                    f"{_layout(str(a.get('layout_seeds') or ''), mine)} (a sequential look is laid out as its "
+                    "whole series, --max-trials). Resume with the stored run's --max-trials, or choose another --out.")
             if block != mine and block & mine:
                 raise ResultsError(
                     f"{_where(a)}: seeds {seeds_text(sorted(block))} are stored; seeds "
                     f"{seeds_text(sorted(mine))} would count {seeds_text(sorted(block & mine))} twice. "
                     f"Add trials after them (--seed {max(block) + 1} --trials N), or choose another --out.")
+
+
+def _layout(layout: str, block: frozenset[int]) -> str:
+    return f"seeds {layout}" if layout else f"their own block ({seeds_text(sorted(block))})"
 
 
 def merge_blocks(rows: Sequence[dict]) -> list[dict]:
