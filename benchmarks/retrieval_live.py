@@ -9,7 +9,9 @@ cells (lengths <= L) in full, as the sequential rule requires. The report puts, 
 method, length), the two designs' trials, wall time (the rows' `seconds`: each cell's own
 compute, its share of the prefix prefill included) and call (the sequential decision, or its
 point-estimate fallback, against the fixed design's pooled accuracy vs the bar, as
-`stats.effective_length` compares it), and each whole run's wall time.
+`stats.effective_length` compares it), the trials both ran whose answer text is the same (a
+look's prompts are the fixed design's, `prompt.py` `layout_seeds`, so all should be), and each
+whole run's wall time.
 
     python benchmarks/retrieval_live.py --out benchmarks/results/retrieval-live --trials 4 --max-trials 20 -- \\
         --tasks niah_single --methods yarn --factor 2 --lengths 4k,16k --depths 0.5,1 --dtype bfloat16
@@ -28,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from hf_posext.evaluation.retrieval.blocks import seed_set
 from hf_posext.evaluation.retrieval.sequential import UNDECIDED, call
 from hf_posext.evaluation.retrieval.stats import effective_length, pooled
 
@@ -111,13 +114,28 @@ def sequential_call(part: list[dict]) -> tuple[str, str]:
     return (f"undecided ({side} by its point estimate)" if fallback else side), side
 
 
+def same_text(part: list[dict], other: list[dict]) -> tuple[int, int]:
+    """(trials whose answer text is the same in both runs, trials both ran), by (depth, seed): a
+    row's `outputs` are its trials' texts in seed order, joined by ` | `."""
+    def by_seed(rows):
+        texts = {}
+        for r in rows:
+            seeds, outs = sorted(seed_set(str(r["seeds_list"]))), str(r["outputs"]).split(" | ")
+            if len(seeds) == len(outs):   # a text holding ` | ` itself: the row is not compared
+                texts.update({(float(r["depth"]), s): o for s, o in zip(seeds, outs)})
+        return texts
+    a, b = by_seed(part), by_seed(other)
+    shared = a.keys() & b.keys()
+    return sum(a[k] == b[k] for k in shared), len(shared)
+
+
 def report(args, walls: dict[str, float], margin: float) -> str:
     rows = {d: json.loads((args.out / d / "retrieval.json").read_text())["rows"] for d in ("sequential", "fixed")}
     seq, fix = question_rows(rows["sequential"]), question_rows(rows["fixed"])
     trained = int(rows["fixed"][0]["trained_length"])
-    lines = ["| task | method | length | sequential: trials | wall s | call | fixed: trials | wall s | call (bar) | same call |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    totals = {"sequential": [0, 0.0], "fixed": [0, 0.0]}
+    lines = ["| task | method | length | sequential: trials | wall s | call | fixed: trials | wall s | call (bar) "
+             "| same call | same text |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    totals = {"sequential": [0, 0.0], "fixed": [0, 0.0], "text": [0, 0]}
     for key in sorted(fix, key=lambda k: (k[0], k[1] != "none", k[1], k[3])):
         task, method, factor, length = key
         ref = [r for (t, m, _f, _n), part in fix.items() if t == task and m == "none" for r in part]
@@ -133,10 +151,14 @@ def report(args, walls: dict[str, float], margin: float) -> str:
             totals[name][1] += secs
             cells.append((n, secs))
         bar_text = f" ({bar:.2f})" if bar is not None else ""
+        k, n = same_text(s_part, f_part)
+        totals["text"][0] += k
+        totals["text"][1] += n
         lines.append(f"| {task} | {method} s={factor:g} | {length} | {cells[0][0]} | {cells[0][1]:.1f} | {s_call} | "
-                     f"{cells[1][0]} | {cells[1][1]:.1f} | {f_call}{bar_text} | {same} |")
-    (sn, ss), (fn, fs) = totals["sequential"], totals["fixed"]
-    lines.append(f"| all | | | **{sn}** ({sn / fn:.0%}) | **{ss:.1f}** ({ss / fs if fs else 0:.0%}) | | {fn} | {fs:.1f} | | |")
+                     f"{cells[1][0]} | {cells[1][1]:.1f} | {f_call}{bar_text} | {same} | {k}/{n} |")
+    (sn, ss), (fn, fs), (tk, tn) = totals["sequential"], totals["fixed"], totals["text"]
+    lines.append(f"| all | | | **{sn}** ({sn / fn:.0%}) | **{ss:.1f}** ({ss / fs if fs else 0:.0%}) | | {fn} | {fs:.1f} "
+                 f"| | | {tk}/{tn} |")
     run_text = "; ".join(f"{d} {walls[d]:.1f} s" for d in walls) or "resumed: see the rows' seconds"
     return "\n".join([
         "# Sequential trials against the fixed design, live (issue #37)", "",
