@@ -135,7 +135,8 @@ def report(args, walls: dict[str, float], margin: float) -> str:
     trained = int(rows["fixed"][0]["trained_length"])
     lines = ["| task | method | length | sequential: trials | wall s | call | fixed: trials | wall s | call (bar) "
              "| same call | same text |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    totals = {"sequential": [0, 0.0], "fixed": [0, 0.0], "text": [0, 0]}
+    totals: dict[str, list[float]] = {"sequential": [0, 0.0], "fixed": [0, 0.0]}
+    text = [0, 0]   # trials with the same answer text, trials both ran
     for key in sorted(fix, key=lambda k: (k[0], k[1] != "none", k[1], k[3])):
         task, method, factor, length = key
         ref = [r for (t, m, _f, _n), part in fix.items() if t == task and m == "none" for r in part]
@@ -152,12 +153,12 @@ def report(args, walls: dict[str, float], margin: float) -> str:
             cells.append((n, secs))
         bar_text = f" ({bar:.2f})" if bar is not None else ""
         k, n = same_text(s_part, f_part)
-        totals["text"][0] += k
-        totals["text"][1] += n
+        text[0] += k
+        text[1] += n
         lines.append(f"| {task} | {method} s={factor:g} | {length} | {cells[0][0]} | {cells[0][1]:.1f} | {s_call} | "
                      f"{cells[1][0]} | {cells[1][1]:.1f} | {f_call}{bar_text} | {same} | {k}/{n} |")
-    (sn, ss), (fn, fs), (tk, tn) = totals["sequential"], totals["fixed"], totals["text"]
-    lines.append(f"| all | | | **{sn}** ({sn / fn:.0%}) | **{ss:.1f}** ({ss / fs if fs else 0:.0%}) | | {fn} | {fs:.1f} "
+    (sn, ss), (fn, fs), (tk, tn) = totals["sequential"], totals["fixed"], text
+    lines.append(f"| all | | | **{sn:.0f}** ({sn / fn:.0%}) | **{ss:.1f}** ({ss / fs if fs else 0:.0%}) | | {fn:.0f} | {fs:.1f} "
                  f"| | | {tk}/{tn} |")
     run_text = "; ".join(f"{d} {walls[d]:.1f} s" for d in walls) or "resumed: see the rows' seconds"
     return "\n".join([
