@@ -246,6 +246,8 @@ def recipe_argv(args, arm: str, out: Path, seed: int = 0) -> list[str]:
         argv += ["--data.bos_token", "auto", "--data.eos_token", "auto"]
     if arm == "mix":
         argv += ["--data.synthetic.share", str(args.share), "--data.synthetic.min_span", str(args.min_span)]
+    else:   # documents only, whatever the recipe's default mix is
+        argv += ["--data.synthetic.share", "0"]
     return argv
 
 

@@ -76,6 +76,23 @@ def test_defaults_are_the_best_setting_measured(monkeypatch):
     assert (synthetic.share, synthetic.min_span) == (0.0, 0.9)
 
 
+@pytest.mark.slow
+def test_the_shipped_retrieval_recipe_is_the_mix_arm_measured(tmp_path):
+    """recipes/cpu-smollm2-retrieval.yaml trains what the benchmark's mix arm trained with its
+    defaults (model, data, training, PoSE, LoRA: everything but the evaluation and the folder), and
+    the documents-only arm asks for share 0 whatever the recipe's default is."""
+    from hf_posext.training.recipe_config import parse_args
+    bench = runpy.run_path(str(SCRIPT))
+    args = bench["parse"]([])
+    shipped, _ = parse_args(["--config", str(ROOT / "recipes" / "cpu-smollm2-retrieval.yaml")])
+    arm, _ = parse_args(bench["recipe_argv"](args, "mix", tmp_path))
+    for section in ("model", "data", "training", "pose", "lora"):
+        assert getattr(shipped, section) == getattr(arm, section), section
+    assert shipped.data.synthetic.share == 0.25 and shipped.training.max_steps == 200
+    docs, _ = parse_args(bench["recipe_argv"](args, "docs", tmp_path))
+    assert docs.data.synthetic.share == 0.0
+
+
 def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys, monkeypatch):
     assets = make_assets(tmp_path / "assets", archs=("llama",))
     rng = random.Random(1)   # a held-out document long enough for 512-token evaluations
