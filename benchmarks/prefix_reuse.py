@@ -23,9 +23,6 @@ ones move less when other work shares the cores). Runs `--reps` rounds of every 
   cat): the same trial with the fork's layers growing by DynamicLayer's `torch.cat` (a copy of
   the whole cache per layer per step), as a trial ran before; trial, answer (steps on all
   threads): that `generate` call without `one_thread_steps` either, as a trial ran before that;
-  a later trial, answer (pooled): a further trial of the cell as `decode.answer_cell` runs it,
-  in the buffers the cell's earlier trial left (`reserved.Pool`: no allocation, no copy of the
-  prefix);
 - sharing (with `--share-depths`): the prefixes of those depths prefilled one by one from
   scratch against `decode.SharedPrefix` extending one cache from depth to depth.
 """
@@ -65,7 +62,6 @@ def main() -> None:
     from hf_posext.attention.continuation import continuation_attention
     from hf_posext.data import embedded
     from hf_posext.evaluation.retrieval.decode import CACHE_KWARG, SharedPrefix, fork, generate_trial, prefill
-    from hf_posext.evaluation.retrieval.reserved import Pool
     tok = embedded.load_tokenizer()
     hamlet = next(x for x in embedded.play_paths() if x.stem == "hamlet").read_text()
     ids = torch.tensor([tok(hamlet)["input_ids"][: args.length]])       # [1, T]
@@ -79,12 +75,9 @@ def main() -> None:
         def suffix():
             model(ids[:, cut:], **{CACHE_KWARG: fork(cache)}, use_cache=True, logits_to_keep=1)
 
-        def trial(new: int = 1, capacity: int | None = None, pool=None):
+        def trial(new: int = 1, capacity: int | None = None):
             with continuation_attention(model):
-                generate_trial(model, tok, ids[0].tolist(), new, cache, capacity=capacity, pool=pool)
-
-        pool = Pool()
-        trial(args.answer_tokens, pool=pool)   # the cell's first trial: it leaves its buffers in the pool
+                generate_trial(model, tok, ids[0].tolist(), new, cache, capacity=capacity)
 
         def wide_answer():   # generate_trial's call without decode.one_thread_steps
             x = ids[:, :]
@@ -102,8 +95,7 @@ def main() -> None:
                  "suffix (sdpa)": suffix, "suffix": new_suffix,
                  "trial": trial, "trial, answer": lambda: trial(args.answer_tokens),
                  "trial, answer (cache grown by cat)": lambda: trial(args.answer_tokens, capacity=0),
-                 "trial, answer (steps on all threads)": wide_answer,
-                 "later trial, answer (pooled)": lambda: trial(args.answer_tokens, pool=pool)}
+                 "trial, answer (steps on all threads)": wide_answer}
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
             for k in ("full", "suffix (sdpa)", "suffix"):
@@ -140,8 +132,7 @@ def main() -> None:
     if args.answer_tokens > 1:   # what one greedy step over the whole cache adds
         steps = args.answer_tokens - 1
         print()
-        for k in ("trial, answer", "trial, answer (cache grown by cat)", "trial, answer (steps on all threads)",
-                  "later trial, answer (pooled)"):
+        for k in ("trial, answer", "trial, answer (cache grown by cat)", "trial, answer (steps on all threads)"):
             w, c = ((fast[k][i] - fast["trial"][i]) / steps for i in (0, 1))
             print(f"{'' if k == 'trial, answer' else '  '}one decode step (({k} - trial) / {steps}): {w:.3f} s wall, "
                   f"{c:.3f} s CPU, {w / fast['full'][0]:.4f} / {c / fast['full'][1]:.4f} of full")

@@ -14,7 +14,6 @@ from _evalkit import char_tokenizer, tiny_model
 from hf_posext.evaluation.retrieval import build_cell, get_task, noise_haystack
 from hf_posext.attention.continuation import continuation_attention
 from hf_posext.evaluation.retrieval.decode import SharedPrefix, answer_cell, generate_trial, prefill
-from hf_posext.evaluation.retrieval.reserved import Pool
 from hf_posext.generation import fixed_rope_scale
 from transformers.cache_utils import DynamicLayer
 
@@ -62,25 +61,13 @@ def test_cached_trial_equals_full_recompute(method, factor, knobs, monkeypatch):
     cell = build_cell(tok, get_task("multi_key"), noise_haystack(tok), 700, 0.5, [0, 1])
     assert len(cell.prefix) > 100          # a real shared prefix
     forks, real = [], decode.reserved_fork
-    monkeypatch.setattr(decode, "reserved_fork", lambda c, n, pool=None: forks.append(real(c, n, pool)) or forks[-1])
-    # the cell's trials one after another in one Pool, the longest first: the next one writes
-    # into the buffers the first left, after the prefix the first copied there
-    need = [len(cell.prompt(i)) + cell.max_new_tokens[i] - 1 for i in range(2)]
-    order = sorted(range(2), key=lambda i: -need[i])
+    monkeypatch.setattr(decode, "reserved_fork", lambda c, n: forks.append(real(c, n)) or forks[-1])
     with torch.inference_mode(), fixed_rope_scale(model, cell.hold_length):
         with continuation_attention(model):
             cache = prefill(model, cell.prefix)
             held = [(layer.keys, layer.values, layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
             runs = [[generate_trial(model, tok, cell.prompt(i), cell.max_new_tokens[i], cache, scores=True, capacity=c)
                      for c in (None, 0)] for i in range(2)]
-            pool = Pool()
-            pooled = {i: generate_trial(model, tok, cell.prompt(i), cell.max_new_tokens[i], cache, scores=True, pool=pool)
-                      for i in order}
-        first, second = forks[2], forks[3]
-        for a, b in zip(first.layers, second.layers):   # the second trial wrote into the first's buffers
-            assert b.buffers[0].data_ptr() == a.buffers[0].data_ptr() and b.buffers[1].data_ptr() == a.buffers[1].data_ptr()
-        for i in range(2):
-            assert_same_answer(pooled[i], recompute(model, cell.prompt(i), cell.max_new_tokens[i]))
         for i, (reserved, grown) in enumerate(runs):
             m = cell.max_new_tokens[i]
             full = recompute(model, cell.prompt(i), m)
@@ -94,7 +81,7 @@ def test_cached_trial_equals_full_recompute(method, factor, knobs, monkeypatch):
                 assert layer.buffers[0].shape[-2] == len(cell.prompt(i)) + m - 1   # the reserve
                 assert layer.get_seq_length() == len(cell.prompt(i)) + len(full[0]) - 1
                 assert layer.keys.data_ptr() == layer.buffers[0].data_ptr()
-        assert len(forks) == 4                                 # capacity 0 forked without it
+        assert len(forks) == 2                                 # capacity 0 forked without it
         assert cache.get_seq_length() == len(cell.prefix)   # the shared cache was not consumed
         for layer, (k, v, k0, v0) in zip(cache.layers, held):  # nor written into by a trial's fork
             assert type(layer) is DynamicLayer and layer.keys is k and layer.values is v

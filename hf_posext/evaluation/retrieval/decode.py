@@ -48,7 +48,7 @@ from transformers.generation import utils as _generation_utils
 from ...attention.continuation import continuation_attention
 from ...generation import fixed_rope_scale
 from .prompt import CellPrompts
-from .reserved import Pool, reserved_fork
+from .reserved import reserved_fork
 
 
 # transformers 5.x renamed generate's `past_key_values` to `cache` (deprecated alias until 5.40,
@@ -167,26 +167,24 @@ def fork(cache):
     return out
 
 
-def trial_cache(cache, capacity: int, pool: Pool | None = None):
+def trial_cache(cache, capacity: int):
     """What a trial continues from: a fork of `cache` whose layers reserve `capacity` tokens
-    (`reserved.reserved_fork`, in `pool`'s buffers where an earlier trial of the cell left them),
-    or, with `capacity` 0 or a cache of another kind, `fork(cache)`."""
-    return (reserved_fork(cache, capacity, pool) if capacity > 0 else None) or fork(cache)
+    (`reserved.reserved_fork`), or, with `capacity` 0 or a cache of another kind, `fork(cache)`."""
+    return (reserved_fork(cache, capacity) if capacity > 0 else None) or fork(cache)
 
 
 @torch.inference_mode()
 def generate_trial(model, tokenizer, ids: list[int], max_new_tokens: int, cache=None,
-                   scores: bool = False, capacity: int | None = None, pool: Pool | None = None):
+                   scores: bool = False, capacity: int | None = None):
     """Greedy continuation of `ids` (new token ids; with `scores`, also the logits of each
     step), continuing from `cache` when given (a cache of a prefix of `ids`, left untouched).
     `capacity`: the tokens the trial's cache layers reserve (None: the prompt and the answer,
     all the trial holds, as generate feeds back every new token but the last; 0: none, the
-    layers grow by DynamicLayer's cat; fewer than the trial needs: they grow past it). `pool`:
-    the cell's `reserved.Pool` (its trials, one after another, over this same `cache`)."""
+    layers grow by DynamicLayer's cat; fewer than the trial needs: they grow past it)."""
     x = torch.tensor([ids], device=_device(model))
     if capacity is None:
         capacity = len(ids) + max_new_tokens - 1
-    extra = {CACHE_KWARG: trial_cache(cache, capacity, pool)} if cache is not None else {}
+    extra = {CACHE_KWARG: trial_cache(cache, capacity)} if cache is not None else {}
     with one_thread_steps(model):
         out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                              do_sample=False, pad_token_id=_pad(tokenizer), return_dict_in_generate=True,
@@ -215,8 +213,7 @@ def answer_cell(model, tokenizer, cell: CellPrompts, reuse_prefix: bool = True,
         if reuse_prefix and len(cell.prefix) > 1:
             cache = (shared[0].cache_of(model, cell.prefix, (shared[1], cell.hold_length))
                      if shared is not None else prefill(model, cell.prefix))
-        pool = Pool()   # this cell's trials, one after another over its one prefix cache
         for i, m in enumerate(cell.max_new_tokens):
-            new = generate_trial(model, tokenizer, cell.prompt(i), m, cache, pool=pool)
+            new = generate_trial(model, tokenizer, cell.prompt(i), m, cache)
             texts.append(tokenizer.decode(new, skip_special_tokens=True))
     return texts

@@ -16,13 +16,6 @@ tokens than reserved stay correct: the layer grows, one copy per update, as Dyna
 Every method runs on it: the attention-level ones (attention/interface.py) read the keys and
 values the layer returns and keep no cache state of their own. Caches of any other layer type
 (sliding windows, quantized, static) are forked as before (`decode.fork`).
-
-The trials of one cell continue the same prefix one after another, so their buffers can be one:
-a `Pool` (one per cell, `decode.answer_cell`) keeps each layer's buffers after a trial, and the
-next trial over the same prefix tensors writes its tokens after the prefix already there instead
-of allocating ~2x the cache and copying the prefix again (at 8k, depth 0.5, on the embedded model
-in float32: 0.38 GB allocated and 0.19 GB copied per trial). A trial only writes slots past the
-prefix, so the prefix part of a pooled buffer stays what the first trial copied.
 """
 
 from __future__ import annotations
@@ -37,12 +30,11 @@ class ReservedLayer(DynamicLayer):
     """A DynamicLayer holding `source`'s tensors that, at its first update, moves them into
     buffers of `capacity` tokens and from then on writes each update in place."""
 
-    def __init__(self, source: DynamicLayer, capacity: int, slot: dict | None = None):
+    def __init__(self, source: DynamicLayer, capacity: int):
         super().__init__()
         self.__dict__.update(source.__dict__)   # the same tensors and state, as copy.copy
         self.capacity = capacity
         self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.slot = slot   # this layer's entry in a Pool: buffers an earlier trial left
 
     def _filled_in_buffers(self, need: int) -> bool:
         """Whether keys/values are the leading slots of the buffers and `need` tokens fit there.
@@ -60,19 +52,12 @@ class ReservedLayer(DynamicLayer):
             return super().update(key_states, value_states, *args, **kwargs)   # nothing to keep
         n, need = self.keys.shape[-2], self.keys.shape[-2] + key_states.shape[-2]
         if not self._filled_in_buffers(need):
-            held = _signature(self.keys, self.values)
-            pooled = self.slot.get("buffers") if self.slot is not None and self.buffers is None else None
-            if pooled is not None and self.slot["prefix"] == held and need <= pooled[0].shape[-2]:
-                self.buffers = pooled   # the prefix is in its first n slots already
-            else:
-                # the one copy of what is held; past the reserve, exactly the size needed (growing)
-                size = max(self.capacity, need)
-                keys, values = (t.new_empty(*t.shape[:-2], size, t.shape[-1]) for t in (self.keys, self.values))
-                keys[..., :n, :].copy_(self.keys)
-                values[..., :n, :].copy_(self.values)
-                if self.slot is not None and self.buffers is None:   # a first copy, not a growth
-                    self.slot.update(buffers=(keys, values), prefix=held)
-                self.buffers = keys, values
+            # the one copy of what is held; past the reserve, exactly the size needed (growing)
+            size = max(self.capacity, need)
+            keys, values = (t.new_empty(*t.shape[:-2], size, t.shape[-1]) for t in (self.keys, self.values))
+            keys[..., :n, :].copy_(self.keys)
+            values[..., :n, :].copy_(self.values)
+            self.buffers = keys, values
         keys, values = self.buffers
         keys[..., n:need, :].copy_(key_states)
         values[..., n:need, :].copy_(value_states)
@@ -80,32 +65,13 @@ class ReservedLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def _signature(keys: torch.Tensor, values: torch.Tensor) -> tuple:
-    """Which tensors a layer holds (address, shape, strides): a pooled buffer's prefix part is
-    theirs only for the same ones (within one cell the prefix's tensors never change)."""
-    return tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in (keys, values))
-
-
-class Pool:
-    """Per layer, the buffers the last trial of a cell used, for the next trial over the same
-    prefix (module doc). One per cell: a prefix freed and another allocated at the same address
-    must not meet an old pool."""
-
-    def __init__(self):
-        self.slots: dict[int, dict] = {}
-
-    def slot(self, i: int) -> dict:
-        return self.slots.setdefault(i, {"buffers": None, "prefix": None})
-
-
-def reserved_fork(cache, capacity: int, pool: Pool | None = None):
-    """A fork of `cache` (left untouched) whose layers hold `capacity` tokens once grown (in
-    `pool`'s buffers when an earlier trial left them over the same prefix), or None when
-    `cache` is not a plain DynamicCache of DynamicLayers (the caller forks it as before)."""
+def reserved_fork(cache, capacity: int):
+    """A fork of `cache` (left untouched) whose layers hold `capacity` tokens once grown, or
+    None when `cache` is not a plain DynamicCache of DynamicLayers (the caller forks it as
+    before)."""
     plain = [layer for layer in getattr(cache, "layers", ()) if type(layer) is DynamicLayer]
     if type(cache) is not DynamicCache or len(plain) != len(cache.layers):
         return None
     out = copy.copy(cache)
-    out.layers = [ReservedLayer(layer, capacity, pool.slot(i) if pool is not None else None)
-                  for i, layer in enumerate(plain)]
+    out.layers = [ReservedLayer(layer, capacity) for layer in plain]
     return out
