@@ -94,7 +94,7 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
     return rule, budget
 
 
-def cache_bytes(args) -> int:
+def prefix_cache_bytes(args) -> int:
     """--prefix-cache-gb in bytes (its default when not given)."""
     gb = args.prefix_cache_gb
     return DEFAULT_PREFIX_CACHE_BYTES if gb is None else int(gb * 2**30)
@@ -110,7 +110,7 @@ def run(args, grid, plan, tokenizer, haystack, ranks, report) -> int:
         evaluate_sequential(model, tokenizer, grid, rule, haystack=haystack, store=view, budget=budget,
                             run=RunInfo(model_name=args.model, device=args.device,
                                         fingerprint=args.fingerprint),
-                            prefix_cache_bytes=cache_bytes(args))))
+                            prefix_cache_bytes=prefix_cache_bytes(args))))
     if state.rows:   # every block of the run's series in the folder, each cell's blocks as one row
         report(args, grid, store, merge_blocks(session.folder_rows(
             store.rows, state.rows, key=functools.partial(session.series_of, seeds=False))))

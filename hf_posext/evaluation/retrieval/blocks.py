@@ -54,13 +54,13 @@ def check_blocks(stored: Sequence[dict], asked: Sequence[dict]) -> None:
         if "seeds_list" in r:
             have.setdefault(cell_of(r), []).append((seed_set(str(r["seeds_list"])), str(r.get("layout_seeds") or "")))
     for a in asked:
-        mine = seed_set(str(a["seeds_list"]))
+        mine, my_layout = seed_set(str(a["seeds_list"])), str(a.get("layout_seeds") or "")
         for block, layout in have.get(cell_of(a), []):
-            if block == mine and layout != str(a.get("layout_seeds") or ""):
+            if block == mine and layout != my_layout:
                 raise ResultsError(
                     f"{_where(a)}: seeds {seeds_text(sorted(block))} are stored laid out for "
                     f"{_layout(layout, block)}; this run lays them out for "
-                    f"{_layout(str(a.get('layout_seeds') or ''), mine)} (a sequential look is laid out as its "
+                    f"{_layout(my_layout, mine)} (a sequential look is laid out as its "
                     "whole series, --max-trials). Resume with the stored run's --max-trials, or choose another --out.")
             if block != mine and block & mine:
                 raise ResultsError(

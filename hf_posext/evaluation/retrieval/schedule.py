@@ -222,7 +222,8 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
     answer_fn = answer_fn or answer_cell
     state = SequentialResult([], questions_of(grid, trained, reference=bar is None), {}, rule)
     holder = SharedPrefix(prefix_cache_bytes)
-    layout = tuple(range(grid.seed, grid.seed + rule.max_trials))
+    # every look's seeds: each look is laid out as the whole series
+    layout = tuple(s for j in range(1, rule.looks + 1) for s in rule.look_seeds(grid.seed, j))
     start, spent_trials = clock(), 0
 
     def look(q: Question, compute: bool) -> bool:
