@@ -20,6 +20,14 @@ Everything after `--` goes to both runs unchanged, but `--confidence`, `--indiff
 `--boundary` (the rule) to the sequential run only; `--trials`, `--max-trials`, `--sequential`,
 `--budget`, `--out` and `--seed` there are refused (this script sets them). `--resume` continues
 both runs (their rows keep their `seconds`).
+
+`--against DIR` runs nothing: it reports a sequential run already stored in OUT/sequential (made
+by `hf-posext retrieval --sequential ... --out OUT/sequential`, budgets and resumes as it was run)
+against fixed-design rows stored in DIR (e.g. the committed grid, whose cells ran fewer trials):
+the calls side by side, and the fixed design at --max-trials a depth, its wall time estimated
+at the sequential run's own pace per trial of each question.
+
+    python benchmarks/retrieval_live.py --out benchmarks/results/retrieval-2x-sequential --against benchmarks/results/retrieval-2x
 """
 
 from __future__ import annotations
@@ -58,6 +66,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--max-trials", type=int, default=20, help="the fixed design's trials a cell, and the "
                    "sequential run's most (default 20)")
     p.add_argument("--resume", action="store_true", help="continue both runs in --out")
+    p.add_argument("--against", type=Path, help="run nothing: report the sequential run stored in "
+                   "OUT/sequential (made by `hf-posext retrieval --sequential ... --out OUT/sequential`, with any "
+                   "budget and resumes) against the fixed-design rows stored in this folder")
     p.add_argument("retrieval", nargs=argparse.REMAINDER, help="-- then `hf-posext retrieval` arguments")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -75,6 +86,20 @@ def parse(argv=None) -> argparse.Namespace:
     if args.max_trials % args.trials:
         p.error(f"--max-trials {args.max_trials} is not a whole number of looks of --trials {args.trials}; "
                 "the fixed design would not be the sequential run's full length")
+    if args.against is not None:
+        missing = [f for f in (args.out / "sequential" / "retrieval.json", args.against / "retrieval.json") if not f.exists()]
+        if missing:
+            p.error(f"--against reports stored runs, and {missing[0]} does not exist")
+        rest = [a for a in args.common if not a.startswith("--margin=")]
+        if "--margin" in rest:
+            del rest[rest.index("--margin"):rest.index("--margin") + 2]
+        if args.resume or rest:
+            p.error("--against runs nothing: drop --resume and the arguments after `--` but --margin "
+                    "(the margin the sequential run was given)")
+        if (args.out / "fixed" / "retrieval.json").exists():
+            p.error(f"{args.out} holds a live comparison (fixed/): its report.md is that run's; give the "
+                    "sequential run a folder of its own")
+        return args
     if not args.resume and any((args.out / d / "retrieval.json").exists() for d in ("sequential", "fixed")):
         p.error(f"{args.out} already holds runs: pass --resume to continue them, or another --out")
     return args
@@ -129,6 +154,23 @@ def same_text(part: list[dict], other: list[dict]) -> tuple[int, int]:
     return sum(a[k] == b[k] for k in shared), len(shared)
 
 
+def questions(seq: dict, fix: dict, trained: int, margin: float):
+    """Per question of the fixed rows (reference cells first): both designs' rows and calls."""
+    for key in sorted(fix, key=lambda k: (k[0], k[1] != "none", k[1], k[3])):
+        task, method, _factor, length = key
+        ref = [r for (t, m, _f, _n), part in fix.items() if t == task and m == "none" for r in part]
+        s_part, f_part = seq.get(key, []), fix[key]
+        is_ref = method == "none" and length <= trained
+        f_call, bar = ("reference", None) if is_ref else fixed_call(f_part, ref, trained, margin)
+        s_call, s_side = ("reference", "") if is_ref else sequential_call(s_part) if s_part else ("not run", "")
+        yield key, s_part, f_part, s_call, f_call, bar, "—" if is_ref else ("yes" if s_side == f_call else "no")
+
+
+def cost(part: list[dict]) -> tuple[int, float]:
+    """(trials, seconds) of a question's rows."""
+    return pooled(part)[1], sum(float(r["seconds"]) for r in part)
+
+
 def report(args, walls: dict[str, float], margin: float) -> str:
     rows = {d: json.loads((args.out / d / "retrieval.json").read_text())["rows"] for d in ("sequential", "fixed")}
     seq, fix = question_rows(rows["sequential"]), question_rows(rows["fixed"])
@@ -137,20 +179,11 @@ def report(args, walls: dict[str, float], margin: float) -> str:
              "| same call | same text |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     totals: dict[str, list[float]] = {"sequential": [0, 0.0], "fixed": [0, 0.0]}
     text = [0, 0]   # trials with the same answer text, trials both ran
-    for key in sorted(fix, key=lambda k: (k[0], k[1] != "none", k[1], k[3])):
-        task, method, factor, length = key
-        ref = [r for (t, m, _f, _n), part in fix.items() if t == task and m == "none" for r in part]
-        s_part, f_part = seq.get(key, []), fix[key]
-        is_ref = method == "none" and length <= trained
-        f_call, bar = ("reference", None) if is_ref else fixed_call(f_part, ref, trained, margin)
-        s_call, s_side = ("reference", "") if is_ref else sequential_call(s_part) if s_part else ("not run", "")
-        same = "—" if is_ref else ("yes" if s_side == f_call else "no")
-        cells = []
-        for name, part in (("sequential", s_part), ("fixed", f_part)):
-            n, secs = pooled(part)[1], sum(float(r["seconds"]) for r in part)
+    for (task, method, factor, length), s_part, f_part, s_call, f_call, bar, same in questions(seq, fix, trained, margin):
+        cells = [cost(s_part), cost(f_part)]
+        for name, (n, secs) in zip(totals, cells):
             totals[name][0] += n
             totals[name][1] += secs
-            cells.append((n, secs))
         bar_text = f" ({bar:.2f})" if bar is not None else ""
         k, n = same_text(s_part, f_part)
         text[0] += k
@@ -170,9 +203,60 @@ def report(args, walls: dict[str, float], margin: float) -> str:
         *lines, ""])
 
 
+def against_report(args, margin: float) -> str:
+    """A sequential run already stored in OUT/sequential (budgets and resumes as it was run) against
+    stored fixed-design rows (`--against`, e.g. the committed grid): the calls side by side, and
+    what the fixed design at --max-trials a depth would run, its time estimated at the sequential
+    run's own pace per trial of each question (a look's trial costs a fixed one's: the live
+    comparison in one run measured +1 %)."""
+    seq_rows = json.loads((args.out / "sequential" / "retrieval.json").read_text())["rows"]
+    seq = question_rows(seq_rows)
+    fix = {k: v for k, v in question_rows(json.loads((args.against / "retrieval.json").read_text())["rows"]).items()
+           if k in seq}
+    if not fix:
+        raise SystemExit(f"{args.against} holds none of the questions in {args.out / 'sequential'}")
+    trained = int(seq_rows[0]["trained_length"])
+    stored = {int(r["max_trials"]) for r in seq_rows if r.get("max_trials") is not None}
+    if stored != {args.max_trials}:
+        raise SystemExit(f"{args.out / 'sequential'} was run with --max-trials {sorted(stored)}, not "
+                         f"{args.max_trials}: pass its own, the fixed design it is measured against")
+    for task in {k[0] for k in seq}:   # the stored bar is its run's reference minus its --margin
+        k, n = pooled([r for (t, m, _f, ln), part in seq.items() if t == task and m == "none" and ln <= trained
+                       for r in part])
+        for bar in {round(float(r["bar"]), 9) for r in seq_rows if r["task"] == task and r.get("bar") is not None}:
+            if n and abs(k / n - margin - bar) > 1e-6:
+                raise SystemExit(f"{task}: the stored bar {bar:.4f} is its reference {k}/{n} minus {k / n - bar:.4f}, "
+                                 f"not the margin {margin}: pass `-- --margin {k / n - bar:.4f}`")
+    lines = ["| task | method | length | sequential: trials | wall s | call | stored: trials | call (bar) | same call "
+             f"| fixed design at {args.max_trials} a depth: trials | its wall s (est.) |", "|---" * 11 + "|"]
+    total = [0, 0.0, 0, 0.0]
+    for key, s_part, f_part, s_call, f_call, bar, same in questions(seq, fix, trained, margin):
+        (n, secs), depths = cost(s_part), {float(r["depth"]) for r in s_part}
+        full = len(depths) * args.max_trials
+        est = secs / n * full if n else 0.0
+        total = [total[0] + n, total[1] + secs, total[2] + full, total[3] + est]
+        bar_text = f" ({bar:.2f})" if bar is not None else ""
+        lines.append(f"| {key[0]} | {key[1]} s={key[2]:g} | {key[3]} | {n} | {secs:.1f} | {s_call} | {cost(f_part)[0]} | "
+                     f"{f_call}{bar_text} | {same} | {full} | {est:.0f} |")
+    lines.append(f"| all | | | **{total[0]}** ({total[0] / total[2]:.0%}) | **{total[1]:.1f}** ({total[1] / total[3]:.0%}) "
+                 f"| | | | | {total[2]} | {total[3]:.0f} |")
+    return "\n".join([
+        "# A stored sequential run against stored fixed-design rows (issue #37)", "",
+        "Made by `python benchmarks/retrieval_live.py " + " ".join(args.argv) + f"`: nothing run; the rows of "
+        f"{args.out / 'sequential'} against those of {args.against}. Wall time per question is the rows' "
+        "(`seconds`: a cell's compute); the fixed design's is estimated from the sequential run's own pace per "
+        f"trial of each question. Reference cells (unpatched, lengths <= {trained}) run in full.", "",
+        *lines, ""])
+
+
 def main(argv=None) -> int:
     from hf_posext import cli
     args = parse(argv)
+    if args.against is not None:
+        margin = cli.build_parser().parse_args(["retrieval", *args.common]).margin
+        (args.out / "report.md").write_text(against_report(args, margin))
+        print(f"report: {args.out / 'report.md'}", flush=True)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     walls: dict[str, float] = {}
     for name, argv_ in runs(args).items():

@@ -77,3 +77,50 @@ def test_live_run_trials_calls_and_report(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):                          # a second run must say --resume
         live.parse(["--out", str(out)])
     assert live.without_rule(["--confidence", "0.9", "--lengths", "8k", "--boundary=exact"]) == ["--lengths", "8k"]
+
+
+def test_against_reports_a_stored_sequential_run(tmp_path, monkeypatch):
+    """--against: a sequential run stored by the CLI, reported against stored fixed rows without
+    running anything; the margin and --max-trials must be the run's own."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_posext import cli
+    from hf_posext.evaluation.retrieval import run, schedule
+    path = tmp_path / "tiny"
+    LlamaForCausalLM(LlamaConfig(**{**TINY, "max_position_embeddings": 1024})).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    monkeypatch.setattr(run, "answer_cell", stub)
+    monkeypatch.setattr(schedule, "answer_cell", stub)
+    grid = ["--model", str(path), "--lengths", "700,1400", "--methods", "yarn", "--factor", "2", "--depths", "0,1",
+            "--margin", "0.4", "--no-plot", "--no-progress"]
+    out, fixed = tmp_path / "seq", tmp_path / "fixed"
+    # the "committed" rows: 4 trials a depth; the sequential run: looks of 2, at most 8, with a budget of 12 trials then resumed
+    assert cli.main(["retrieval", *grid, "--trials", "4", "--out", str(fixed)]) == 0
+    seq = [*grid, "--sequential", "--trials", "2", "--max-trials", "8", "--confidence", "0.9", "--out", str(out / "sequential")]
+    assert cli.main(["retrieval", *seq, "--budget", "12"]) == 0
+    assert cli.main(["retrieval", *seq, "--resume"]) == 0
+    live = script()
+    with pytest.raises(SystemExit, match="not the margin 0.1: pass `-- --margin 0.4000`"):
+        live.main(["--out", str(out), "--against", str(fixed), "--max-trials", "8"])
+    with pytest.raises(SystemExit, match="run with --max-trials \\[8\\], not 20"):
+        live.main(["--out", str(out), "--against", str(fixed), "--", "--margin", "0.4"])
+    assert live.main(["--out", str(out), "--against", str(fixed), "--max-trials", "8", "--", "--margin", "0.4"]) == 0
+    text = (out / "report.md").read_text()
+    table = {tuple(c.strip() for c in line.split("|")[1:4]): [c.strip() for c in line.split("|")[4:12]]
+             for line in text.splitlines() if line.startswith("| single_needle")}
+    assert table["single_needle", "none s=1", "700"][:4] == ["16", table["single_needle", "none s=1", "700"][1],
+                                                             "reference", "8"]
+    # bar 0.6; 0.9 exact over 4 looks of 2 trials x 2 depths: all-right or all-wrong cells stop early, well before 16
+    for (method, length), call in {("yarn s=2", "700"): "above", ("yarn s=2", "1400"): "above",
+                                   ("none s=1", "1400"): "below"}.items():
+        seq_n, secs, seq_call, stored_n, stored_call, same, full, est = table["single_needle", method, length]
+        assert (seq_call, stored_n, stored_call, same, full) == (call, "8", f"{call} (0.60)", "yes", "16")
+        assert int(seq_n) < 16 and float(est) == pytest.approx(float(secs) / int(seq_n) * 16, abs=0.6)
+    assert "| 64 |" in next(line for line in text.splitlines() if line.startswith("| all"))
+    shutil.copytree(fixed, out / "fixed")   # a live comparison's folder: its report.md is not overwritten
+    with pytest.raises(SystemExit):
+        live.parse(["--out", str(out), "--against", str(fixed)])
+    with pytest.raises(SystemExit):   # nothing stored there
+        live.parse(["--out", str(tmp_path / "none"), "--against", str(fixed)])
