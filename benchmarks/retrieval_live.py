@@ -240,6 +240,11 @@ def against_report(args, margin: float) -> str:
                      f"{f_call}{bar_text} | {same} | {full} | {est:.0f} |")
     lines.append(f"| all | | | **{total[0]}** ({total[0] / total[2]:.0%}) | **{total[1]:.1f}** ({total[1] / total[3]:.0%}) "
                  f"| | | | | {total[2]} | {total[3]:.0f} |")
+    for task in sorted({k[0] for k in seq}):   # each design's bar: its own reference cells
+        refs = [(pooled([r for (t, m, _f, ln), part in rows.items() if t == task and m == "none" and ln <= trained
+                         for r in part]), name) for rows, name in ((seq, "the sequential run"), (fix, "the stored rows"))]
+        lines.append("\n" + task + ": " + "; ".join(f"{name}'s reference {k}/{n}, bar {k / n - margin:.2f}"
+                                                   for (k, n), name in refs if n) + f" (margin {margin:g})")
     return "\n".join([
         "# A stored sequential run against stored fixed-design rows (issue #37)", "",
         "Made by `python benchmarks/retrieval_live.py " + " ".join(args.argv) + f"`: nothing run; the rows of "
