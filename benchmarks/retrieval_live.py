@@ -242,7 +242,7 @@ def against_report(args, margin: float) -> str:
                  f"| | | | | {total[2]} | {total[3]:.0f} |")
     for task in sorted({k[0] for k in seq}):   # each design's bar: its own reference cells
         refs = [(pooled([r for (t, m, _f, ln), part in rows.items() if t == task and m == "none" and ln <= trained
-                         for r in part]), name) for rows, name in ((seq, "the sequential run"), (fix, "the stored rows"))]
+                         for r in part]), name) for rows, name in ((seq, "the sequential run"), (fix, "the stored run"))]
         lines.append("\n" + task + ": " + "; ".join(f"{name}'s reference {k}/{n}, bar {k / n - margin:.2f}"
                                                    for (k, n), name in refs if n) + f" (margin {margin:g})")
     return "\n".join([

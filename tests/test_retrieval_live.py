@@ -119,7 +119,7 @@ def test_against_reports_a_stored_sequential_run(tmp_path, monkeypatch):
         assert (seq_call, stored_n, stored_call, same, full) == (call, "8", f"{call} (0.60)", "yes", "16")
         assert int(seq_n) < 16 and float(est) == pytest.approx(float(secs) / int(seq_n) * 16, abs=0.6)
     assert "| 64 |" in next(line for line in text.splitlines() if line.startswith("| all"))
-    assert ("single_needle: the sequential run's reference 16/16, bar 0.60; the stored rows' reference 8/8, "
+    assert ("single_needle: the sequential run's reference 16/16, bar 0.60; the stored run's reference 8/8, "
             "bar 0.60 (margin 0.4)") in text
     shutil.copytree(fixed, out / "fixed")   # a live comparison's folder: its report.md is not overwritten
     with pytest.raises(SystemExit):
