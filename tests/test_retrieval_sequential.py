@@ -335,3 +335,23 @@ def test_a_length_after_a_point_estimate_below_gets_no_more_looks():
     assert state.call(q8) == (BELOW, True) and _priority(q16, state) is None     # 0.875 < 0.9: ends at 8k
     state.bars = {"t": 0.8}
     assert state.call(q8) == (ABOVE, True) and _priority(q16, state) is not None
+
+
+def test_a_methods_first_look_is_estimated_at_its_own_pace():
+    """The budget's estimate for a method's first look at a length: another method's looks there,
+    times the two methods' ratio where both ran (the live 2x grid: DualChunk's first 16k look cost
+    1.5x YaRN's, as its 8k look had cost 1.6x; estimated at YaRN's pace it overran the budget)."""
+    from hf_posext.evaluation.retrieval.schedule import Question, SequentialResult, _estimate
+
+    def question(method, length, seconds, looks=1):
+        return Question("single_needle", method, "2", 2.0, "", length, 5, False, 0,
+                        looks=[(0, 20)] * looks, seconds=[seconds] * looks)
+    rule = SequentialRule(block=4, max_trials=20, confidence=0.95)
+    yarn8, dc8, yarn16 = question("yarn", 8192, 72.0), question("dual_chunk", 8192, 115.0), question("yarn", 16384, 238.0)
+    dc16 = question("dual_chunk", 16384, 0.0, looks=0)
+    state = SequentialResult(rows=[], questions=[yarn8, dc8, yarn16, dc16], bars={}, rule=rule)
+    assert _estimate(dc16, state, rule, Budget(seconds=60)) == pytest.approx(238.0 * 115.0 / 72.0)
+    state.questions.remove(dc8)                                        # no length both ran: the other's pace
+    assert _estimate(dc16, state, rule, Budget(seconds=60)) == pytest.approx(238.0)
+    assert _estimate(yarn16, state, rule, Budget(seconds=60)) == pytest.approx(238.0)   # its own looks
+    assert _estimate(dc16, state, rule, Budget(trials=10)) == 20.0     # trials: the look's size

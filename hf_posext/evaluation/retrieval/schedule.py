@@ -15,9 +15,10 @@ are: `blocks.py` merges them, resume reads them back, overlapping seeds are refu
 
 A budget (seconds of wall time or trials, this invocation's) is spent in that order: a look
 starts only if its estimated cost fits what is left: its own question's earlier looks, else a
-look at the same length and method, the same length, or the nearest measured length scaled by
-(length ratio)² (attention's share grows with the square; it overestimates here: 16k cost
-3.3x 8k in the committed grid), the trials in a look when the budget is trials. The first look
+look at the same length and method, the same length (times the method's pace against those
+looks' methods at a length both ran), or the nearest measured length scaled by (length ratio)²
+(attention's share grows with the square; it overestimates here: 16k cost 3.3x 8k in the
+committed grid), the trials in a look when the budget is trials. The first look
 measured is the probe. Every look is stored as it finishes; what stays open is reported.
 `--resume` reads the stored looks back (no trial recomputed) and continues the same order.
 
@@ -182,11 +183,23 @@ def _estimate(q: Question, state: SequentialResult, rule: SequentialRule, budget
     def per_trial(qs):
         t = [(s, n) for r in qs for s, (_, n) in zip(r.seconds, r.looks)]
         return sum(s for s, _ in t) / sum(n for _, n in t) if t else None
-    for same in (lambda r: r is q, lambda r: (r.length, r.method) == (q.length, q.method),
-                 lambda r: r.length == q.length):
+    for same in (lambda r: r is q, lambda r: (r.length, r.method) == (q.length, q.method)):
         rate = per_trial([r for r in state.questions if same(r)])
         if rate is not None:
             return rate * trials
+    others = [r for r in state.questions if r.length == q.length and r.seconds]
+    if others:   # other methods at this length, scaled by this method's pace against theirs where both
+        # ran (live, 2x grid: DualChunk's first 8k look cost 1.6x YaRN's, its first 16k look 1.5x)
+        names = {r.method for r in others}
+        shared = [n for n in {r.length for r in state.questions if r.method == q.method and r.seconds}
+                  if any(r.method in names and r.length == n and r.seconds for r in state.questions)]
+        ratio = 1.0
+        if shared:
+            n = min(shared, key=lambda n: abs(n - q.length))
+            mine = per_trial([r for r in state.questions if r.method == q.method and r.length == n])
+            theirs = per_trial([r for r in state.questions if r.method in names and r.length == n])
+            ratio = mine / theirs if mine and theirs else 1.0
+        return per_trial(others) * trials * ratio
     measured = {r.length for r in state.questions if r.seconds}
     if not measured:
         return None
