@@ -126,3 +126,14 @@ def test_against_reports_a_stored_sequential_run(tmp_path, monkeypatch):
         live.parse(["--out", str(out), "--against", str(fixed)])
     with pytest.raises(SystemExit):   # nothing stored there
         live.parse(["--out", str(tmp_path / "none"), "--against", str(fixed)])
+
+
+def test_the_fixed_designs_time_from_the_looks():
+    """The first look as run (it prefilled the prefix, once, as the fixed design does), then every
+    further trial at the cheapest look's pace; one look: that look's pace throughout."""
+    fixed_estimate = script().fixed_estimate
+    rows = [{"look": 1, "trials": 4, "seconds": 47.6}, {"look": 1, "trials": 16, "seconds": 190.4},   # 238 s, 2 depths
+            {"look": 2, "trials": 20, "seconds": 243.0}, {"look": 3, "trials": 20, "seconds": 219.0}]
+    assert fixed_estimate(rows, 100) == pytest.approx(238.0 + 80 * 219.0 / 20)
+    assert fixed_estimate(rows[:2], 100) == pytest.approx(238.0 * 5)
+    assert fixed_estimate([], 100) == 0.0
