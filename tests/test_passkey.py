@@ -164,3 +164,23 @@ def test_repeated_seeds_are_refused():
         evaluate_passkey(model, model.tok,
                          RetrievalGrid(methods=[], lengths=[400], depths=[0.5], seeds=[1, 1]),
                          progress=False)
+
+
+def test_a_long_caption_stays_inside_a_one_method_heat_map(tmp_path, monkeypatch):
+    """A one-method map of two lengths is narrow: its title (the task, the series and the run's
+    caption) is wrapped, and every line of it is drawn inside the figure."""
+    from matplotlib.figure import Figure
+    inside, real = [], Figure.savefig
+
+    def spy(fig, *a, **k):
+        fig.canvas.draw()
+        box, title = fig.bbox, fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
+        inside.append((title.x0 >= box.x0, title.x1 <= box.x1, title.y1 <= box.y1))
+        return real(fig, *a, **k)
+    monkeypatch.setattr(Figure, "savefig", spy)
+    rows = [{"length": n, "depth": d, "accuracy": 0.5, "correct": 2, "trials": 4, "trained_length": 8192}
+            for n in (8192, 16384) for d in (0.0, 0.5, 1.0)]
+    caption = ("single_needle: yarn (s=2.0) — embedded:smollm2-135m (bfloat16), noise haystack, "
+               "4–20 trial(s) per cell")
+    plot_passkey_heatmap(rows, tmp_path / "h.png", caption)
+    assert inside == [(True, True, True)]

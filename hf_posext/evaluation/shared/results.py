@@ -336,9 +336,12 @@ def plot_passkey_heatmap(rows: Sequence[dict], path: str | Path, title: str = ""
     import matplotlib.pyplot as plt
 
     lengths, depths = {int(r["length"]) for r in rows}, {float(r["depth"]) for r in rows}
-    fig, ax = plt.subplots(figsize=(1.3 * len(lengths) + 2.6, 0.6 * len(depths) + 1.8))
+    width = 1.3 * len(lengths) + 2.6
+    fig, ax = plt.subplots(figsize=(width, 0.6 * len(depths) + 1.8))
     im = draw_heatmap(ax, rows)
-    ax.set_title(title, fontsize=10)
+    # wrapped to the figure (~9 characters an inch at 10 pt): a one-method map of two lengths is
+    # narrow, and a caption on one line ran off both sides
+    ax.set_title("\n".join(textwrap.fill(line, max(30, int(9 * width))) for line in title.splitlines()), fontsize=10)
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
     path = Path(path)
