@@ -25,7 +25,7 @@ both runs (their rows keep their `seconds`).
 by `hf-posext retrieval --sequential ... --out OUT/sequential`, budgets and resumes as it was run)
 against fixed-design rows stored in DIR (e.g. the committed grid, whose cells ran fewer trials):
 the calls side by side, and the fixed design at --max-trials a depth, its wall time estimated
-at the sequential run's own pace per trial of each question.
+from each question's looks (the first as it ran, the rest at the cheapest look's pace).
 
     python benchmarks/retrieval_live.py --out benchmarks/results/retrieval-2x-sequential --against benchmarks/results/retrieval-2x
 """
@@ -223,9 +223,9 @@ def fixed_estimate(part: list[dict], full: int) -> float:
 def against_report(args, margin: float) -> str:
     """A sequential run already stored in OUT/sequential (budgets and resumes as it was run) against
     stored fixed-design rows (`--against`, e.g. the committed grid): the calls side by side, and
-    what the fixed design at --max-trials a depth would run, its time estimated at the sequential
-    run's own pace per trial of each question (a look's trial costs a fixed one's: the live
-    comparison in one run measured +1 %)."""
+    what the fixed design at --max-trials a depth would run, its time estimated from each
+    question's looks (`fixed_estimate`; a look's trial costs a fixed one's: the live comparison in
+    one run measured +1 %)."""
     seq_rows = json.loads((args.out / "sequential" / "retrieval.json").read_text())["rows"]
     seq = question_rows(seq_rows)
     fix = {k: v for k, v in question_rows(json.loads((args.against / "retrieval.json").read_text())["rows"]).items()
@@ -268,7 +268,8 @@ def against_report(args, margin: float) -> str:
         f"{args.out / 'sequential'} against those of {args.against}. Wall time per question is the rows' "
         "(`seconds`: a cell's compute); the fixed design's is estimated from the sequential run's own looks of "
         "each question: its first look as run (it prefilled the prefix, as the fixed design does once), the rest "
-        "at its cheapest look's pace per trial (an overestimate for a question run in one look). Reference cells (unpatched, lengths <= {trained}) run in full.", "",
+        "at its cheapest look's pace per trial (an overestimate for a question run in one look). "
+        f"Reference cells (unpatched, lengths <= {trained}) run in full.", "",
         *lines, ""])
 
 

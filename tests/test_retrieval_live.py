@@ -108,6 +108,7 @@ def test_against_reports_a_stored_sequential_run(tmp_path, monkeypatch):
         live.main(["--out", str(out), "--against", str(fixed), "--", "--margin", "0.4"])
     assert live.main(["--out", str(out), "--against", str(fixed), "--max-trials", "8", "--", "--margin", "0.4"]) == 0
     text = (out / "report.md").read_text()
+    assert "lengths <= 1024) run in full" in text and "{" not in text
     table = {tuple(c.strip() for c in line.split("|")[1:4]): [c.strip() for c in line.split("|")[4:12]]
              for line in text.splitlines() if line.startswith("| single_needle")}
     assert table["single_needle", "none s=1", "700"][:4] == ["16", table["single_needle", "none s=1", "700"][1],
