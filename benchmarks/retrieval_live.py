@@ -203,6 +203,12 @@ def report(args, walls: dict[str, float], margin: float) -> str:
         *lines, ""])
 
 
+def reference(by_question: dict, task: str, trained: int) -> tuple[int, int]:
+    """(correct, trials) of a task's reference cells: the unpatched model at lengths <= L."""
+    return pooled([r for (t, m, _f, n), part in by_question.items() if t == task and m == "none" and n <= trained
+                   for r in part])
+
+
 def fixed_estimate(part: list[dict], full: int) -> float:
     """The fixed design's wall time for a question of `full` trials, from its sequential looks: the
     first look as it ran (it prefilled the question's prefix, which the fixed design also does once),
@@ -210,9 +216,9 @@ def fixed_estimate(part: list[dict], full: int) -> float:
     A question run in one look has only that look's pace: an overestimate by its prefill's share."""
     looks: dict[int, list[float]] = {}
     for r in part:
-        looks.setdefault(int(r.get("look") or 1), [0, 0.0])
-        looks[int(r.get("look") or 1)][0] += int(r["trials"])
-        looks[int(r.get("look") or 1)][1] += float(r["seconds"])
+        look = looks.setdefault(int(r.get("look") or 1), [0, 0.0])
+        look[0] += int(r["trials"])
+        look[1] += float(r["seconds"])
     if not looks:
         return 0.0
     first_n, first_s = looks[min(looks)]
@@ -238,8 +244,7 @@ def against_report(args, margin: float) -> str:
         raise SystemExit(f"{args.out / 'sequential'} was run with --max-trials {sorted(stored)}, not "
                          f"{args.max_trials}: pass its own, the fixed design it is measured against")
     for task in {k[0] for k in seq}:   # the stored bar is its run's reference minus its --margin
-        k, n = pooled([r for (t, m, _f, ln), part in seq.items() if t == task and m == "none" and ln <= trained
-                       for r in part])
+        k, n = reference(seq, task, trained)
         for bar in {round(float(r["bar"]), 9) for r in seq_rows if r["task"] == task and r.get("bar") is not None}:
             if n and abs(k / n - margin - bar) > 1e-6:
                 raise SystemExit(f"{task}: the stored bar {bar:.4f} is its reference {k}/{n} minus {k / n - bar:.4f}, "
@@ -258,8 +263,7 @@ def against_report(args, margin: float) -> str:
     lines.append(f"| all | | | **{total[0]}** ({total[0] / total[2]:.0%}) | **{total[1]:.1f}** ({total[1] / total[3]:.0%}) "
                  f"| | | | | {total[2]} | {total[3]:.0f} |")
     for task in sorted({k[0] for k in seq}):   # each design's bar: its own reference cells
-        refs = [(pooled([r for (t, m, _f, ln), part in rows.items() if t == task and m == "none" and ln <= trained
-                         for r in part]), name) for rows, name in ((seq, "the sequential run"), (fix, "the stored run"))]
+        refs = [(reference(rows, task, trained), name) for rows, name in ((seq, "the sequential run"), (fix, "the stored run"))]
         lines.append("\n" + task + ": " + "; ".join(f"{name}'s reference {k}/{n}, bar {k / n - margin:.2f}"
                                                    for (k, n), name in refs if n) + f" (margin {margin:g})")
     return "\n".join([

@@ -187,19 +187,17 @@ def _estimate(q: Question, state: SequentialResult, rule: SequentialRule, budget
         rate = per_trial([r for r in state.questions if same(r)])
         if rate is not None:
             return rate * trials
-    others = [r for r in state.questions if r.length == q.length and r.seconds]
+    def pace(length, methods):   # per trial, over those methods' looks at that length (None: none)
+        return per_trial([r for r in state.questions if r.length == length and r.method in methods])
+    others = {r.method for r in state.questions if r.length == q.length and r.seconds}
     if others:   # other methods at this length, scaled by this method's pace against theirs where both
         # ran (live, 2x grid: DualChunk's first 8k look cost 1.6x YaRN's, its first 16k look 1.5x)
-        names = {r.method for r in others}
-        shared = [n for n in {r.length for r in state.questions if r.method == q.method and r.seconds}
-                  if any(r.method in names and r.length == n and r.seconds for r in state.questions)]
-        ratio = 1.0
-        if shared:
-            n = min(shared, key=lambda n: abs(n - q.length))
-            mine = per_trial([r for r in state.questions if r.method == q.method and r.length == n])
-            theirs = per_trial([r for r in state.questions if r.method in names and r.length == n])
-            ratio = mine / theirs if mine and theirs else 1.0
-        return per_trial(others) * trials * ratio
+        shared = [n for n in {r.length for r in state.questions}
+                  if pace(n, {q.method}) is not None and pace(n, others) is not None]
+        n = min(shared, key=lambda n: abs(n - q.length), default=None)
+        mine, theirs = (None, None) if n is None else (pace(n, {q.method}), pace(n, others))
+        ratio = mine / theirs if mine and theirs else 1.0
+        return pace(q.length, others) * trials * ratio
     measured = {r.length for r in state.questions if r.seconds}
     if not measured:
         return None

@@ -256,7 +256,7 @@ def _save_figure(fig, ax, title: str, path: str | Path) -> Path:
     dataset would otherwise run off the figure), the legend outside on the right, saved."""
     import matplotlib.pyplot as plt
 
-    ax.set_title("\n".join(textwrap.fill(line, 70) for line in title.splitlines()), fontsize=10, pad=14)
+    ax.set_title(wrap_lines(title, 70), fontsize=10, pad=14)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     path = Path(path)
@@ -329,6 +329,11 @@ def plot_nll_by_position(rows: Sequence[dict], path: str | Path, title: str = ""
     return _save_figure(fig, top, title, path)
 
 
+def wrap_lines(text: str, width: int) -> str:
+    """Each line of a plot title wrapped to `width` characters (its own line breaks kept)."""
+    return "\n".join(textwrap.fill(line, width) for line in text.splitlines())
+
+
 def plot_passkey_heatmap(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
     """Depth × length heat map of passkey accuracy for one method (draw_heatmap)."""
     import matplotlib
@@ -341,7 +346,7 @@ def plot_passkey_heatmap(rows: Sequence[dict], path: str | Path, title: str = ""
     im = draw_heatmap(ax, rows)
     # wrapped to the figure (~9 characters an inch at 10 pt): a one-method map of two lengths is
     # narrow, and a caption on one line ran off both sides
-    ax.set_title("\n".join(textwrap.fill(line, max(30, int(9 * width))) for line in title.splitlines()), fontsize=10)
+    ax.set_title(wrap_lines(title, max(30, int(9 * width))), fontsize=10)
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
     path = Path(path)
