@@ -11,8 +11,9 @@ row (per depth, per look when the trials were sequential) with the answers given
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from hf_posext.evaluation.shared.record import outputs_text, read_rows
 
 LABELS = {"free": "training-free", "docs": "fine-tuned, documents", "mix": "fine-tuned, documents + synthetic"}
 DEFAULT_PAIRS = [("single_needle", "noise")]
@@ -30,7 +31,7 @@ def label(name: str) -> str:
 
 
 def stored(folder: Path, name: str) -> list[dict]:
-    return json.loads((folder / name / f"{name}.json").read_text())["rows"]
+    return read_rows(folder / name / f"{name}.json")
 
 
 def haystack_name(row: dict) -> str:
@@ -179,5 +180,5 @@ def section(name: str, data, many: bool) -> list[str]:
         lo, hi = wilson(k, t)
         lines.append("| " + (f"{r.get('task')} | {haystack_name(r)} | " if many else "")
                      + f"{r['length']} | {r['depth']} | {k} / {t} | [{lo:.2f}, {hi:.2f}] | "
-                     f"{r['outputs'][:60].replace('|', '/')} |")
+                     f"{outputs_text(r)[:60].replace('|', '/')} |")
     return lines + [""]

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 from hf_posext.evaluation.shared.results import format_length, knobs_label as _label, pivot, ratio_table, sliding_ratios
+from hf_posext.evaluation.shared.record import answers_text, outputs_text, read_rows
 
 HERE = Path(__file__).resolve().parent
 EVAL_DIR = HERE / "results" / "eval"
@@ -20,7 +21,7 @@ TARGETS = {16384: 0.99, 32768: 1.00}  # issue: best method / sliding 8k, at 2x a
 
 def _rows(folder: Path, name: str) -> list[dict]:
     path = folder / f"{name}.json"
-    return json.loads(path.read_text())["rows"] if path.exists() else []
+    return read_rows(path) if path.exists() else []
 
 
 def plot_ratios(rows: list[dict], path: Path, title: str) -> Path | None:
@@ -136,11 +137,11 @@ def _passkey(rows: list[dict]) -> list[str]:
         # Runs before the passkey data hash covered only the prompt pieces decoded the same
         # prompt again (same key, length, depth): one line per distinct cell and answer.
         label = _label({**r, "protocol": "truncate"})
-        cell = (label, int(r["length"]), r["depth"], r["seeds_list"], r["answers"])
+        cell = (label, int(r["length"]), r["depth"], r["seeds_list"], answers_text(r))
         if cell not in seen:
             seen.add(cell)
             out.append(f"| {label} | {int(r['length']):,} | {r['depth']} | {r['correct']} / "
-                       f"{r['seeds']} | {r['outputs'].replace('|', '/')} |")
+                       f"{r['seeds']} | {outputs_text(r).replace('|', '/')} |")
     return out
 
 

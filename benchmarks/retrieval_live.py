@@ -33,12 +33,12 @@ from each question's looks (the first as it ran, the rest at the cheapest look's
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from hf_posext.evaluation.retrieval.blocks import seed_set
+from hf_posext.evaluation.shared.record import read_rows
 from hf_posext.evaluation.retrieval.sequential import UNDECIDED, call
 from hf_posext.evaluation.retrieval.stats import effective_length, pooled
 
@@ -141,11 +141,11 @@ def sequential_call(part: list[dict]) -> tuple[str, str]:
 
 def same_text(part: list[dict], other: list[dict]) -> tuple[int, int]:
     """(trials whose answer text is the same in both runs, trials both ran), by (depth, seed): a
-    row's `outputs` are its trials' texts in seed order, joined by ` | `."""
+    row's `outputs` are its trials' texts in seed order."""
     def by_seed(rows):
         texts = {}
         for r in rows:
-            seeds, outs = sorted(seed_set(str(r["seeds_list"]))), str(r["outputs"]).split(" | ")
+            seeds, outs = sorted(seed_set(str(r["seeds_list"]))), list(r["outputs"])
             if len(seeds) == len(outs):   # a text holding ` | ` itself: the row is not compared
                 texts.update({(float(r["depth"]), s): o for s, o in zip(seeds, outs)})
         return texts
@@ -172,7 +172,7 @@ def cost(part: list[dict]) -> tuple[int, float]:
 
 
 def report(args, walls: dict[str, float], margin: float) -> str:
-    rows = {d: json.loads((args.out / d / "retrieval.json").read_text())["rows"] for d in ("sequential", "fixed")}
+    rows = {d: read_rows(args.out / d / "retrieval.json") for d in ("sequential", "fixed")}
     seq, fix = question_rows(rows["sequential"]), question_rows(rows["fixed"])
     trained = int(rows["fixed"][0]["trained_length"])
     lines = ["| task | method | length | sequential: trials | wall s | call | fixed: trials | wall s | call (bar) "
@@ -232,9 +232,9 @@ def against_report(args, margin: float) -> str:
     what the fixed design at --max-trials a depth would run, its time estimated from each
     question's looks (`fixed_estimate`; a look's trial costs a fixed one's: the live comparison in
     one run measured +1 %)."""
-    seq_rows = json.loads((args.out / "sequential" / "retrieval.json").read_text())["rows"]
+    seq_rows = read_rows(args.out / "sequential" / "retrieval.json")
     seq = question_rows(seq_rows)
-    fix = {k: v for k, v in question_rows(json.loads((args.against / "retrieval.json").read_text())["rows"]).items()
+    fix = {k: v for k, v in question_rows(read_rows(args.against / "retrieval.json")).items()
            if k in seq}
     if not fix:
         raise SystemExit(f"{args.against} holds none of the questions in {args.out / 'sequential'}")

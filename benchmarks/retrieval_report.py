@@ -56,8 +56,8 @@ def _past_length(rows: list[dict]) -> str:
 def report(out: Path) -> Path:
     from hf_posext.evaluation.retrieval.blocks import merge_blocks, trials_text
     from hf_posext.evaluation.retrieval.plots import format_summary, plot_all, summary
-    data = json.loads((out / "retrieval.json").read_text())
-    every, margin = merge_blocks(data["rows"]), 0.10   # a cell's blocks of trials as one row
+    from hf_posext.evaluation.shared.record import read_rows
+    every, margin = merge_blocks(read_rows(out / "retrieval.json")), 0.10   # a cell's blocks of trials as one row
     rows = [r for r in every if r["task"] in GRID_TASKS]   # the counterparts of RULER's others: below
     # the plots `hf-posext retrieval` draws, drawn again from every row of the folder (both runs)
     plot_all(every, out, f"{rows[0]['model']} ({rows[0]['dtype']}), {rows[0]['dataset']} haystack, "

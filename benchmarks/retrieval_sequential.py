@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from hf_posext.evaluation.retrieval.sequential import (ABOVE, BELOW, UNDECIDED, 
                                                        tail_values)
 from hf_posext.evaluation.retrieval.stats import effective_length, pooled, score_trial  # noqa: E402
 from hf_posext.evaluation.retrieval.tasks import get_task  # noqa: E402
+from hf_posext.evaluation.shared.record import read_rows  # noqa: E402
 
 GRID = ROOT / "benchmarks" / "results" / "retrieval-2x" / "retrieval.json"
 OUT = ROOT / "benchmarks" / "results" / "retrieval_sequential.md"
@@ -38,8 +38,7 @@ def outcomes(rows: list[dict]) -> dict[tuple, dict[float, list[bool]]]:
     out: dict[tuple, dict[float, list[tuple[int, bool]]]] = {}
     for r in rows:
         task = get_task(r["task"])
-        answers = [a.split("/") for a in str(r["answers"]).split(" ")]
-        texts = str(r["outputs"]).split(" | ")
+        answers, texts = r["answers"], r["outputs"]
         seeds = sorted(seed_set(str(r["seeds_list"])))
         if not (len(answers) == len(texts) == len(seeds) == int(r["trials"])):
             raise SystemExit(f"{r['task']} {r['method']} {r['length']} {r['depth']}: answers, outputs and "
@@ -330,7 +329,7 @@ def main(argv=None) -> int:
         rule = SequentialRule(args.block, args.max_trials, args.confidence, args.indifference, args.boundary)
     except ValueError as err:
         p.error(str(err))
-    rows = json.loads(args.grid.read_text(encoding="utf-8"))["rows"]
+    rows = read_rows(args.grid)
     text = [
         "# Sequential trials on the committed 2x grid: a replay",
         "",

@@ -20,6 +20,7 @@ from typing import Sequence
 import hf_posext
 from hf_posext.evaluation.perplexity.buckets import nll_from
 from hf_posext.evaluation.retrieval.stats import pooled, rate_text
+from hf_posext.evaluation.shared.record import read_rows
 from hf_posext.evaluation.shared.results import format_length
 
 NOT_RUN = "not run"
@@ -112,7 +113,7 @@ class Setup:
 
 def _rows(path: Path) -> list[dict]:
     """The rows of a results file; [] when the step has not written it yet."""
-    return json.loads(path.read_text())["rows"] if path.exists() else []
+    return read_rows(path) if path.exists() else []
 
 
 def _jsonl(path: Path) -> list[dict]:

@@ -100,7 +100,7 @@ def compare(t_rows, v_rows, t_texts, v_texts, caching: bool) -> list[dict]:
                    prefix_tokens=v["prefix_tokens"], vllm_s=round(v["seconds"], 1),
                    answers_vllm=v_texts[i])
         if t_rows is not None:
-            t, expected = t_rows[i], v["answers"].split(" ")
+            t, expected = t_rows[i], ["/".join(a) for a in v["answers"]]
             assert (t["task"], t["method"], t["length"], t["depth"]) == \
                 (v["task"], v["method"], v["length"], v["depth"])
             multi = get_task(v["task"]).multi_answer

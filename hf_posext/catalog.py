@@ -22,7 +22,7 @@ def canonical_method(method: str) -> str:
 
 # Every knob a method may take, in one place, from the specs the units declare (rope/knobs.py):
 # the trained length L of a rope method, the rope units' knobs, then the attention units' (and
-# log-n). `evaluation.knob_names()`, the CLI's `--knobs`, `loading` and the docs' knob tables
+# log-n). `evaluation.shared.grid.knob_names()`, the CLI's `--knobs`, `loading` and the docs' knob tables
 # read this, never a hand list.
 KNOB_HELP: dict[str, str] = {
     TRAINED_LENGTH.name: TRAINED_LENGTH.help,

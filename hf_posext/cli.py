@@ -25,7 +25,8 @@ import argparse
 import sys
 
 from ._version import __version__
-from .commands import check, dpe_detect, eval as eval_command, lm_eval, passkey, retrieval, search, serve
+from .commands import (check, compare, dpe_detect, eval as eval_command, extend, lm_eval, passkey, retrieval,
+                       search, serve)
 from .errors import PosextError, exit_status, one_line
 
 
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show the Python traceback of an error (default: one line)")
     sub = parser.add_subparsers(dest="command", required=True)
+    extend.add_subcommand(sub)
     eval_command.add_subcommand(sub)
     check.add_subcommands(sub)   # `check` and `export`
     search.add_subcommand(sub)
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval.add_subcommand(sub)
     lm_eval.add_subcommand(sub)
     passkey.add_subcommand(sub)
+    compare.add_subcommand(sub)
     return parser
 
 

@@ -1,5 +1,5 @@
 """Controls for the cpu-smollm2-demo figures in recipes/README.md: perplexity of held-out Hamlet
-(first L tokens, truncate protocol, hf_posext.evaluation.truncate_nll) for the unpatched base, the
+(first L tokens, truncate protocol, hf_posext.evaluation.perplexity.run.truncate_nll) for the unpatched base, the
 training-free YaRN s=2 model and both fine-tuned checkpoints (with and without PoSE), at 2k (short
 context: shows what fine-tuning on the plays does regardless of length) and 8k for the base.
 
@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> None:
 
     from hf_posext import patch
     from hf_posext.data import embedded
-    from hf_posext.evaluation import truncate_nll
+    from hf_posext.evaluation.perplexity.run import truncate_nll
 
     tok = embedded.load_tokenizer()
     play = [p for p in embedded.play_paths() if p.stem == "hamlet"][0]

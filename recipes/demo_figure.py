@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from hf_posext.evaluation.shared.record import read_rows
+
 OUT = (Path(__file__).resolve().parents[1] / "benchmarks" / "results"
        / "recipes" / "cpu-smollm2-demo")
 
@@ -33,11 +35,11 @@ def main(redraw: bool = False) -> None:
     from hf_posext.training.recipe_eval import SERIES, draw_results
 
     cfg = json.loads((OUT / "config.json").read_text())
-    rows = json.loads((OUT / "results.json").read_text())["rows"]
+    rows = read_rows(OUT / "results.json")
     steps = cfg["training"]["max_steps"]
     method, s = cfg["model"]["method"], float(cfg["model"]["factor"])
     if redraw:
-        baseline = json.loads((OUT / "baseline.json").read_text())["rows"]
+        baseline = read_rows(OUT / "baseline.json")
     else:
         tok = embedded.load_tokenizer()
         hamlet = next(p for p in embedded.play_paths() if p.stem == "hamlet")

@@ -19,6 +19,7 @@ import hf_posext
 from hf_posext import cli
 from hf_posext.errors import BeyondReach, ConfigError
 from hf_posext.evaluation.shared.store import ResultsError, ResultsStore, atomic_write
+from hf_posext.evaluation.shared.record import read_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -223,7 +224,7 @@ def test_eval_all_skips_string_beyond_its_reach_and_says_so(assets, tmp_path, ca
     assert cli.main(_eval(assets, tmp_path, "--methods", "all", "--lengths", "64,128", "--factor",
                           "auto,1.25", "--no-baseline", "--knobs", knobs)) == 0
     assert "note: --methods all: string skipped at 128 tokens (s = 2)" in capsys.readouterr().err
-    rows = json.loads((tmp_path / "out" / "perplexity.json").read_text())["rows"]
+    rows = read_rows(tmp_path / "out" / "perplexity.json")
     string = sorted((r["length"], r["factor"]) for r in rows if r["method"] == "string")
     assert string == [(64, 1.0), (64, 1.25), (128, 1.25)]   # 2x at 128 left out: L + S − W = 80
     assert {r["method"] for r in rows} == {"none", *hf_posext.METHODS}

@@ -9,6 +9,7 @@ import hf_posext.cli as cli
 from hf_posext.commands import model_args
 from hf_posext.evaluation.shared import inputs
 from _evalkit import char_tokenizer, tiny_model
+from hf_posext.evaluation.shared.record import read_rows
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +142,7 @@ def test_eval_end_to_end_and_resume(model_dir, text_file, capsys, tmp_path):
             "--cache-dir", str(tmp_path / "cache")]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    rows = json.loads((out / "perplexity.json").read_text())["rows"]
+    rows = read_rows(out / "perplexity.json")
     assert len(rows) == 2 * 3 * 3 + 1 and {r["docs"] for r in rows} == {2}
     # The sliding-window baseline: unpatched, window = trained length 64, over the first 128 tokens.
     base = [r for r in rows if r["protocol"] == "baseline"]
@@ -156,7 +157,7 @@ def test_eval_end_to_end_and_resume(model_dir, text_file, capsys, tmp_path):
     code, err = run(argv, capsys)                       # results exist, no --resume
     assert code == 2 and "--resume" in err
     assert cli.main(argv + ["--resume"]) == 0
-    assert len(json.loads((out / "perplexity.json").read_text())["rows"]) == 19
+    assert len(read_rows(out / "perplexity.json")) == 19
 
 
 @pytest.mark.slow
@@ -164,7 +165,7 @@ def test_passkey_end_to_end(model_dir, capsys, tmp_path):
     out = tmp_path / "pk"
     assert cli.main(["passkey", "--model", str(model_dir), "--lengths", "400,500", "--methods", "ntk",
                      "--depths", "0,1", "--trials", "2", "--out", str(out), "--no-progress"]) == 0
-    rows = json.loads((out / "passkey.json").read_text())["rows"]
+    rows = read_rows(out / "passkey.json")
     assert len(rows) == 2 * 2 * 2 and all(r["seeds"] == 2 for r in rows)
     assert (out / "passkey_none.png").exists() and (out / "passkey_ntk.png").exists()
 
@@ -215,5 +216,5 @@ def test_version_and_model_keyword_arguments(model_dir, capsys, tmp_path):
     assert cli.main(["passkey", "--model", str(model_dir), "--lengths", "400", "--methods", "none",
                      "--depths", "1", "--trials", "1", "--dtype", "float32", "--attn-implementation",
                      "eager", "--out", str(out), "--no-progress", "--no-plot"]) == 0
-    row = json.loads((out / "passkey.json").read_text())["rows"][0]
+    row = read_rows(out / "passkey.json")[0]
     assert row["attn_implementation"] == "eager" and row["dtype"] == "float32"

@@ -20,6 +20,7 @@ from _recipekit import (RECIPES, ROOT, SUBPROCESS_ENV, VENV_BIN, assert_same_run
 from hf_posext.training.data import epoch_order
 from hf_posext.training.recipe import run
 from hf_posext.training.recipe_config import parse_args
+from hf_posext.evaluation.shared.record import read_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS, KILL_AT, SEQ = 11, 5, 64
@@ -140,5 +141,5 @@ def test_only_rank_0_writes_model_logs_and_results(runs):
     assert any(p.startswith("eval/") and "results.json" in p for p in w0), sorted(w0)
     # rank 1 writes only its own RNG state into each checkpoint (accelerate's random_states_1.pkl)
     assert w1 and all(Path(p).name == "random_states_1.pkl" for p in w1), sorted(set(w1))
-    results = json.loads((full / "eval" / "results.json").read_text())["rows"]
+    results = read_rows(full / "eval" / "results.json")
     assert len(results) == 6 and len(log_rows(full / "train_log.csv")) == STEPS

@@ -9,7 +9,6 @@ logits, on separate forwards of each length.
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -26,6 +25,7 @@ from hf_posext.evaluation.shared.results import format_table, plot_nll_by_positi
 from hf_posext.evaluation.shared.settings import PerplexityGrid
 from hf_posext.evaluation.shared.store import ResultsStore
 from hf_posext.rope.compat import IS_V5
+from hf_posext.evaluation.shared.record import read_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -225,7 +225,7 @@ def test_resume_keeps_the_buckets_and_reuses_them(tmp_path, monkeypatch):
                                                      factors=[2.0]),
                                       store=store, progress=False)
     assert sorted(calls) == [160, 160]            # none and yarn at 160 only; 96 came from the file
-    stored = json.loads((tmp_path / "perplexity.json").read_text())["rows"]
+    stored = read_rows(tmp_path / "perplexity.json")
     old = {r["key"]: r for r in first}
     for r in stored:
         assert sum(r["bucket_tokens"]) == r["tokens"] and r["doc_nll"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_posext.evaluation.shared.record import read_rows
 from _evalkit import char_tokenizer, tiny_model
 
 # How a cell was run, not what it is: times, and which shared forward its losses came from (a
@@ -76,7 +77,7 @@ def _same(rows, ref) -> bool:
 
 def _rows(path):
     return [{k: v for k, v in r.items() if k not in TIMING}
-            for r in json.loads(Path(path).read_text())["rows"]]
+            for r in read_rows(path)]
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 and a run killed mid-way keeping its finished rows."""
 
 import csv
-import json
 import math
 import os
 import subprocess
@@ -19,6 +18,7 @@ from hf_posext.evaluation.perplexity.run import evaluate_perplexity, truncate_nl
 from hf_posext.evaluation.shared.settings import PerplexityGrid
 from hf_posext.evaluation.shared.results import format_table, plot_perplexity
 from hf_posext.evaluation.shared.store import ResultsStore
+from hf_posext.evaluation.shared.record import read_rows
 
 DOCS = [random_doc(160, seed=11), random_doc(200, seed=12)]
 
@@ -81,7 +81,7 @@ def test_results_files_resume_and_refusal(tmp_path, monkeypatch):
                                     PerplexityGrid(methods=["linear"], lengths=[32, 128],
                                                    baseline=False),
                                     store=store, progress=False)
-    on_disk = json.loads((tmp_path / "perplexity.json").read_text())["rows"]
+    on_disk = read_rows(tmp_path / "perplexity.json")
     assert [r["key"] for r in on_disk] == [r["key"] for r in first]
     with open(tmp_path / "perplexity.csv") as f:
         table = list(csv.DictReader(f))
@@ -98,10 +98,10 @@ def test_results_files_resume_and_refusal(tmp_path, monkeypatch):
                                                    baseline=False),
                                     store=store, progress=False)
     assert calls == [96, 96]   # none and linear at 96 (s = 1.5); 32 and 128 came from the files
-    assert len(json.loads((tmp_path / "perplexity.json").read_text())["rows"]) == 6
+    assert len(read_rows(tmp_path / "perplexity.json")) == 6
     assert [r["perplexity"] for r in again if r["length"] != 96] == [r["perplexity"] for r in first]
     # The file lists the rows in cell order (lengths ascending), whatever order they finished in.
-    assert [r["length"] for r in json.loads((tmp_path / "perplexity.json").read_text())["rows"]] == \
+    assert [r["length"] for r in read_rows(tmp_path / "perplexity.json")] == \
         [32, 32, 96, 96, 128, 128]
 
 
@@ -160,7 +160,7 @@ def test_killed_run_keeps_finished_rows_and_resume_completes(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert proc.returncode == -9, proc.stderr
     # Cells: none@64 (computed), linear@64 (s=1: reused), none@128 (computed), linear@128 (killed).
-    rows = json.loads((tmp_path / "perplexity.json").read_text())["rows"]
+    rows = read_rows(tmp_path / "perplexity.json")
     assert [(r["method"], r["length"]) for r in rows] == [("none", 64), ("linear", 64), ("none", 128)]
     with open(tmp_path / "perplexity.csv") as f:
         assert len(list(csv.DictReader(f))) == 3
@@ -172,4 +172,4 @@ def test_killed_run_keeps_finished_rows_and_resume_completes(tmp_path):
     assert [(r["method"], r["length"], r["protocol"]) for r in done] == [
         ("none", 64, "truncate"), ("linear", 64, "truncate"), ("none", 128, "truncate"),
         ("linear", 128, "truncate"), ("none", 128, "baseline")]
-    assert len(json.loads((tmp_path / "perplexity.json").read_text())["rows"]) == 5
+    assert len(read_rows(tmp_path / "perplexity.json")) == 5

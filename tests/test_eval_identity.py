@@ -13,6 +13,7 @@ from _evalkit import char_tokenizer, random_doc, tiny_model
 from hf_posext.evaluation import PerplexityGrid, ResultsStore, RunInfo, evaluate_perplexity
 from hf_posext.evaluation.shared import grid as grid_mod
 from hf_posext.evaluation.shared.identity import checkpoint_fingerprint
+from hf_posext.evaluation.shared.record import read_rows
 
 DOCS = [random_doc(160, seed=11)]
 
@@ -80,9 +81,9 @@ def test_resume_with_another_dtype_is_refused(tmp_path, data, capsys):
     code, err = run(_argv(model, data, tmp_path / "out", "--resume", "--dtype", "bfloat16"), capsys)
     assert code == 2 and "dtype differs" in err
     # The same run resumes: nothing recomputed, same rows.
-    rows = json.loads((tmp_path / "out" / "perplexity.json").read_text())["rows"]
+    rows = read_rows(tmp_path / "out" / "perplexity.json")
     assert cli.main(_argv(model, data, tmp_path / "out", "--resume")) == 0
-    assert json.loads((tmp_path / "out" / "perplexity.json").read_text())["rows"] == rows
+    assert read_rows(tmp_path / "out" / "perplexity.json") == rows
 
 
 def test_the_api_never_reuses_another_models_rows(tmp_path):

@@ -1,10 +1,10 @@
 """ResultsStore's writes and RowsView's refusal to write (the grid's two RowStore kinds)."""
 
-import json
 
 import pytest
 
 from hf_posext.evaluation.shared.store import ResultsStore, RowsView
+from hf_posext.evaluation.shared.record import read_rows
 
 
 def test_store_refuses_a_second_row_with_the_same_key_and_reorders_on_disk(tmp_path):
@@ -14,7 +14,7 @@ def test_store_refuses_a_second_row_with_the_same_key_and_reorders_on_disk(tmp_p
         with pytest.raises(KeyError, match="duplicate result for b"):
             store.add({"key": "b"})
         store.reorder(["c", "a"])   # rows not named keep their place before the named ones
-    assert [r["key"] for r in json.loads((tmp_path / "rows.json").read_text())["rows"]] == \
+    assert [r["key"] for r in read_rows(tmp_path / "rows.json")] == \
         ["b", "c", "a"]
 
 

@@ -11,6 +11,7 @@ import runpy
 from argparse import Namespace
 
 from _recipekit import ROOT
+from hf_posext.evaluation.shared.record import read_rows
 
 RESULTS = ROOT / "benchmarks" / "results" / "finetune-retrieval"
 TASKS, HAYSTACKS = ["single_needle", "multi_key"], ["noise", "embedded:shakespeare/hamlet"]
@@ -21,7 +22,7 @@ PPL_FROM = {"free": "free", "mix": "mix", "mix-seed1": "docs"}   # committed row
 
 
 def ppl_rows(arm: str, within_l: bool) -> list[dict]:
-    rows = json.loads((RESULTS / arm / "perplexity" / "perplexity.json").read_text())["rows"]
+    rows = read_rows(RESULTS / arm / "perplexity" / "perplexity.json")
     return [r for r in rows if not within_l or (r["protocol"] == "truncate" and int(r["length"]) <= 8192)]
 
 
@@ -29,7 +30,7 @@ def make_out(tmp_path, within_l: bool):
     for name, src in PPL_FROM.items():
         for part, rows in (("perplexity", ppl_rows(src, within_l)), ("retrieval", [
                 {"task": t, "haystack": h, "length": 16384, "depth": d, "trials": 3, "correct": c,
-                 "outputs": "12345 | 0"} for t in TASKS for h in HAYSTACKS
+                 "outputs": ["12345", "0"]} for t in TASKS for h in HAYSTACKS
                 for d, c in zip((0.25, 0.75), CORRECT[name](t, h))])):
             (tmp_path / name / part).mkdir(parents=True)
             (tmp_path / name / part / f"{part}.json").write_text(json.dumps({"rows": rows}))

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from _recipekit import CHARS, ROOT, SUBPROCESS_ENV, make_assets
+from hf_posext.evaluation.shared.record import read_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SCRIPT = ROOT / "benchmarks" / "finetune_retrieval.py"
@@ -103,9 +104,9 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys, monkey
     assert run_script(monkeypatch, argv) == 0
     for arm in ARMS:
         folder = out / arm
-        rows = json.loads((folder / "perplexity" / "perplexity.json").read_text())["rows"]
+        rows = read_rows(folder / "perplexity" / "perplexity.json")
         assert {int(r["length"]) for r in rows} == {128, 512}
-        keys = json.loads((folder / "retrieval" / "retrieval.json").read_text())["rows"]
+        keys = read_rows(folder / "retrieval" / "retrieval.json")
         # every arm is evaluated as saved (YaRN s=8 in its config, not patched again), on the
         # retrieval suite's single-needle task
         # the within-L control (--free-lengths) on the training-free arm only
@@ -187,7 +188,7 @@ def test_smoke_of_the_generalization_grid(tmp_path, capsys, monkeypatch):
              for name in ("mix", "mix-seed1")]
     assert seeds == [0, 1] and not (out / "docs").exists()
     for name in ("free", "mix", "mix-seed1"):
-        rows = json.loads((out / name / "retrieval" / "retrieval.json").read_text())["rows"]
+        rows = read_rows(out / name / "retrieval" / "retrieval.json")
         assert {(r["task"], r["haystack"].rsplit("/", 1)[-1]) for r in rows} == {
             (t, h) for t in ("niah_single", "multi_key") for h in ("noise", "held.txt")}
         assert all(r["look"] in (1, 2) and int(r["trials"]) == 1 and r["bar"] == 0.5 for r in rows)
@@ -199,7 +200,7 @@ def test_smoke_of_the_generalization_grid(tmp_path, capsys, monkeypatch):
 
 
 def stored_rows(folder) -> dict:
-    rows = json.loads((folder / "retrieval" / "retrieval.json").read_text())["rows"]
+    rows = read_rows(folder / "retrieval" / "retrieval.json")
     return {int(r["length"]): {k: r[k] for k in ("trials", "correct", "outputs")} for r in rows}
 
 

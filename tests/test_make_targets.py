@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from _recipekit import ROOT, SUBPROCESS_ENV, make_assets, recipe_argv
+from hf_posext.evaluation.shared.record import read_rows
 
 VENV = Path(sys.executable).parent.parent
 # the README and the pages it links: where the targets are named and the tables pasted
@@ -75,7 +76,7 @@ def test_demo(assets, tmp_path):
     out = tmp_path / "demo"
     make("demo", tmp_path, DEMO_ARGS=["--model", str(assets / "llama"), "--lengths", "64,128",
                                       "--baseline-stride", "32", "--out", str(out)])
-    rows = json.loads((out / "perplexity.json").read_text())["rows"]
+    rows = read_rows(out / "perplexity.json")
     assert {int(r["length"]) for r in rows} == {64, 128} and {r["docs"] for r in rows} == {2}
     # the same cells as the committed quick demo (benchmarks/results/eval/quick-demo), at 64 / 128
     assert {(r["method"], r["protocol"], int(r["length"])) for r in rows} == {
@@ -103,7 +104,7 @@ def test_demo_finetune(assets, tmp_path):
     argv = recipe_argv(assets, out, data__bos_token="<s>", data__eos_token="</s>", eval__max_documents="1")
     make("demo-finetune", tmp_path, FINETUNE_ARGS=argv)
     assert (out / "final" / "model.safetensors").is_file()
-    results = json.loads((out / "eval" / "results.json").read_text())["rows"]
+    results = read_rows(out / "eval" / "results.json")
     assert {int(r["length"]) for r in results} == {64, 256}
 
 
@@ -132,6 +133,6 @@ def test_bench_long(tmp_path):
     assert {r["tokens"] for r in rows if r["step"] != "cost"} == {256, 512}
     for folder, name in (("long-context", "perplexity"), ("long-context-code", "perplexity"),
                          ("long-context-passkey", "passkey")):
-        assert json.loads((root / "eval" / folder / f"{name}.json").read_text())["rows"], folder
+        assert read_rows(root / "eval" / folder / f"{name}.json"), folder
     assert (root / "long_context.md").read_text().startswith("# Long context")
     assert not (root / "README.md").exists()   # the report writes no document

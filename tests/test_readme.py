@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from _doccommands import documented_commands
+from hf_posext.evaluation.shared.record import read_rows
 
 CLI = r"hf-posext "   # the commands tested below
 
@@ -96,11 +97,10 @@ def test_readme_is_a_five_minute_read():
 def test_results_page_demo_table_is_the_benchmark_report():
     """The long-context demo table in docs/results.md is computed from the committed results of
     `python benchmarks/long_context.py demo` by the package's report table, never typed in."""
-    import json
 
     from hf_posext.evaluation.shared.results import ratio_table
 
-    rows = json.loads((EVAL_DIR / "long-context" / "perplexity.json").read_text())["rows"]
+    rows = read_rows(EVAL_DIR / "long-context" / "perplexity.json")
     assert {int(r["length"]) for r in rows} == {16384, 32768}
     table = ratio_table(rows, (16384, 32768))
     assert table in RESULTS_PAGE
@@ -110,11 +110,10 @@ def test_results_page_demo_table_is_the_benchmark_report():
 def test_results_page_quick_demo_table_is_the_committed_run():
     """The quick demo's table in docs/results.md is what `hf-posext eval` prints for the committed
     rows of `make demo` (benchmarks/results/eval/quick-demo), never typed in."""
-    import json
 
     from hf_posext.evaluation.shared.results import format_table
 
-    rows = json.loads((EVAL_DIR / "quick-demo" / "perplexity.json").read_text())["rows"]
+    rows = read_rows(EVAL_DIR / "quick-demo" / "perplexity.json")
     assert {int(r["length"]) for r in rows} == {4096, 16384} and {r["docs"] for r in rows} == {2}
     # every row holds its position buckets; the 4k cells came from the 16k forwards
     assert all(r["bucket_nll"] for r in rows)

@@ -5,7 +5,6 @@ the stages one by one: test_recipe_stages.py; several processes: test_distribute
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from hf_posext.training.loop import LOG_COLUMNS
 from hf_posext.training.model import apply_lora
 from hf_posext.training.outputs import save_lora_model
 from hf_posext.training.recipe_config import LoraConfig
+from hf_posext.evaluation.shared.record import read_rows
 
 finetune = load_finetune()
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -55,7 +55,7 @@ def test_accelerate_launch_trains_saves_and_evaluates(assets, tmp_path):
     rope = get_rope_parameters(model.config)  # 5.x rope_parameters / 4.x rope_scaling
     assert rope["rope_type"] == "yarn" and rope["factor"] == 4.0
     assert rope["original_max_position_embeddings"] == 64 and model.config.max_position_embeddings == 256
-    results = json.loads((out / "eval" / "results.json").read_text())["rows"]
+    results = read_rows(out / "eval" / "results.json")
     base = str(assets / "llama")
     assert sorted((r["model"], r["method"], r["length"]) for r in results) == [
         (base, "none", 64), (base, "none", 256),                   # the unpatched baseline

@@ -15,6 +15,7 @@ from hf_posext.training.outputs import plot_loss, read_log, trailing_mean
 from hf_posext.training.packing import packed_sequences
 from hf_posext.training.recipe import prepare_data, run
 from hf_posext.training.recipe_config import config_from_dict, parse_args
+from hf_posext.evaluation.shared.record import read_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,7 +88,7 @@ def test_rerun_with_another_learning_rate_never_reuses_fine_tuned_rows(assets, t
         assert a[length]["perplexity"] != pytest.approx(b[length]["perplexity"], rel=1e-6)
     base = lambda rows: {(r["method"], r["length"]): r["perplexity"] for r in rows if "fine-tuned" not in r["model"]}
     assert base(first) == base(second)                           # the untrained models: reused
-    stored = json.loads((out / "eval" / "results.json").read_text())["rows"]
+    stored = read_rows(out / "eval" / "results.json")
     assert len(stored) == 8                                       # 4 base + 2 x 2 fine-tuned rows
 
 

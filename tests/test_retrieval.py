@@ -3,7 +3,6 @@ the grid on a stub that answers some trials right, the command end to end with r
 document haystack, `--dtype auto`, and bad inputs failing in one line before the model loads."""
 
 import dataclasses
-import json
 import re
 
 import pytest
@@ -18,6 +17,7 @@ from hf_posext.evaluation.retrieval import (TASKS, RetrievalGrid, build_cell, ev
 from hf_posext.evaluation.retrieval.haystack import document_haystack
 from hf_posext.evaluation.retrieval.tasks import NOISE
 from hf_posext.data.documents import TextSource
+from hf_posext.evaluation.shared.record import read_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 RULER_NOISE = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and "
@@ -79,7 +79,7 @@ def test_grid_rows_on_a_stub(tmp_path):
     for r in rows:
         assert (r["correct"], r["trials"], r["accuracy"]) == (2, 4, 0.5)
         assert r["ci_low"] < 0.5 < r["ci_high"] and "no idea" in r["outputs"]
-        assert r["dtype"] == "float32" and r["answers"].count("/") == (3 * 4 if r["task"] == "multi_query" else 0)
+        assert r["dtype"] == "float32" and [len(a) for a in r["answers"]] == [4 if r["task"] == "multi_query" else 1] * 4
 
 
 def test_a_task_added_or_reworded_leaves_the_other_tasks_stored_cells(tmp_path, monkeypatch):
@@ -187,7 +187,7 @@ def test_command_end_to_end_and_resume(model_dir, capsys, tmp_path):
     captured = capsys.readouterr()
     printed = captured.out
     chosen = re.search(r"--dtype auto: (\w+) \(", captured.err)
-    rows = json.loads((out / "retrieval.json").read_text())["rows"]
+    rows = read_rows(out / "retrieval.json")
     assert len(rows) == 2 * 2 and {r["trials"] for r in rows} == {2}
     assert chosen and {r["dtype"] for r in rows} == {chosen[1]}     # the rows say which dtype ran
     assert "effective length" in printed and "[" in printed
@@ -195,7 +195,7 @@ def test_command_end_to_end_and_resume(model_dir, capsys, tmp_path):
     assert (out / "retrieval_single_needle_dynamic_ntk.png").exists()
     assert (out / "retrieval_single_needle_heatmaps.png").exists()
     assert cli.main(argv + ["--resume"]) == 0                  # every cell already there
-    assert len(json.loads((out / "retrieval.json").read_text())["rows"]) == 4
+    assert len(read_rows(out / "retrieval.json")) == 4
 
 
 def test_dtype_auto_means_the_measured_dtype_for_every_command():
@@ -222,7 +222,7 @@ def test_dtype_auto_is_measured_in_eval_and_passkey_too(model_dir, tmp_path, cap
     assert cli.main(argv) == 0
     assert "--dtype auto: bfloat16 (bfloat16 2.00x faster" in capsys.readouterr().err
     name = "passkey" if command == "passkey" else "perplexity"
-    assert {r["dtype"] for r in json.loads((out / f"{name}.json").read_text())["rows"]} == {"bfloat16"}
+    assert {r["dtype"] for r in read_rows(out / f"{name}.json")} == {"bfloat16"}
     monkeypatch.setattr(auto_dtype, "probe_times", no_probe)                 # not measured again
     assert cli.main(argv + ["--resume"]) == 0
     assert "--dtype auto: bfloat16 (the run being resumed" in capsys.readouterr().err
@@ -264,17 +264,17 @@ def test_resume_with_dtype_auto_keeps_the_runs_dtype_without_probing(model_dir, 
     monkeypatch.setattr(auto_dtype, "bf16_matmul_cpu", lambda cpuinfo="": True)   # the probe's branch
     monkeypatch.setattr(auto_dtype, "probe_times", probe(1.0, 2.0))          # float32 faster
     assert cli.main(argv) == 0
-    assert json.loads((out / "retrieval.json").read_text())["rows"][0]["dtype"] == "float32"
+    assert read_rows(out / "retrieval.json")[0]["dtype"] == "float32"
     capsys.readouterr()
     monkeypatch.setattr(auto_dtype, "probe_times", no_probe)                 # not measured again
     assert cli.main(argv + ["--resume", "--depths", "0,1"]) == 0
     err = capsys.readouterr().err
     assert "--dtype auto: float32 (the run being resumed" in err, err
-    rows = json.loads((out / "retrieval.json").read_text())["rows"]
+    rows = read_rows(out / "retrieval.json")
     assert len(rows) == 2 and {r["dtype"] for r in rows} == {"float32"}
     monkeypatch.setattr(auto_dtype, "probe_times", probe(2.0, 1.0))          # a new run: measured
     assert cli.main(argv + ["--out", str(tmp_path / "fresh")]) == 0
-    assert json.loads((tmp_path / "fresh" / "retrieval.json").read_text())["rows"][0]["dtype"] == "bfloat16"
+    assert read_rows(tmp_path / "fresh" / "retrieval.json")[0]["dtype"] == "bfloat16"
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@ trials, tables and plots count each cell's blocks as one (the pooled counts and 
 interval of the pooled counts, from scipy), and a block overlapping a stored one is refused
 before anything is computed."""
 
-import json
 
 import pytest
 
@@ -12,6 +11,7 @@ from _evalkit import char_tokenizer, tiny_checkpoint, tiny_model
 from hf_posext.evaluation.retrieval import RetrievalGrid, evaluate_retrieval
 from hf_posext.evaluation.retrieval.blocks import merge_blocks, seed_set, seeds_text
 from hf_posext.evaluation.shared.store import ResultsError, ResultsStore
+from hf_posext.evaluation.shared.record import read_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,7 +26,7 @@ def _row(seeds, correct, score, finished="2026-01-01T00:00:00+00:00", **cell):
     base = {"task": "single_needle", "haystack": "noise", "method": "yarn", "factor": 2.0, "knobs": "",
             "length": 8192, "depth": 0.5, "data_hash": "d", "model_fingerprint": "m", "dtype": "float32",
             "attn_implementation": "sdpa", "seeds_list": seeds_text(seeds), "trials": len(seeds),
-            "correct": correct, "score": score, "seconds": 10.0, "answers": "a", "outputs": "o",
+            "correct": correct, "score": score, "seconds": 10.0, "answers": [["a"]], "outputs": ["o"],
             "finished_at": finished}
     return {**base, **cell}
 
@@ -91,10 +91,10 @@ def test_command_adds_a_block_and_reports_the_cell_whole(tmp_path, capsys):
     assert cli.main(argv + ["--seed", "2", "--trials", "3", "--resume"]) == 0
     printed = capsys.readouterr().out
     assert "5 trial(s) per cell" in printed
-    rows = json.loads((out / "retrieval.json").read_text())["rows"]
+    rows = read_rows(out / "retrieval.json")
     assert sorted((r["method"], r["seeds_list"]) for r in rows) == [
         ("none", "0,1"), ("none", "2,3,4"), ("yarn", "0,1"), ("yarn", "2,3,4")]
     with pytest.raises(SystemExit) as stop:                  # one line, nothing computed
         cli.main(argv + ["--seed", "1", "--trials", "2", "--resume"])
     assert stop.value.code == 2 and "seeds 0,1 are stored; seeds 1,2 would count 1 twice" in capsys.readouterr().err
-    assert len(json.loads((out / "retrieval.json").read_text())["rows"]) == 4
+    assert len(read_rows(out / "retrieval.json")) == 4

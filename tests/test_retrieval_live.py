@@ -71,8 +71,8 @@ def test_live_run_trials_calls_and_report(tmp_path, monkeypatch):
     total = next(line for line in (out / "report.md").read_text().splitlines() if line.startswith("| all"))
     assert "**40** (62%)" in total and "| 64 |" in total      # 16 + 3 x 8 of 16 + 3 x 16
     assert total.endswith("| 40/40 |")                       # every trial both ran, by (depth, seed)
-    seq_rows = [{"depth": 0.0, "seeds_list": "0,1", "outputs": "a | b"}, {"depth": 1.0, "seeds_list": "0", "outputs": "c"}]
-    fix_rows = [{"depth": 0.0, "seeds_list": "0,1,2", "outputs": "a | x | y"}, {"depth": 1.0, "seeds_list": "0", "outputs": "c"}]
+    seq_rows = [{"depth": 0.0, "seeds_list": "0,1", "outputs": ["a", "b"]}, {"depth": 1.0, "seeds_list": "0", "outputs": ["c"]}]
+    fix_rows = [{"depth": 0.0, "seeds_list": "0,1,2", "outputs": ["a", "x", "y"]}, {"depth": 1.0, "seeds_list": "0", "outputs": ["c"]}]
     assert live.same_text(seq_rows, fix_rows) == (2, 3)      # seed 1 at depth 0 differs
     with pytest.raises(SystemExit):                          # a second run must say --resume
         live.parse(["--out", str(out)])

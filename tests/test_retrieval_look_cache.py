@@ -4,7 +4,6 @@ trials are the fixed design's at max_trials, token for token, and a later look p
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -13,6 +12,7 @@ from hf_posext.evaluation.retrieval import RetrievalGrid, build_cell, evaluate_r
 from hf_posext.evaluation.retrieval.schedule import evaluate_sequential
 from hf_posext.evaluation.retrieval.sequential import SequentialRule
 from hf_posext.evaluation.shared.store import ResultsStore
+from hf_posext.evaluation.shared.record import read_rows
 
 L = 1024
 
@@ -53,7 +53,7 @@ def sequential(model, folder, cache_bytes=0):
         state = evaluate_sequential(model, char_tokenizer(), grid, rule, store=store, bar=0.05,
                                     prefix_cache_bytes=cache_bytes, log=lambda s: None)
     assert all(len(q.looks) == 2 for q in state.questions)
-    return state, json.loads((folder / "retrieval.json").read_text())["rows"]
+    return state, read_rows(folder / "retrieval.json")
 
 
 def test_looks_are_the_fixed_designs_trials_and_later_looks_prefill_nothing(model, tmp_path, monkeypatch):
@@ -80,7 +80,7 @@ def test_looks_are_the_fixed_designs_trials_and_later_looks_prefill_nothing(mode
         mine = sorted((r for r in looks if all(r[k] == row[k] for k in ("method", "length", "depth"))),
                       key=lambda r: r["look"])
         assert [r["seeds_list"] for r in mine] == ["0,1", "2,3"]
-        assert " | ".join(r["outputs"] for r in mine) == row["outputs"]
+        assert [o for r in mine for o in r["outputs"]] == row["outputs"]
         assert {r["prompt_tokens"] for r in mine} <= {row["prompt_tokens"], row["prompt_tokens"] - 1,
                                                       row["prompt_tokens"] - 2}
         assert {r["prefix_tokens"] for r in mine} == {row["prefix_tokens"]}

@@ -4,7 +4,6 @@ rule without the correction for repeated looks failing the same check), the effe
 bounds, and the sequential grid on a tiny model with stub answers, an injected clock and a
 budget that stops it and a resume that continues it."""
 
-import json
 
 import pytest
 
@@ -15,6 +14,7 @@ from hf_posext.evaluation.retrieval.sequential import (ABOVE, BELOW, UNDECIDED, 
                                                        clopper_pearson, effective_bounds, simulate)
 from hf_posext.evaluation.shared.store import ResultsError, ResultsStore
 from hf_posext.patcher import is_patched
+from hf_posext.evaluation.shared.record import read_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -186,7 +186,7 @@ def test_sequential_grid_stops_each_cell_when_decided(model, tmp_path):
     assert eff[("single_needle", "yarn", "2.0", "")] == (700, 700)  # 2100 passes, 1400 does not
     table = decisions_table(state)
     assert "effective length 700" in table and "stopped" not in table
-    rows = json.loads((tmp_path / "retrieval.json").read_text())["rows"]
+    rows = read_rows(tmp_path / "retrieval.json")
     assert len(rows) == 2 * (2 + 5)                                  # a row per depth and look
     first = [r for r in rows if r["method"] == "none" and r["length"] == 700 and r["look"] == 1]
     assert {(r["decision"], r["bar"], r["confidence"], r["max_trials"], r["rule"]) for r in first} == {
@@ -203,7 +203,7 @@ def test_a_budget_stops_cleanly_and_resume_continues_the_plan(model, tmp_path):
     assert {q.label() for q in state.open_questions()} == {   # nothing below 2100 decided below yet
         f"single_needle {m} at {n}" for m in ("none", "yarn s=2") for n in (1400, 2100)}
     assert "the budget (0.5 min) is spent" in decisions_table(state)
-    assert len(json.loads((tmp_path / "retrieval.json").read_text())["rows"]) == 6
+    assert len(read_rows(tmp_path / "retrieval.json")) == 6
     stub.asked.clear()
     state = run(model, tmp_path, stub, Budget(trials=16))             # the stored looks are not rerun
     assert {(m, size) for m, size, _ in stub.asked} == {("none", 2), ("yarn", 2)}
@@ -319,7 +319,7 @@ def test_replay_stops_where_the_rule_does_and_says_when_the_folder_runs_out():
 
 def test_replay_rescoring_equals_the_committed_counts(tmp_path):
     script = _replay_script()
-    rows = json.loads(script.GRID.read_text())["rows"]
+    rows = read_rows(script.GRID)
     per = script.outcomes(rows)                       # raises if a row's outcomes disagree with its count
     assert sum(sum(map(len, q.values())) for q in per.values()) == sum(int(r["trials"]) for r in rows)
     assert script.main(["--runs", "20", "--mixes", "3", "--out", str(tmp_path / "r.md")]) == 0

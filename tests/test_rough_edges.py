@@ -26,6 +26,7 @@ from conftest import TRAINED, tiny_model
 import hf_posext
 from hf_posext import cli
 from hf_posext.errors import ConfigError
+from hf_posext.evaluation.shared.record import read_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,7 +234,7 @@ def test_eval_methods_all_runs_the_rest_with_a_note(tmp_path, capsys):
                      "--lengths", "128", "--no-baseline", "--no-plot", "--no-progress",
                      "--out", str(tmp_path / "out")]) == 0
     assert "note: --methods all: string skipped at 128 tokens" in capsys.readouterr().err
-    rows = json.loads((tmp_path / "out" / "perplexity.json").read_text())["rows"]
+    rows = read_rows(tmp_path / "out" / "perplexity.json")
     assert {r["method"] for r in rows} == {"none", *hf_posext.METHODS} - {"string"}
 
 

@@ -52,7 +52,7 @@ try:
 except ConfigError:
     pass
 # its new knob: a knob name everywhere, parsed by --knobs, checked by its own check
-from hf_posext.evaluation import knob_names
+from hf_posext.evaluation.shared.grid import knob_names
 assert "toy_power" in knob_names()
 from hf_posext.cli import build_parser
 assert "toy_power: toy: positions are divided by factor^toy_power" in " ".join(   # --knobs help
@@ -192,7 +192,7 @@ assert hf_posext.__file__.startswith(sys.argv[1]), hf_posext.__file__
 assert "toy_window" in hf_posext.METHODS and "toy_window" in hf_posext.ATTENTION_METHODS
 assert parse_methods("toy_window") == ["toy_window"]
 from hf_posext.errors import ConfigError
-from hf_posext.evaluation import knob_names
+from hf_posext.evaluation.shared.grid import knob_names
 assert "span" in knob_names()
 from hf_posext.cli import build_parser
 assert "span: toy_window: ReRoPE's window" in " ".join(

@@ -13,6 +13,7 @@ from ..evaluation.shared.distributed import Ranks
 from ..evaluation.shared.inputs import InputError, parse_length, positive_int
 from ..evaluation.perplexity.run import evaluate_perplexity
 from ..evaluation.shared.results import plot_nll_by_position, plot_perplexity, print_table
+from ..evaluation.shared.summary import perplexity_section, write_summary
 from ..evaluation.shared.settings import DEFAULT_STRIDE, PROTOCOLS, PerplexityGrid, RunInfo
 from . import session
 from .model_args import load_tokenizer_from
@@ -143,6 +144,7 @@ def _report_eval(args, grid: PerplexityGrid, source, n_docs: int, store, rows: l
     where = source.label if is_embedded(source.dataset) or not looks_like_path(source.dataset) \
         else Path(source.dataset).name
     caption = f"{args.model} ({rows[0]['dtype']}) on {where}, {n_docs} doc(s)"
+    plots = []
     for protocol in grid.protocols:
         part = [r for r in rows if r["protocol"] == protocol or
                 (protocol == "truncate" and r["protocol"] == "baseline")]
@@ -156,8 +158,11 @@ def _report_eval(args, grid: PerplexityGrid, source, n_docs: int, store, rows: l
         if not args.no_plot:
             path = plot_perplexity(part, store.out / f"perplexity_{protocol}.png", f"{title}\n{caption}")
             print(f"plot: {path}")
+            plots.append(path)
             if protocol == "truncate" and any(r.get("bucket_nll") for r in part):
                 path = plot_nll_by_position(part, store.out / "nll_by_position.png",
                                             f"loss by position, truncate\n{caption}")
                 print(f"plot: {path}")
-    print(f"results: {store.csv_path} and {store.json_path}")
+                plots.append(path)
+    md, _ = write_summary(store.out, caption, [perplexity_section(rows)], plots)
+    print(f"results: {store.csv_path} and {store.json_path}; summary: {md}")

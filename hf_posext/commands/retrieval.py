@@ -24,6 +24,7 @@ from ..evaluation.retrieval.haystack import NOISE_NAME, load_haystack
 from ..evaluation.retrieval.plots import format_summary, plot_all, summary
 from ..evaluation.retrieval.settings import DEFAULT_MARGIN, DEFAULT_TRIALS
 from ..evaluation.shared.settings import RunInfo
+from ..evaluation.shared.summary import retrieval_section, write_summary
 from . import retrieval_engine, retrieval_plan, session
 from .model_args import load_tokenizer_from
 
@@ -128,7 +129,8 @@ def report(args, grid: RetrievalGrid, store, rows: list[dict]) -> None:
     caption = f"{args.model} ({rows[0]['dtype']}{on}), {rows[0]['dataset']} haystack, {trials_text(rows)}"
     print(f"retrieval accuracy — {caption}")
     print(format_summary(summary(rows, grid.margin), grid.margin))
-    if not args.no_plot:
-        for path in plot_all(rows, store.out, caption):
-            print(f"plot: {path}")
-    print(f"results: {store.csv_path} and {store.json_path}")
+    plots = [] if args.no_plot else plot_all(rows, store.out, caption)
+    for path in plots:
+        print(f"plot: {path}")
+    md, _ = write_summary(store.out, caption, [retrieval_section(rows, grid.margin)], plots)
+    print(f"results: {store.csv_path} and {store.json_path}; summary: {md}")

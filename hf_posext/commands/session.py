@@ -6,7 +6,6 @@ before the model loads; the model loaded and its identity checked; the rows a re
 from __future__ import annotations
 
 import argparse
-import json
 import dataclasses
 import os
 import sys
@@ -22,6 +21,7 @@ from ..evaluation.shared.identity import (attention_implementation, loaded_finge
 from ..evaluation.shared.inputs import (InputError, check_cells, check_device, check_model_arg, parse_factors, parse_floats01,
                                  parse_knobs, parse_length, parse_lengths, parse_methods, parse_seed)
 from ..evaluation.retrieval.settings import DEPTHS
+from ..evaluation.shared.record import read_rows
 from ..evaluation.shared.store import ResultsStore, RowsView
 from . import model_args
 from .auto_dtype import auto_inputs, fast_dtype
@@ -193,8 +193,8 @@ def resumed_dtype(args, store_name: str) -> str | None:
     if not args.resume or not path.exists():
         return None
     try:
-        dtypes = {r.get("dtype") for r in json.loads(path.read_text(encoding="utf-8"))["rows"]}
-    except (ValueError, KeyError, TypeError):
+        dtypes = {r.get("dtype") for r in read_rows(path)}
+    except (ValueError, AttributeError):
         return None   # the store reports a damaged file itself, with its fix
     if len(dtypes) != 1 or None in dtypes:
         return None

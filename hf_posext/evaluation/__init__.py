@@ -17,21 +17,18 @@ loaded model (docs/evaluation.md).
     rows = evaluate_perplexity(model, docs, PerplexityGrid(["linear", "yarn"], [4096, 16384]))
 """
 
+# What a user calls: the evaluations, their grids and run settings, documents, and the result
+# record with its reader. The machinery (the grid runner, ranks, the chunked loss, plots) stays
+# importable from its module (`evaluation.shared.grid`, `evaluation.perplexity.loss`, ...).
 from .shared.data import TextSource, TokenCache, load_documents, select_documents
-from .shared.distributed import Ranks
-from .shared.grid import Cell, knob_names, method_factors, run_grid
-from .perplexity.loss import PeakMemory, causal_targets, chunked_nll
-from .passkey import build_prompt, evaluate_passkey, passkey_for_seed
-from .perplexity.run import evaluate_perplexity, sliding_nll, sliding_windows, truncate_nll
+from .passkey import evaluate_passkey
+from .perplexity.run import evaluate_perplexity
 from .retrieval import RetrievalGrid, evaluate_retrieval
-from .shared.results import format_table, plot_passkey_heatmap, plot_perplexity, print_table
-from .shared.settings import DEFAULT_STRIDE, PROTOCOLS, PerplexityGrid, RunInfo
-from .shared.store import ResultsError, ResultsStore, RowStore
+from .shared.record import RecordType, read_rows
+from .shared.results import format_table
+from .shared.settings import PerplexityGrid, RunInfo
+from .shared.store import ResultsError, ResultsStore
 
-__all__ = ["Cell", "DEFAULT_STRIDE", "PROTOCOLS", "PeakMemory", "PerplexityGrid", "Ranks",
-           "RetrievalGrid", "evaluate_retrieval",
-           "ResultsError", "ResultsStore", "RowStore", "RunInfo", "TextSource", "TokenCache", "build_prompt",
-           "causal_targets", "chunked_nll", "evaluate_passkey", "evaluate_perplexity",
-           "format_table", "knob_names", "load_documents", "method_factors", "passkey_for_seed",
-           "plot_passkey_heatmap", "plot_perplexity", "print_table", "run_grid",
-           "select_documents", "sliding_nll", "sliding_windows", "truncate_nll"]
+__all__ = ["PerplexityGrid", "RecordType", "ResultsError", "ResultsStore", "RetrievalGrid", "RunInfo",
+           "TextSource", "TokenCache", "evaluate_passkey", "evaluate_perplexity", "evaluate_retrieval",
+           "format_table", "load_documents", "read_rows", "select_documents"]

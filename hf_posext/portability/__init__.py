@@ -13,4 +13,5 @@
     atomic.py        write an output whole or not at all
     serving.py       `hf-posext serve`: the engine command line, checked like export
     dual_chunk.py    SGLang's Dual Chunk Attention block, against hf_posext's dual_chunk
+    card.py          the model card (README.md) of a checkpoint `hf-posext extend` writes
 """

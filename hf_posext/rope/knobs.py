@@ -4,7 +4,7 @@ A `Knob` is the single definition of what a knob is: its name, its type, its def
 or a function of the trained length L), its check (the value in, the normalised value out, or an
 error naming the problem and the fix) and its help text. Everything else is derived from the
 specs: the config classes' fields (`knob_fields`), their validation, the "auto" knobs, the CLI's
-`--knobs` help, `evaluation.knob_names()` and the docs' knob tables (tests/test_units.py holds
+`--knobs` help, `evaluation.shared.grid.knob_names()` and the docs' knob tables (tests/test_units.py holds
 them equal).
 """
 

@@ -20,8 +20,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ..catalog import canonical_method
-from ..evaluation import (PerplexityGrid, ResultsStore, RunInfo, evaluate_perplexity, format_table,
-                          plot_perplexity)
+from ..evaluation import PerplexityGrid, ResultsStore, RunInfo, evaluate_perplexity, format_table
+from ..evaluation.shared.results import plot_perplexity
 from ..evaluation.shared.distributed import Ranks
 from ..evaluation.shared.identity import checkpoint_fingerprint, loaded_fingerprint, source_fingerprint
 from .model import load_model

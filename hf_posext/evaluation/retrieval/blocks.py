@@ -104,8 +104,8 @@ def merge_blocks(rows: Sequence[dict]) -> list[dict]:
                     "score": round(sum(float(r["score"]) * int(r["trials"]) for r in chosen) / n, 4),
                     "seconds": round(sum(float(r["seconds"]) for r in chosen), 3),
                     "seeds_list": seeds_text(sorted(set().union(*(s for s, _ in blocks)))),
-                    "answers": " ".join(str(r["answers"]) for r in chosen),
-                    "outputs": " | ".join(str(r["outputs"]) for r in chosen), "blocks": len(chosen)})
+                    "answers": [a for r in chosen for a in r["answers"]],
+                    "outputs": [o for r in chosen for o in r["outputs"]], "blocks": len(chosen)})
     return out
 
 

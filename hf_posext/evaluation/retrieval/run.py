@@ -40,7 +40,7 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
                        haystack: Haystack | None = None, store=None, ranks=None,
                        reuse_identical: bool = True, progress: bool = True,
                        answer_fn=None, seed_blocks: bool = True, engine=None,
-                       prefix_cache: SharedPrefix | None = None) -> list[dict]:
+                       prefix_cache: SharedPrefix | None = None, stored_only: bool = False) -> list[dict] | None:
     """One row per (length, task, method, factor, depth): `correct` of `trials`, `accuracy`
     with its Wilson 95 % interval (`ci_low`, `ci_high`), RULER's mean `score`, and every
     trial's expected and generated answer (`answers`, `outputs`).
@@ -56,7 +56,8 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
     engine: e.g. `vllm_engine.VllmEngine`: answers come from that engine (`model` may then be its
     weightless `planning_model`); rows and keys carry its name and version.
     prefix_cache: the `decode.SharedPrefix` the cells' prefixes come from (default a new one for
-    this call; the sequential looks pass theirs, kept across looks)."""
+    this call; the sequential looks pass theirs, kept across looks).
+    stored_only: the rows if `store` holds every cell, else None; nothing is computed."""
     run = run or RunInfo()
     check_device(run.device, "device=")
     if run.dtype not in (None, "", "auto") and model_dtype(model) != run.dtype:
@@ -96,8 +97,8 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
                 "max_new_tokens": max(cp.max_new_tokens), "correct": correct,
                 "accuracy": correct / len(scores), "ci_low": round(low, 4), "ci_high": round(high, 4),
                 "score": round(sum(scores) / len(scores), 4),
-                "answers": " ".join("/".join(tr.answers) for tr in cp.trials),
-                "outputs": " | ".join(" ".join(t.split())[:60] for t in texts),
+                # whole, as JSON lists (record.py): per trial its accepted answers, and its text
+                "answers": [list(tr.answers) for tr in cp.trials], "outputs": list(texts),
                 "prefix_tokens": len(cp.prefix), "reuse_prefix": grid.reuse_prefix,
                 "peak_rss_mb": round(peak.peak_mb, 1)}
 
@@ -113,4 +114,4 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
     return run_grid(model, cells, identity=identity, base_row=base_row, compute=compute,
                     result_fields=RESULT_FIELDS, store=store, reuse=reuse_identical,
                     forward_lengths=lambda cell: [prompts(cell).hold_length], ranks=ranks,
-                    progress=progress, desc="retrieval cells")
+                    progress=progress, desc="retrieval cells", stored_only=stored_only)

@@ -124,10 +124,6 @@ class SequentialResult:
         return {s: effective_bounds(d) for s, d in out.items()}
 
 
-class _NotStored(Exception):
-    """A look asked without computing found a cell not stored yet."""
-
-
 def questions_of(grid: RetrievalGrid, trained: int, reference: bool = True) -> list[Question]:
     """One question per (task, method, factor, knobs, length); `reference` False: none is the
     reference (a fixed bar is given instead)."""
@@ -242,8 +238,6 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
         j, computed = len(q.looks) + 1, []
 
         def answer(model_, tokenizer_, cell, reuse_prefix, shared=None):
-            if not compute:
-                raise _NotStored
             computed.append(len(cell.trials))
             extra = {"shared": shared} if shared is not None and takes_shared(answer_fn) else {}
             return answer_fn(model_, tokenizer_, cell, reuse_prefix, **extra)
@@ -253,11 +247,11 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
             seeds=rule.look_seeds(grid.seed, j), layout_seeds=layout,
             skip=tuple(grid.skip) + ((("none", q.length, 1.0),) if q.method != "none" else ()))
         began = clock()
-        try:
-            rows = evaluate_retrieval(model, tokenizer, sub, haystack=haystack, store=store,
-                                      run=dataclasses.replace(run, extra_columns={**run.extra_columns, "look": j}),
-                                      progress=False, answer_fn=answer, prefix_cache=holder)
-        except _NotStored:
+        rows = evaluate_retrieval(model, tokenizer, sub, haystack=haystack, store=store,
+                                  run=dataclasses.replace(run, extra_columns={**run.extra_columns, "look": j}),
+                                  progress=False, answer_fn=answer, prefix_cache=holder,
+                                  stored_only=not compute)
+        if rows is None:   # asked for stored rows only, and this look is not stored yet
             return False
         q.looks.append((sum(int(r["correct"]) for r in rows), sum(int(r["trials"]) for r in rows)))
         q.seconds.append(clock() - began if computed else sum(float(r["seconds"]) for r in rows))
@@ -268,11 +262,12 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
                 r.decision, r.low, r.high = rule.decide(r.correct, r.trials, state.bars[r.task], r.depths)
         state.rows += rows
         if computed:   # rows read back keep what their run recorded
+            decision = dict(decision=q.decision, decision_low=round(q.low, 4), decision_high=round(q.high, 4),
+                            bar=None if state.bars[q.task] is None else round(state.bars[q.task], 4))
             for r in rows:
-                r.update(decision=q.decision, decision_low=round(q.low, 4), decision_high=round(q.high, 4),
-                         bar=None if state.bars[q.task] is None else round(state.bars[q.task], 4))
-            if store is not None and hasattr(store, "flush"):
-                store.flush()   # the decision columns, added after the rows were stored
+                r.update(decision)
+                if store is not None:   # the decision columns, added after the rows were stored
+                    store.update(r["key"], **decision)
             log(f"look {j}/{rule.looks} {q.label()}: {q.correct}/{q.trials} "
                 f"[{q.low:.2f}, {q.high:.2f}] {q.decision} ({q.seconds[-1]:.0f} s)")
         return True

@@ -24,6 +24,7 @@ from ...rope.knobs import RENAMED_TRAINED
 from ...patcher import is_patched, patch, unpatch
 from .distributed import Ranks
 from .identity import computation_signature, config_state, digest
+from .record import identity_settings
 
 NONE_ALIASES = ("none", "default", "original")
 
@@ -129,7 +130,8 @@ class Cell:
     length: int
     protocol: str
     knobs: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)   # protocol settings: window, stride, depth, ...
+    extra: dict = field(default_factory=dict)   # protocol settings in the key: window, depth, ... (record.py)
+    columns: dict = field(default_factory=dict)  # written into the row, never into its key
     as_is: bool = False    # run the model in the state it was given (no patch, no unpatch)
 
     @property
@@ -172,7 +174,8 @@ def plan_jobs(model, cells: Sequence[Cell], identity: dict, forward_lengths: Cal
     for i, cell in enumerate(cells):
         _enter(model, cell)
         try:
-            where = {"length": cell.length, "protocol": cell.protocol, **cell.extra}
+            where = {"length": cell.length, "protocol": cell.protocol,
+                     **identity_settings(cell.protocol, cell.extra)}
             key = digest({**identity, **where, "method": cell.method, "factor": cell.factor,
                           "knobs": cell.knobs, "config": config_state(model)})
             signature = digest({**identity, **where,
@@ -187,7 +190,7 @@ def run_grid(model, cells: Sequence[Cell], *, identity: dict, base_row: dict, co
              result_fields: Sequence[str], forward_lengths: Callable, store=None,
              reuse: bool = True, ranks: Ranks | None = None, progress: bool = True,
              desc: str = "cells", annotate: Callable | None = None,
-             prepare: Callable | None = None) -> list[dict]:
+             prepare: Callable | None = None, stored_only: bool = False) -> list[dict] | None:
     """Run `compute(cell) -> result dict` for every cell that needs it and return one row per
     cell, in cell order. Rows come from, in this order: the store (same key: resume), an earlier
     cell with the same signature (its `result_fields` copied, `same_as` names it), or a forward.
@@ -195,12 +198,17 @@ def run_grid(model, cells: Sequence[Cell], *, identity: dict, base_row: dict, co
     and rank 0 alone writes the store, after every round. `annotate(rows)` may add derived
     columns at the end (before the final write, which puts the rows in cell order).
     `prepare(cells)` hears first which cells this process will compute (e.g. to share one
-    forward between them)."""
+    forward between them). `stored_only`: return the rows only if the store holds every one
+    (nothing computed, nothing written), else None: how a later run reads back what is stored."""
     from tqdm.auto import tqdm
 
     ranks = ranks or Ranks()
     jobs = plan_jobs(model, cells, identity, forward_lengths)
     copy = partial(_row, base_row=base_row, identity=identity, copied=result_fields)
+    if stored_only:
+        if store is None or not all(store.has(j.key) for j in jobs):
+            return None
+        return [store.get(j.key) for j in jobs]
     rows, leaders, followers = _triage(jobs, store, reuse, ranks, copy)
     mine, rounds = _share_out(leaders, ranks)
     if prepare is not None:
@@ -294,7 +302,7 @@ def _row(job: Job, *, base_row: dict, identity: dict, result: dict, copied: Sequ
     source = f"{result['method']} s={result['factor']:g}" if copied is not None else ""
     return {**base_row, "method": cell.method, "factor": cell.factor,
             "factor_spec": cell.factor_spec, "knobs": knob_text(cell.knobs),
-            "length": cell.length, "protocol": cell.protocol, **cell.extra, **values,
+            "length": cell.length, "protocol": cell.protocol, **cell.extra, **cell.columns, **values,
             "seconds": round(seconds, 3), **identity, "signature": job.signature,
             "same_as": source, "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "key": job.key}

@@ -23,6 +23,7 @@ from typing import Protocol
 from filelock import FileLock, Timeout
 
 from ...errors import ConfigError
+from .record import ROW_FIELDS, RecordError, migrate, record_for, rows_text
 
 _IDENTITY_FIELDS = ("model_fingerprint", "dtype", "device", "attn_implementation", "data_hash",
                     "versions")
@@ -40,6 +41,9 @@ class RowStore(Protocol):
 
     def add(self, row: dict, flush: bool = True) -> None: ...
 
+    def update(self, key: str, **columns) -> None:
+        """Set `columns` on the stored row of `key` (e.g. a sequential look's decision) and persist."""
+
     def reorder(self, keys: list[str]) -> None: ...
 
 
@@ -47,15 +51,11 @@ class ResultsError(ConfigError):
     """A results folder that cannot be used as asked; the message says why and what to do."""
 
 
-# What the grid, the tables and the plots read from every stored row (grid._row writes them),
-# and per results file the result it holds: a row without one (an older row format, a row cut
-# by hand) is refused on load, not met as a KeyError after the new cells were computed.
-_ROW_FIELDS = ("method", "length", "protocol")
-_RESULT_FIELDS = {"perplexity": ("perplexity",), "passkey": ("factor_spec", "depth", "accuracy")}
-
-
 def _check_row(path: Path, i: int, row: dict) -> None:
-    needed = _ROW_FIELDS + _RESULT_FIELDS.get(path.stem, ())
+    """A stored row without what the grid, tables and plots read (record.py: every row's fields and
+    its record's results) is refused on load, not met as a KeyError after new cells were computed."""
+    record = record_for(path)
+    needed = ROW_FIELDS + (record.results if record is not None else ())
     missing = [f for f in needed if f not in row]
     if not missing and (isinstance(row["length"], bool) or not isinstance(row["length"], int)):
         missing = ["length (a whole number)"]
@@ -122,8 +122,9 @@ def csv_text(rows: list[dict]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
-    for r in rows:
-        writer.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    for r in rows:   # lists (a retrieval row's answers and outputs) as JSON text, whole
+        writer.writerow({k: ("" if v is None else json.dumps(v) if isinstance(v, list) else v)
+                         for k, v in r.items()})
     return buf.getvalue()
 
 
@@ -168,19 +169,21 @@ class ResultsStore:
             raise ResultsError(f"{self.csv_path} has no {self.json_path.name} beside it (the JSON "
                                "is the source of truth); move the CSV away to start afresh.")
         try:
-            rows = json.loads(self.json_path.read_text(encoding="utf-8"))["rows"]
+            data = json.loads(self.json_path.read_text(encoding="utf-8"))
+            rows = migrate(data, str(self.json_path))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ResultsError(f"{self.json_path} is damaged ({err}); move it away or choose "
                                "another --out.") from None
-        except (KeyError, TypeError):
-            raise ResultsError(f"{self.json_path} is not a hf_posext results file (no 'rows'); "
-                               "move it away or choose another --out.") from None
-        for i, row in enumerate(rows if isinstance(rows, list) else [None]):
+        except RecordError as err:
+            raise ResultsError(str(err)) from None
+        for i, row in enumerate(rows):
             if not isinstance(row, dict) or not row.get("key"):
                 raise ResultsError(f"{self.json_path}: row {i} has no 'key' (edited by hand?); "
                                    "fix or remove that row, or choose another --out.")
             _check_row(self.json_path, i, row)
         self.rows = rows
+        if data.get("schema") is None:
+            self.flush()   # an older file: written once at the current schema (record.py)
         if _read(self.csv_path) != csv_text(rows):
             atomic_write(self.csv_path, csv_text(rows))
             print(f"note: {self.csv_path.name} was missing or damaged; rewritten from "
@@ -212,6 +215,10 @@ class ResultsStore:
         if flush:
             self.flush()
 
+    def update(self, key: str, **columns) -> None:
+        self._index[key].update(columns)
+        self.flush()
+
     def reorder(self, keys: list[str]) -> None:
         """Rows of `keys` in that order, after the rows of earlier runs that are not among them."""
         wanted = set(keys)
@@ -220,7 +227,7 @@ class ResultsStore:
         self.flush()
 
     def flush(self) -> None:
-        atomic_write(self.json_path, json.dumps({"rows": self.rows}, indent=1, default=str) + "\n")
+        atomic_write(self.json_path, rows_text(self.rows))
         atomic_write(self.csv_path, csv_text(self.rows))
 
     def identity_conflicts(self, identity: dict) -> list[str]:
@@ -244,6 +251,9 @@ class RowsView:
         return self._index[key]
 
     def add(self, row: dict, flush: bool = True) -> None:
+        raise RuntimeError("RowsView is read-only: only rank 0 writes results (run_grid).")
+
+    def update(self, key: str, **columns) -> None:
         raise RuntimeError("RowsView is read-only: only rank 0 writes results (run_grid).")
 
     def reorder(self, keys: list[str]) -> None:
