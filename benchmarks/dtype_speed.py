@@ -1,4 +1,4 @@
-"""float32 vs bfloat16 forward time of the embedded SmolLM2-135M on this CPU (issue 19: the demo
+"""float32 vs bfloat16 forward time of the embedded SmolLM2-135M on this CPU (the demo
 uses the faster one, and says why).
 
     python benchmarks/dtype_speed.py [--length 4096] [--reps 3]
@@ -9,8 +9,8 @@ in the matmuls and SDPA alone), the logits discarded; then what `--dtype auto` p
 this model (`fast_dtype` as `hf-posext retrieval` calls it: the GGUF is dequantised at load, so
 the kernel probe decides), to show whether the probe agrees with the forward. bfloat16 can only
 be fast where the CPU has bf16 matmul instructions (AVX512-BF16, AMX); elsewhere PyTorch converts
-and runs slower than float32, and even with them it can be slower (issue 29: a Xeon with
-avx512_bf16 and no AMX). On a loaded machine the whole forward's time is mostly the scheduler's
+and runs slower than float32, and even with them it can be slower (measured on a Xeon
+with avx512_bf16 and no AMX). On a loaded machine the whole forward's time is mostly the scheduler's
 (each small op waits for a slice): the matmul + SDPA column is then the comparison to read.
 """
 

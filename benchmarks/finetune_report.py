@@ -1,4 +1,4 @@
-"""report.md of benchmarks/finetune_retrieval.py, from the stored results only (issues #31, #40).
+"""report.md of benchmarks/finetune_retrieval.py, from the stored results only.
 
 The arms side by side: perplexity of the held-out document; the change at the shortest length
 against the training-free arm; mean NLL past L minus the arm's own sliding baseline's (only
@@ -128,7 +128,7 @@ def report(args, names: list[str], plots: bool = True) -> Path:
             f"{', '.join(args.haystack_list)} (depths {args.depths}, "
             + (f"sequential trials: looks of {args.trials} a depth, at most {args.max_trials}, bar {args.bar:g}"
                if args.sequential else f"{args.trials} trials a cell") + "; accuracy pooled over the depths)")
-    lines = ["# Fine-tuning for the extended context: three arms (issue #31)", "",
+    lines = ["# Fine-tuning for the extended context: three arms", "",
              f"Each arm's checkpoint as saved (YaRN s={args.factor:g} in its config), on `{args.eval_document}` "
              f"(held out of training) and {what}. Made by `python benchmarks/finetune_retrieval.py` (settings in each "
              "arm's done.json).", "",

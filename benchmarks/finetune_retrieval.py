@@ -1,4 +1,4 @@
-"""Does fine-tuning make SmolLM2-135M use its extended context? (issue #31)
+"""Does fine-tuning make SmolLM2-135M use its extended context?
 
 Three arms on the embedded SmolLM2-135M (trained at 8,192 tokens), YaRN s = 2 (16,384), the same
 optimizer steps for the two fine-tuned ones:
@@ -95,7 +95,7 @@ def parse(argv=None) -> argparse.Namespace:
                         "Clopper-Pearson interval over its depths is wholly above or below --bar")
     p.add_argument("--max-trials", type=int, default=None, help="with --sequential: the most trials per depth")
     p.add_argument("--bar", type=float, default=None,
-                   help="with --sequential: the accuracy a cell is decided against (default 0.9, issue #40's target)")
+                   help="with --sequential: the accuracy a cell is decided against (default 0.9, the target accuracy)")
     p.add_argument("--smoke", action="store_true",
                    help="tiny run for the tests: 2 steps, window 128, factor 8, lengths 128,512, 3 trials")
     if p.parse_args(argv).smoke:   # the smoke sizes are defaults: a flag given still wins

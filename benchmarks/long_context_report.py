@@ -16,7 +16,7 @@ from hf_posext.evaluation.shared.record import answers_text, outputs_text, read_
 HERE = Path(__file__).resolve().parent
 EVAL_DIR = HERE / "results" / "eval"
 LENGTHS = (16384, 32768)
-TARGETS = {16384: 0.99, 32768: 1.00}  # issue: best method / sliding 8k, at 2x and 4x
+TARGETS = {16384: 0.99, 32768: 1.00}  # the targets: best method / sliding 8k, at 2x and 4x
 
 
 def _rows(folder: Path, name: str) -> list[dict]:
@@ -26,7 +26,7 @@ def _rows(folder: Path, name: str) -> list[dict]:
 
 def plot_ratios(rows: list[dict], path: Path, title: str) -> Path | None:
     """Ratio to the sliding baseline vs length, one line per method, the baseline at 1 and the
-    issue's targets marked; the unpatched model (ratio 2 and more) is left out and named."""
+    targets (TARGETS) marked; the unpatched model (ratio 2 and more) is left out and named."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -44,7 +44,7 @@ def plot_ratios(rows: list[dict], path: Path, title: str) -> Path | None:
                 linestyle="--" if rope_only else "-", label=label + (" (rope only)" if rope_only else ""))
     ax.axhline(1.0, color="black", linewidth=2, label="unpatched, sliding 8k window (stride 2k)")
     ax.plot(list(TARGETS), list(TARGETS.values()), linestyle="none", marker="_", markersize=18,
-            markeredgewidth=2.5, color="crimson", label="target (issue #9)")
+            markeredgewidth=2.5, color="crimson", label="target")
     none = [f"{format_length(n)}: {cells[(l, n)]['ratio']:.1f}" for l in labels if l.startswith("none (")
             for n in LENGTHS if "ratio" in cells.get((l, n), {})]
     ax.set_xscale("log", base=2)

@@ -1,4 +1,4 @@
-"""Why does an arm miss the needle? (issue #40, item 3) Per arm, length, task, depth and trial seed:
+"""Why does an arm miss the needle? Per arm, length, task, depth and trial seed:
 the right answer's loss teacher-forced after the prompt, the attention the prompt's last position
 pays to the needle (beside a control span of equal length far from it), and the greedy answer,
 scored by the suite (`hf_posext.evaluation.retrieval.probe`; prompts by the suite's builder on

@@ -15,7 +15,7 @@ ones move less when other work shares the cores). Runs `--reps` rounds of every 
 - suffix: the same forward under `attention.continuation` (cached keys unmasked + the new ones
   causal, merged by log-sum-exp), what the suite runs;
 - trial: the suite's own trial (`decode.generate_trial` under it, one new token: fork +
-  generate + the suffix), the figure issue 37 asks to be at most 0.65 of full;
+  generate + the suffix), the figure targeted at no more than 0.65 of full;
 - trial, answer: the same with `--answer-tokens` new tokens (default 8, single_needle's budget in
   the committed grid): the suffix plus that many decode steps over the 8k cache, each on one
   thread (`decode.one_thread_steps`), the fork's layers reserving the trial's whole length

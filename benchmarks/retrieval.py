@@ -8,7 +8,7 @@ after the other would compare two loads, not two methods). The full-prefill side
 linear in the trial count and is scaled to `--trials`) and must give the same answers as the
 cached side on those trials (a check on the real model of tests/test_retrieval_decode.py).
 
-The target grid (issue 29): lengths 8k and 16k, 5 depths, 20 trials per cell, single-needle,
+The target grid: lengths 8k and 16k, 5 depths, 20 trials per cell, single-needle,
 methods none / yarn / dual_chunk (README: the best attention-level method at 2x), in <= 30 min on
 2 CPU cores.
 

@@ -1,4 +1,4 @@
-"""Sequential trials against the fixed design, both run live in one invocation (issue #37).
+"""Sequential trials against the fixed design, both run live in one invocation.
 
 `benchmarks/retrieval_sequential.py` replays committed trials and simulates a live run; this
 script measures one: the same `hf-posext retrieval` arguments run twice, one after the other on
@@ -195,7 +195,7 @@ def report(args, walls: dict[str, float], margin: float) -> str:
                  f"| | | {tk}/{tn} |")
     run_text = "; ".join(f"{d} {walls[d]:.1f} s" for d in walls) or "resumed: see the rows' seconds"
     return "\n".join([
-        "# Sequential trials against the fixed design, live (issue #37)", "",
+        "# Sequential trials against the fixed design, live", "",
         "Made by `python benchmarks/retrieval_live.py " + " ".join(args.argv) + "`: the same "
         "`hf-posext retrieval` arguments run sequentially, then as the fixed design, in one invocation. "
         f"Trials and wall time per question are the rows' (`seconds`: a cell's compute); this invocation's wall "
@@ -267,7 +267,7 @@ def against_report(args, margin: float) -> str:
         lines.append("\n" + task + ": " + "; ".join(f"{name}'s reference {k}/{n}, bar {k / n - margin:.2f}"
                                                    for (k, n), name in refs if n) + f" (margin {margin:g})")
     return "\n".join([
-        "# A stored sequential run against stored fixed-design rows (issue #37)", "",
+        "# A stored sequential run against stored fixed-design rows", "",
         "Made by `python benchmarks/retrieval_live.py " + " ".join(args.argv) + f"`: nothing run; the rows of "
         f"{args.out / 'sequential'} against those of {args.against}. Wall time per question is the rows' "
         "(`seconds`: a cell's compute); the fixed design's is estimated from the sequential run's own looks of "

@@ -1,6 +1,6 @@
 """The README's retrieval figures, from committed results only: the 2x grid of `hf-posext
 retrieval` (its summary, cost, plots) and lm-evaluation-harness's RULER `niah_single_1` for the
-same model, method and lengths, side by side (issue 29).
+same model, method and lengths, side by side.
 
     python benchmarks/retrieval_report.py --import-lm-eval /tmp/lm-eval-8192 /tmp/lm-eval-16384
     python benchmarks/retrieval_report.py          # report.md from the committed rows
@@ -62,7 +62,7 @@ def report(out: Path) -> Path:
     # the plots `hf-posext retrieval` draws, drawn again from every row of the folder (both runs)
     plot_all(every, out, f"{rows[0]['model']} ({rows[0]['dtype']}), {rows[0]['dataset']} haystack, "
                         f"{trials_text(every)}")
-    lines = ["# Retrieval at 2x: the built-in suite and lm-evaluation-harness (issue 29)", "",
+    lines = ["# Retrieval at 2x: the built-in suite and lm-evaluation-harness", "",
              "Made by `python benchmarks/retrieval_report.py` from the rows of", "", "```bash",
              GRID_COMMAND, NIAH_COMMAND, *([NIAH_MORE_COMMAND] if _has_block(rows, "niah_single") else []),
              "```", "",

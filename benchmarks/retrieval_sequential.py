@@ -1,4 +1,4 @@
-"""Sequential trials on the committed 2x grid, replayed (issue 37): the trials the rule of
+"""Sequential trials on the committed 2x grid, replayed: the trials the rule of
 `hf-posext retrieval --sequential` (evaluation/retrieval/sequential.py) needs for each decision
 against the fixed design's, and whether its decisions equal the committed ones. A REPLAY of the
 committed per-trial outcomes (scored again, in seed order), not a rerun; plus a simulated live
@@ -29,7 +29,7 @@ from hf_posext.evaluation.shared.record import read_rows  # noqa: E402
 GRID = ROOT / "benchmarks" / "results" / "retrieval-2x" / "retrieval.json"
 OUT = ROOT / "benchmarks" / "results" / "retrieval_sequential.md"
 COMMAND = "python benchmarks/retrieval_sequential.py"
-SCOPE = ("single_needle", "niah_single")   # the tasks issue 37's done-when names
+SCOPE = ("single_needle", "niah_single")   # the tasks the cost target is set on
 
 
 def outcomes(rows: list[dict]) -> dict[tuple, dict[float, list[bool]]]:
@@ -293,7 +293,7 @@ def floor(rows: list[dict], rule: SequentialRule, margin: float) -> tuple[float,
 def zones(rows: list[dict], rule: SequentialRule, margin: float, runs: int) -> list[str]:
     """The live-run cost and the calls at several indifference zones (`--indifference`): the
     trials against the fixed design's, and the questions whose call differs from the fixed one."""
-    lines = ["| boundary | indifference | simulated live run: trials (of the fixed design's) | the same, single_needle and niah_single only (issue 37's scope) | floor: what any count-based rule at this confidence needs (`floor`) | questions not surely called as the fixed design (undecided or opposite; simulated, mean per run) | replay: decided / as fixed |",
+    lines = ["| boundary | indifference | simulated live run: trials (of the fixed design's) | the same, single_needle and niah_single only (the target's scope) | floor: what any count-based rule at this confidence needs (`floor`) | questions not surely called as the fixed design (undecided or opposite; simulated, mean per run) | replay: decided / as fixed |",
              "|---|---|---|---|---|---|---|"]
     for boundary, delta in ((b, d) for b in ("bonferroni", "exact") for d in (0.0, 0.05, 0.10)):
         zoned = dataclasses.replace(rule, indifference=delta, boundary=boundary)

@@ -1,4 +1,4 @@
-"""What one forward serving several lengths saves (issue 19's target: a length grid
+"""What one forward serving several lengths saves (the target: a length grid
 {2k, 4k, 8k, 16k} for a static method at a fixed s costs <= 1.1x one 16k forward per method).
 
     python benchmarks/shared_forward.py [--lengths 2048,4096,8192,16384] [--method yarn]

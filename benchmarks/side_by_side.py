@@ -1,4 +1,4 @@
-"""Issue #41's side by side: YaRN, CoPE, DPE, the search under each objective and the best
+"""The side by side: YaRN, CoPE, DPE, the search under each objective and the best
 attention-level method, on the embedded SmolLM2-135M at 2x (16k) and 4x (32k), on text none
 was tuned on.
 

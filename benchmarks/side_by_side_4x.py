@@ -1,4 +1,4 @@
-"""The 4x section of issue #41's side-by-side page (results/side_by_side.md): per-position
+"""The 4x section of the side-by-side page (results/side_by_side.md): per-position
 perplexity of every method at the 4x length (no retrieval there), its plot
 (side_by_side_<size>.png), DPE's detection and the searches at that length, each read by
 side_by_side_report.py's readers from the rows side_by_side.py's `dpe32`, `search32` and `eval32`

@@ -1,8 +1,8 @@
-"""The side-by-side page of issue #41 (results/side_by_side.md and its .png) from what
+"""The side-by-side page (results/side_by_side.md and its .png) from what
 benchmarks/side_by_side.py wrote under results/side-by-side/ and results/dpe/. Every figure is
 read from those files, never typed in; a step not run yet (or still running) reads "not run" in
 its cells, so the page can be written at any point of the run. The "Reading it" section (after the
-table and plot) is the lead's: a page that has one keeps it when the report is rewritten. What was run (texts, length,
+table and plot) is written by hand: a page that has one keeps it when the report is rewritten. What was run (texts, length,
 knobs, searches, the commands) comes from side_by_side.py as one `Setup` per length: this module
 does not import the script that imports it (tests/test_layout.py: no import circle between scripts).
 The 4x section is side_by_side_4x.py's, built from these readers and passed in by the script."""
@@ -289,7 +289,7 @@ def _commands(setup: Setup) -> list[str]:
 
 
 def _kept_reading(page: Path) -> list[str]:
-    """The lead's "Reading it" section of the page as it is (to its end or the next `## `)."""
+    """The hand-written "Reading it" section of the page as it is (to its end or the next `## `)."""
     if not page.exists():
         return []
     text = page.read_text()
@@ -354,7 +354,7 @@ def write_report(out_dir: Path, page_path: Path, setup: Setup, sections: Sequenc
     L = next((int(r["trained_length"]) for r in every), None)
     folder = _rel(out_dir, page_path)
     text = [f"# Side by side at {n}{f' (s = {setup.target / L:g})' if L else ''}: per-dimension methods, "
-            "the search's two objectives, YaRN and the best attention-level method (issue #41)", "",
+            "the search's two objectives, YaRN and the best attention-level method", "",
             f"Extended to {setup.target} tokens; tuned on {tuned} where a method tunes, measured on "
             f"{held_out} ({setup.held_out}) and on the retrieval suite's prompts, neither of which any "
             "method was tuned on. Written by `python benchmarks/side_by_side.py report` from "

@@ -1,6 +1,6 @@
 """Retrieval cells on transformers + hf_posext and on vLLM, in one run: greedy answers compared
 trial by trial, per-position prompt logprobs of one long document compared, lm-eval's RULER task
-on both routes, each engine timed (benchmarks/results/vllm_parity.md; issue 39).
+on both routes, each engine timed (benchmarks/results/vllm_parity.md).
 
     VLLM_CPU_KVCACHE_SPACE=4 python benchmarks/vllm_parity.py --vllm-python .venv-vllm/bin/python \\
         --methods yarn,linear --factor 2 --lengths 8192,16384 --tasks single_needle,niah_single \\

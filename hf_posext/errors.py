@@ -68,7 +68,7 @@ def one_line(prog: str, err: BaseException) -> str:
 
 def refuse_renamed(fn: str | None, kwargs, renamed: dict[str, str]) -> None:
     """A keyword the API renamed (old name -> new name) fails with a TypeError naming the new one,
-    before any work: one name per input, never an alias (issue #36; `settings.settings_only` does
+    before any work: one name per input, never an alias (`settings.settings_only` does
     the same for the grid's fields). `fn` None: `kwargs` are a method's knobs (`--knobs`, a
     grid's knobs, a recipe's `model.knobs`), refused with a ValueError in the knobs' words."""
     for old, new in renamed.items():

@@ -1,4 +1,4 @@
-"""The rule every case of the bad-inputs suite (tests/test_bad_inputs*.py, issue 17) is held to: a
+"""The rule every case of the bad-inputs suite (tests/test_bad_inputs*.py) is held to: a
 bad input is refused with a one-line error naming the problem, raised before any weights load;
 the command line exits with status 2 (1 for a run that cannot continue) and one `error:` line,
 no traceback. The suite's cases were first an adversarial probe (305 inputs over the API, the

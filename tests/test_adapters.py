@@ -1,4 +1,4 @@
-"""PEFT round trip (issue 8, Build 5): a LoRA adapter trained on an extended model comes back
+"""PEFT round trip: a LoRA adapter trained on an extended model comes back
 extended through PEFT's usual one-liners after `hf_posext.save_adapter`."""
 
 import pytest
@@ -41,7 +41,7 @@ def assert_extended(model):
 
 
 def test_plain_peft_save_reloads_the_unextended_base(lora_on_extended):
-    """The issue: peft's own save points at the checkpoint the base was loaded from."""
+    """The problem: peft's own save points at the checkpoint the base was loaded from."""
     model, tmp = lora_on_extended
     model.save_pretrained(tmp / "adapter")
     reloaded = peft.AutoPeftModelForCausalLM.from_pretrained(tmp / "adapter", attn_implementation="eager")

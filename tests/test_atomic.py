@@ -1,5 +1,5 @@
-"""Patches never half-apply, configs are always valid, argument errors come before weights load
-(issue 8, Build 3). Each failure case of the issue is a test here."""
+"""Patches never half-apply, configs are always valid, argument errors come before weights load.
+Each failure case is a test here."""
 
 import copy
 import dataclasses
@@ -31,7 +31,7 @@ def assert_unchanged(model, before):
 
 @pytest.mark.parametrize("first", [None, "yarn", "dynamic_yarn"])
 def test_llama3_without_knobs_leaves_the_previous_patch(arch, tmp_path, first):
-    """The issue's case: yarn, then llama3 without its knobs -> used to leave yarn modules under
+    """The original case: yarn, then llama3 without its knobs -> used to leave yarn modules under
     a plain config with is_patched True, and save_pretrained wrote plain RoPE."""
     model = tiny_model(arch)
     if first:

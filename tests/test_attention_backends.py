@@ -75,7 +75,7 @@ def test_backend_errors_name_the_fix(backend, message):
 
 
 def test_forward_sets_no_thread_count(monkeypatch, tokens):
-    """torch.set_num_threads is process-wide: a forward must not call it (issue 18 item 3)."""
+    """torch.set_num_threads is process-wide: a forward must not call it."""
     model = hf_posext.patch(tiny_model("llama", attn_implementation="sdpa"), "string",
                             shifted_offset=21, local_value=5)
 

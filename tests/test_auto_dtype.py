@@ -26,7 +26,7 @@ def test_auto_dtype_without_bf16_flags_measures_nothing(tmp_path, monkeypatch):
     (1.0, 0.5, "bfloat16"),      # 2x faster
     (1.0, 1 / 1.2, "bfloat16"),  # 20 % faster
     (1.0, 1 / 1.05, "float32"),  # 5 % faster: under the 10 % the rule asks
-    (1.0, 1.45, "float32"),      # slower (the Xeon of issue 29)
+    (1.0, 1.45, "float32"),      # slower (a Xeon with avx512_bf16, no AMX)
 ])
 def test_auto_dtype_with_bf16_flags_follows_the_probe(float32, bfloat16, chosen, tmp_path, monkeypatch,
                                                        capsys):

@@ -1,4 +1,4 @@
-"""Adversarial inputs (issue 17): each is one clear error naming the fix, before heavy work, and
+"""Adversarial inputs: each is one clear error naming the fix, before heavy work, and
 leaves nothing written; the recipe never unpickles a file it did not write."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad inputs to the Python API (issue 17; the rule: tests/_badinputs.py): `patch` with every
+"""Bad inputs to the Python API (the rule: tests/_badinputs.py): `patch` with every
 method and each bad factor, on a model without RoPE, with bad method names, knobs and target
 lengths; `from_pretrained` with bad arguments and hand-edited config.json files. Each is a
 one-line error naming the problem before any weights load, and leaves the model unpatched."""
@@ -83,7 +83,7 @@ def test_patch_refuses_a_bad_target_length(target, value):
 
 
 def test_patch_refuses_the_old_name_of_the_target_length():
-    """One name per input (issue #36): transformers' config key is not an alias of target_length."""
+    """One name per input: transformers' config key is not an alias of target_length."""
     refused(lambda: hf_posext.patch(tiny_model(), "yarn", max_position_embeddings=4 * TRAINED),
             "patch() has no keyword max_position_embeddings=", f"pass target_length={4 * TRAINED}")
 

@@ -1,4 +1,4 @@
-"""Bad inputs to the command line (issue 17; the rule: tests/_badinputs.py): `hf-posext eval`,
+"""Bad inputs to the command line (the rule: tests/_badinputs.py): `hf-posext eval`,
 `passkey`, `check`, `export` and `search`, each flag's bad values, missing or wrong models,
 datasets and folders. Each exits with one `error:` line naming the flag or file, before any
 weights load, and writes nothing."""
@@ -85,7 +85,7 @@ def test_passkey_refuses(flags, assets, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("argv,says", [([], "required: command"), (["evaluate"], "invalid choice: 'evaluate'"),
+@pytest.mark.parametrize("argv,says", [([], "required: COMMAND"), (["evaluate"], "invalid choice: 'evaluate'"),
                                        (["eval", "--lenghts", "4k"], "unrecognized arguments: --lenghts")])
 def test_cli_refuses_a_bad_command(argv, says, capsys):
     cli_refused(argv, capsys, says)

@@ -1,4 +1,4 @@
-"""Adversarial inputs, second round (issue 27 item 4): each is a one-line error naming the problem
+"""Adversarial inputs, second round: each is a one-line error naming the problem
 and the fix, before any weight loads, or simply works. Kept apart from test_bad_inputs.py (400
 lines; the rule: tests/_badinputs.py)."""
 
@@ -170,7 +170,7 @@ def test_zero_heads_is_named_by_check_and_load(tmp_path, capsys):
 
 # ------------------------------------------------------------------ STRING's reach
 def _farthest(T, S, W):
-    """STRING's definition (An et al. 2024; REFERENCE.md §9): d kept below S, d − S + W from S."""
+    """STRING's definition (An et al. 2024, arXiv 2410.18745): d kept below S, d − S + W from S."""
     return max(d if d < S else d - S + W for d in range(T))
 
 

@@ -1,4 +1,4 @@
-"""Bad recipe configurations (issue 17; the rule: tests/_badinputs.py): every flag and YAML file
+"""Bad recipe configurations (the rule: tests/_badinputs.py): every flag and YAML file
 below is refused by `recipes/finetune.py` with a one-line error naming the key, before the model
 loads, and the output folder is not created. (The recipe's runs, resumes and checkpoints:
 test_bad_inputs.py.)"""

@@ -1,4 +1,4 @@
-"""`hf-posext check` reads the whole config.json (issue 17 item 2, issue 16 item 5): attention-level
+"""`hf-posext check` reads the whole config.json: attention-level
 methods are "lost" where they are, contradictions between the layouts / the block / non-finite
 values are reported, and the context length and RoPE-base warnings follow their sources.
 

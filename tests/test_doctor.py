@@ -1,5 +1,5 @@
 """`hf-posext check`'s doctor on real configs (tests/fixtures/rope_configs, SOURCES.md there) and
-the broken variants users report (issue 38).
+the broken variants users report.
 
 References: transformers itself (what it loads from each config, in the running version), the
 engines' length and YaRN-scale formulas written here from their source (vLLM
@@ -188,7 +188,7 @@ def test_explicit_attention_factor_ignored_by_older_vllm():
 
 def test_ministral3_mscale_pair_in_older_vllm():
     """vllm #48621: Ministral 3 (factor 16, mscale = mscale_all_dim = 1): transformers runs 1.0,
-    vLLM's generic YaRN before the fix 0.1·ln 16 + 1 = 1.2773 (the issue's own number)."""
+    vLLM's generic YaRN before the fix 0.1·ln 16 + 1 = 1.2773 (the number vllm #48621 gives)."""
     finding = found("ministral-3-3b")["yarn-attention-keys"]
     assert "1.27726 (27.7% off)" in finding.off and round(0.1 * math.log(16) + 1, 4) == 1.2773
     assert "copy of the checkpoint" in finding.fix   # SGLang also multiplies attn_factor in

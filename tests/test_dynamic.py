@@ -1,4 +1,4 @@
-"""Dynamic methods without call history (issue 8, Build 4): a forward's output depends on its own
+"""Dynamic methods without call history: a forward's output depends on its own
 input only, whatever lengths the module saw before; and the fine-tuned dynamic YaRN mode."""
 
 import math

@@ -1,4 +1,4 @@
-"""Per-position results (issue 19): position buckets, one forward serving several lengths, the
+"""Per-position results: position buckets, one forward serving several lengths, the
 derived columns (ratio beyond L, short-context regression, bits per byte, spread over documents)
 and the NLL-vs-position plot.
 

@@ -1,4 +1,4 @@
-"""Distributed evaluation (issue 11): under `torchrun` with 2 gloo ranks on CPU, `hf-posext eval`
+"""Distributed evaluation: under `torchrun` with 2 gloo ranks on CPU, `hf-posext eval`
 and `passkey` share the cells out and rank 0 writes one results file equal to a single-process
 run's (timings aside); resume works across ranks.
 

@@ -121,7 +121,7 @@ def test_table_and_plot(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 
 
-# the last two: a flat curve, exactly and up to rounding (an IndexError before: issue 40's tiny arm)
+# the last two: a flat curve, exactly and up to rounding (an IndexError before, on a tiny fine-tuned arm)
 @pytest.mark.parametrize("lo,hi", [(24.4, 80.0), (30.3, 33.0), (2.0, 5000.0), (1.01, 1.02), (7.5, 7.5),
                                    (1.0, 1.0000000001)])
 def test_log_ticks_span_the_data(lo, hi):

@@ -1,4 +1,4 @@
-"""Results that cannot be silently wrong (issue 10): a result's identity covers the model's
+"""Results that cannot be silently wrong: a result's identity covers the model's
 content, dtype, device, attention and data; resume and reuse never cross identities; one writer
 per results folder; damaged files are refused or repaired; bad inputs fail before a model loads."""
 

@@ -1,5 +1,5 @@
-"""`export` writes atomically and refuses bad outputs in one line (issue 17 item 3), and
-`--target gguf` writes the keys llama.cpp's runtime reads (issue 16 item 3).
+"""`export` writes atomically and refuses bad outputs in one line, and
+`--target gguf` writes the keys llama.cpp's runtime reads.
 
 The GGUF references: llama.cpp's runtime formula (src/llama-context.cpp: the YaRN cos/sin scale is
 ggml's 1 + 0.1·ln s times `{arch}.rope.scaling.attn_factor`; src/llama-model.cpp reads no

@@ -1,4 +1,4 @@
-"""Every supported RoPE family beyond Llama/Mistral (issue 8, Build 6), each with a tiny random
+"""Every supported RoPE family beyond Llama/Mistral, each with a tiny random
 config: frequencies against the formulas, logits against a plain-RoPE model built by
 transformers, patch/unpatch, save/reload, history-free dynamic rope. Gemma 3 extends only its
 global-attention rope; its local (sliding-window) rope keeps rope_local_base_freq."""

@@ -1,4 +1,4 @@
-"""benchmarks/finetune_report.py (issue #40): the report of benchmarks/finetune_retrieval.py stands
+"""benchmarks/finetune_report.py: the report of benchmarks/finetune_retrieval.py stands
 for every grid the script accepts: several tasks and haystacks, two training seeds (with how far
 they differ), a grid without a length past L (no sliding baseline: "—"), an arm not finished (left
 out). Perplexity rows are the committed experiment's; retrieval rows are made up here, and the

@@ -1,4 +1,4 @@
-"""benchmarks/finetune_retrieval.py (issue #31): `--help` does nothing else, and `--smoke` runs the
+"""benchmarks/finetune_retrieval.py: `--help` does nothing else, and `--smoke` runs the
 three arms end to end on a tiny random model (train, `hf-posext eval`, the retrieval suite,
 report), then
 skips every finished arm on a rerun."""
@@ -169,7 +169,7 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path, capsys, monkey
 
 @pytest.mark.slow
 def test_smoke_of_the_generalization_grid(tmp_path, capsys, monkeypatch):
-    """Issue #40's grid, tiny: two tasks, RULER's noise and a held-out document as haystacks,
+    """The generalization grid, tiny: two tasks, RULER's noise and a held-out document as haystacks,
     sequential looks against a fixed bar, two training seeds of the mix arm; resumable."""
     assets = make_assets(tmp_path / "assets", archs=("llama",))
     rng = random.Random(1)
@@ -236,7 +236,7 @@ def test_committed_report_is_its_rows_and_the_readme_quotes_it(tmp_path, capsys,
 
 def test_the_report_line_of_a_grid_within_the_trained_length():
     """A grid with no length past L has no sliding baseline: the arm's line says "—" there instead
-    of dying in the report after the training (issue #40: a raw StopIteration after 45 minutes)."""
+    of dying in the report after the training (it once died with a raw StopIteration after 45 minutes)."""
     script = runpy.run_path(str(ROOT / "benchmarks" / "finetune_report.py"), run_name="finetune_report")
     rows = [{"trained_length": 8192, "protocol": "truncate", "length": 4096, "perplexity": 20.0}]
     line = script["arm_line"]("mix", rows, [], None, [8192])

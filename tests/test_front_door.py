@@ -1,4 +1,4 @@
-"""The front door (issue #36): `hf_posext.__all__` is the user API and nothing else, both
+"""The front door: `hf_posext.__all__` is the user API and nothing else, both
 evaluation entry points among it, and `patch` takes either config class."""
 
 import inspect

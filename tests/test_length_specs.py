@@ -198,7 +198,7 @@ def test_a_checkpoint_transformers_wrote_loads_re_extends_and_saves_its_key(tmp_
 
 
 def test_a_block_written_before_the_rename_still_loads(tmp_path):
-    """hf_posext's own block held L under transformers' key before issue #36: still read."""
+    """hf_posext's own block held L under transformers' key before the rename: still read."""
     hf_posext.patch(tiny_model(), "ntk", 4.0).save_pretrained(tmp_path)   # plain RoPE + the block
     data = json.loads((tmp_path / "config.json").read_text())
     data["hf_posext"][OLD] = data["hf_posext"].pop(NEW)

@@ -130,7 +130,7 @@ def test_yarn_temperature_per_reader(tmp_path, method, knobs, temperature):
     """Older vLLM and SGLang scale cos/sin by attn_factor × (0.1·ln s + 1) and read no
     `attention_factor`; current vLLM reads it as transformers does; llama.cpp's runtime reads
     neither the converter's yarn_attn_factor nor its betas (src/llama-model.cpp): it runs
-    0.1·ln s + 1 and betas 32/1 (measured: issue 16)."""
+    0.1·ln s + 1 and betas 32/1 (measured)."""
     path, _ = saved(tmp_path, method, **knobs)
     got = verdicts(path)
     own = 0.1 * math.log(S) + 1

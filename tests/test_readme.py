@@ -89,7 +89,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_readme_is_a_five_minute_read():
-    """The README says what it is, how to install, test and start, and links the rest (issue #28):
+    """The README says what it is, how to install, test and start, and links the rest:
     narratives and full result tables live in docs/."""
     assert len(README.splitlines()) <= 150
 

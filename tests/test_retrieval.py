@@ -199,7 +199,7 @@ def test_command_end_to_end_and_resume(model_dir, capsys, tmp_path):
 
 
 def test_dtype_auto_means_the_measured_dtype_for_every_command():
-    """`--dtype auto` is the measured faster dtype in every grid command (issue #37: eval,
+    """`--dtype auto` is the measured faster dtype in every grid command (eval,
     passkey and retrieval alike), and each command's help says so."""
     from hf_posext import cli
     sub = next(a for a in cli.build_parser()._actions if a.choices and "retrieval" in a.choices).choices

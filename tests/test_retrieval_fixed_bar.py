@@ -1,4 +1,4 @@
-"""`evaluate_sequential(..., bar=b)` (issue #40's target accuracy as the bar): no cell is a
+"""`evaluate_sequential(..., bar=b)` (a target accuracy as the bar): no cell is a
 reference, a grid needs no length within L, and a cell stops at the look whose Clopper-Pearson
 bound clears b. At k = n the lower bound has the closed form tail^(1/n) (and the upper bound at
 k = 0 is 1 - tail^(1/n)), the reference the decisions are checked against here."""

@@ -107,7 +107,7 @@ def test_clear_cells_stop_early():
 
 def test_a_fixed_interval_read_at_every_look_breaks_the_rate():
     """The check above can fail: a 0.90 bound without the split, read after every look, decides
-    wrongly more often than 10 % at p on the bar (REFERENCE §11)."""
+    wrongly more often than 10 % at p on the bar (Armitage, McPherson & Rowe 1969)."""
     class Naive(SequentialRule):
         def interval(self, k, n, bar=None, depths=None):
             return clopper_pearson(k, n, 1 - self.confidence)
@@ -244,6 +244,8 @@ def test_no_length_within_the_trained_one_is_an_error(model, tmp_path):
     (["--prefix-cache-gb", "2"], "--prefix-cache-gb is for sequential trials"),
     (["--sequential", "--prefix-cache-gb", "-1"], "--prefix-cache-gb must be >= 0"),
     (["--sequential", "--prefix-cache-gb", "nan"], "--prefix-cache-gb must be >= 0"),
+    (["--bar", "0.7"], "--bar is for sequential trials"),
+    (["--sequential", "--bar", "1.5"], "--bar must be an accuracy in (0, 1]"),
 ])
 def test_bad_sequential_flags_fail_before_loading(extra, message, tmp_path, capsys, monkeypatch):
     import hf_posext.cli as cli
@@ -355,3 +357,26 @@ def test_a_methods_first_look_is_estimated_at_its_own_pace():
     assert _estimate(dc16, state, rule, Budget(seconds=60)) == pytest.approx(238.0)
     assert _estimate(yarn16, state, rule, Budget(seconds=60)) == pytest.approx(238.0)   # its own looks
     assert _estimate(dc16, state, rule, Budget(trials=10)) == 20.0     # trials: the look's size
+
+
+def test_command_with_a_fixed_bar_asks_the_unpatched_model_within_l_only(tmp_path, capsys, monkeypatch):
+    """`--bar 0.5`: every cell is decided against 0.5 (the closed-form bound 0.05^(1/8) = 0.69 at
+    8/8), no reference runs in full, and the unpatched model is not asked past L."""
+    import hf_posext.cli as cli
+    from hf_posext.evaluation.retrieval import schedule
+    from _evalkit import TINY
+    from transformers import LlamaConfig, LlamaForCausalLM
+    path = tmp_path / "tiny"
+    LlamaForCausalLM(LlamaConfig(**{**TINY, "max_position_embeddings": L})).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    stub = Stub()
+    monkeypatch.setattr(schedule, "answer_cell", stub)
+    argv = ["retrieval", "--model", str(path), "--lengths", "700,1400", "--methods", "yarn", "--factor", "2",
+            "--depths", "0,1", "--trials", "4", "--max-trials", "8", "--confidence", "0.9",
+            "--boundary", "bonferroni", "--sequential", "--bar", "0.5",
+            "--out", str(tmp_path / "r"), "--no-progress", "--no-plot"]
+    assert cli.main(argv) == 0
+    rows = read_rows(tmp_path / "r" / "retrieval.json")
+    assert {(r["method"], r["length"]) for r in rows} == {("none", 700), ("yarn", 700), ("yarn", 1400)}
+    assert {r["bar"] for r in rows} == {0.5}
+    assert len(stub.asked) == 3 * 8   # three questions, each decided at its first look (4 trials x 2 depths)

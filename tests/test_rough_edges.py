@@ -1,4 +1,4 @@
-"""The rough edges a new user meets first (issue 38 item 3): each simply works, or is a one-line
+"""The rough edges a new user meets first: each simply works, or is a one-line
 error naming the problem and the fix before any weight loads.
 
 1. `hf-posext lm-eval` defaults to its own model type and hands RULER a folder with the tokenizer
@@ -126,7 +126,7 @@ def test_lm_eval_hf_type_cannot_read_the_embedded_name(capsys, no_load):
 
 @pytest.mark.slow
 def test_lm_eval_runs_ruler_on_the_embedded_model_offline(tmp_path, monkeypatch):
-    """The issue's command on the embedded GGUF model, no --model, no tokenizer=: lm-eval's own
+    """The documented lm-eval command on the embedded GGUF model, no --model, no tokenizer=: lm-eval's own
     niah_single_1 runs offline (1k tokens, one sample, to be quick)."""
     pytest.importorskip("lm_eval")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -42,7 +42,7 @@ def doc():
 
 def test_the_public_search_is_the_gradient_search():
     """`hf_posext.search_factors` (README) is the keyword function; `hf_posext.search` is the
-    package of that name, not shadowed by it (issue #36), and read by `from hf_posext.search import`."""
+    package of that name, not shadowed by it, and read by `from hf_posext.search import`."""
     import inspect
     import types
 

@@ -1,4 +1,4 @@
-"""benchmarks/side_by_side_4x.py (issue #41's 4x section) on hand-made rows: each ratio is the
+"""benchmarks/side_by_side_4x.py (the side-by-side page's 4x section) on hand-made rows: each ratio is the
 perplexity over a span / the sliding baseline's over the same tokens, computed here from the
 bucket sums by hand; a step not run reads "not run"; searches of different budgets say so."""
 

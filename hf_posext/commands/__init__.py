@@ -1,6 +1,7 @@
 """The command line's one home: a module per `hf-posext` subcommand (`hf_posext/cli.py` only
 builds the parser from them and runs the chosen one).
 
+    methods.py     `hf-posext methods`: the methods and their knobs
     extend.py      `hf-posext extend`: a base model to an extended checkpoint with its model card
     extend_eval.py `hf-posext extend --eval`: the quick check whose figures go into the card
     compare.py     `hf-posext compare`: several runs' summaries side by side

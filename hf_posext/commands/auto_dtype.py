@@ -1,4 +1,4 @@
-"""`--dtype auto` (issue 29): bfloat16 where it is the faster dtype, measured on the machine.
+"""`--dtype auto`: bfloat16 where it is the faster dtype, measured on the machine.
 
 A CPU's bf16 flags say only that oneDNN *can* run bf16 matmuls natively, not that they are faster:
 on a Xeon with avx512_bf16 and no AMX the embedded SmolLM2-135M runs a 2,048-token forward in

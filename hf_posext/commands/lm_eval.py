@@ -1,15 +1,20 @@
-"""`hf-posext lm-eval ...`: lm-evaluation-harness with the `hf-posext` model type registered
-(hf_posext/evaluation/integrations/harness.py). Every argument after `lm-eval` is lm-eval's own:
+"""`hf-posext lm-eval [lm-eval's arguments]`: lm-evaluation-harness on a patched model, through
+the `hf-posext` model type (the default here). Every argument is lm-eval's own; hf_posext's part
+is what `--model_args` takes:
 
-    hf-posext lm-eval --model_args pretrained=PATH,method=yarn,factor=2 \\
-        --tasks niah_single_1 --metadata '{"max_seq_lengths":[8192]}' --limit 5
+    pretrained=MODEL    a folder, a Hub id, or embedded:smollm2-135m
+    method=M            the method (default none: the model as saved); `hf-posext methods` lists them
+    factor=S            the scale s >= 1, or auto (s = each task length / the trained length)
+    KNOB=VALUE          any knob of the method, e.g. beta_fast=64 (`hf-posext methods M`)
+    gguf_file=F, dtype=D, max_length=N, ...   lm-eval's `hf` model arguments, passed on
 
-`--model` defaults to `hf-posext` (lm-eval's own default, `hf`, cannot read
-`embedded:smollm2-135m`); `--model hf-posext-vllm` runs the same extension in vLLM, with the
-arguments `hf-posext serve` derives (lm_eval_vllm.py). The `hf-posext` model_args (method, factor, knobs) are checked before
-lm-eval loads anything; a model whose tokenizer is inside a GGUF (the embedded default, or
-`gguf_file=`) gets `tokenizer=<a folder it is saved to once>`, which RULER's tasks need.
-Needs the `lmeval` extra: pip install 'hf_posext[lmeval]'.
+    hf-posext lm-eval --model_args pretrained=embedded:smollm2-135m,method=yarn,factor=2,max_length=16384 \\
+        --tasks niah_single_1 --metadata '{"max_seq_lengths":[16384]}' --limit 5
+
+`--model hf-posext-vllm` runs the same extension in vLLM with the arguments `hf-posext serve`
+derives. The model_args are checked before lm-eval loads anything; a GGUF's tokenizer is saved to
+a folder once and passed as `tokenizer=` (RULER's tasks load it by name). Needs the `lmeval`
+extra: pip install 'hf_posext[lmeval]'. lm-eval's own options: `hf-posext lm-eval run --help`.
 """
 
 from __future__ import annotations
@@ -82,6 +87,9 @@ def _argv(argv: list[str]):
 
 
 def run(args) -> int:
+    if args.lm_eval_args in (["-h"], ["--help"], []):   # hf_posext's part first; lm-eval's: `run --help`
+        print(f"usage: hf-posext lm-eval [lm-eval's arguments]\n\n{__doc__}")
+        return 0
     try:
         import lm_eval  # noqa: F401
     except ImportError:

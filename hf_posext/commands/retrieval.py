@@ -1,14 +1,11 @@
 """`hf-posext retrieval`: RULER-style retrieval accuracy by task, method, length and depth
-(hf_posext/evaluation/retrieval/, docs/retrieval.md).
+(docs/retrieval.md).
 
     hf-posext retrieval --lengths 8k,16k --methods yarn,leaky_rerope --tasks single_needle,multi_key
     hf-posext retrieval --dataset embedded:shakespeare --trials 50 --depths 0,0.5,1
 
-Every cell runs --trials seeded trials; the table gives accuracy with its Wilson 95 % interval
-and each method's effective length. --dtype auto: bfloat16 on a GPU, or on a CPU with bf16
-matmul instructions (avx512_bf16 / amx_bf16) where a short probe measures it at least 10 %
-faster than float32; float32 elsewhere; the rows record the dtype run.
-Every flag is checked, and the prompts built, before the model loads.
+Each cell runs --trials seeded trials: accuracy with its Wilson 95 % interval, and each method's
+effective length. Every flag is checked, and the prompts built, before the model loads.
 """
 
 from __future__ import annotations
@@ -35,19 +32,16 @@ def add_subcommand(sub) -> None:
     session.add_run_args(p)
     g = p.add_argument_group("retrieval")
     g.add_argument("--tasks", default="single_needle",
-                   help=f"comma-separated tasks: {', '.join(TASKS)}, or all (default single_needle)")
+                   help=f"{', '.join(TASKS)}, or all (default single_needle)")
     session.add_depths_arg(g)
-    session.add_trials_args(g, None, f" (default {DEFAULT_TRIALS}); with --sequential, per look. "
-                            "Trials come in blocks: after --trials 4, --seed 4 --trials 16 --resume "
-                            "adds 16 to each cell (20 in tables and plots)")
+    session.add_trials_args(g, None, f" (default {DEFAULT_TRIALS}; --sequential: per look)")
     g.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
-                   help="effective length: accuracy may fall this far below the unpatched model's "
-                        f"within the trained length (default {DEFAULT_MARGIN})")
+                   help="effective length: how far below the unpatched model's accuracy within L "
+                        f"(default {DEFAULT_MARGIN})")
     g.add_argument("--no-prefix-reuse", action="store_true",
-                   help="prefill every trial in full (default: the prompt up to the depth once per cell)")
+                   help="prefill every trial in full (default: the prefix once per cell)")
     g.add_argument("--dataset", default=NOISE_NAME,
-                   help="haystack: noise (RULER's repeated sentences; default), embedded:shakespeare, "
-                        "or any source of `eval --dataset`")
+                   help="haystack: noise (RULER's; default), embedded:shakespeare, or any `eval --dataset`")
     retrieval_plan.add_args(g)
     session.add_source_args(g)
     retrieval_engine.add_engine_args(p)

@@ -16,19 +16,16 @@ _VLLM_ONLY = ("vllm_python", "tensor_parallel_size", "data_parallel_size", "engi
 def add_engine_args(p) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--engine", default="transformers", choices=ENGINES,
-                   help="transformers (default: this process, the reference numbers) or vllm (a "
-                        "worker in vLLM's Python, the arguments `hf-posext serve --engine vllm` "
-                        "derives, prefix caching on, every trial of a cell in one batch)")
+                   help="transformers (default: this process) or vllm (a worker in vLLM's Python, run "
+                        "with `hf-posext serve --engine vllm`'s arguments)")
     g.add_argument("--vllm-python", default=None,
-                   help=f"the python of a venv with vLLM (default ${vllm_engine.PYTHON_ENV}, else "
-                        "this python if vLLM imports here), e.g. .venv-vllm/bin/python")
+                   help=f"the python of a venv with vLLM (default ${vllm_engine.PYTHON_ENV}, else this one)")
     g.add_argument("--tensor-parallel-size", type=int, default=None,
                    help="vLLM tensor parallelism (GPUs per engine; default 1)")
     g.add_argument("--data-parallel-size", type=int, default=None,
                    help="vLLM data parallelism (engine replicas; default 1)")
     g.add_argument("--engine-arg", action="append", default=None, metavar="KEY=VALUE",
-                   help="any other vllm.LLM argument, e.g. max_num_seqs=8 or enforce_eager=true "
-                        "(repeatable; VALUE read as JSON when it parses)")
+                   help="another vllm.LLM argument, e.g. max_num_seqs=8 (repeatable)")
 
 
 def engine_from_args(args, grid):

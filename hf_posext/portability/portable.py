@@ -75,7 +75,7 @@ def spec_of_block(data: dict[str, Any]) -> tuple[RopeExtensionConfig, float]:
                          f"least 'method' and 'rope_theta'). Delete config.{BLOCK} to use the "
                          "checkpoint's rope config as it is.")
     fields = {k: v for k, v in data.items() if k not in ("rope_theta", "version")}
-    # Blocks written before the trained length had one name (issue #36) hold L under
+    # Blocks written before the trained length had one name hold L under
     # transformers' key: read it, so those checkpoints keep loading (a file's key, not an input:
     # `from_dict` refuses that name). New blocks hold `trained_length`, as `to_dict` writes it.
     if NATIVE_TRAINED_KEY in fields and TRAINED_LENGTH_NAME not in fields:

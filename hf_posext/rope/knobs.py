@@ -113,7 +113,7 @@ def _target(value: Any, L: int | None) -> int:
     return value
 
 
-# The two lengths every method reads, declared once like the knobs (issue #36): the trained
+# The two lengths every method reads, declared once like the knobs: the trained
 # context L and the target T = s·L. hf_posext's inputs (API, --knobs, recipe), rows and docs say
 # trained_length and target_length, one name each. transformers' files keep their own keys, which
 # vLLM and llama.cpp read too: a rope dict names L `original_max_position_embeddings` (NATIVE_TRAINED_KEY:
@@ -136,7 +136,7 @@ def _scale(value: Any, L: int | None) -> float:
 
 
 # The scale every method takes, declared once like the units' knobs: RopeExtensionConfig, patch,
-# the grids, the CLI's --factor and lm-eval's factor= all check it here (issue #36).
+# the grids, the CLI's --factor and lm-eval's factor= all check it here.
 FACTOR = Knob("factor", float, 1.0, _scale, "the scale s = target length / trained length (>= 1)")
 AUTO = "auto"   # a grid's factor that is s = max(1, length / trained length) at each length
 

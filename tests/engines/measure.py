@@ -66,7 +66,7 @@ CONTROL = "plain RoPE (control)"
 # S = 0.33·L below L = 388, and d − S + W = d (hf_posext refuses those defaults).
 SMALL_L_KNOBS = {"string": {"shifted_offset": int(0.33 * L), "local_value": int(0.33 * L) // 8}}
 # Methods added since the committed table was measured (`make engine-table` writes them in): DPE
-# (issue #41) is attention-level, re-derived lost in every engine like the other attention methods.
+# is attention-level, re-derived lost in every engine like the other attention methods.
 NOT_YET_MEASURED = ("dpe",)
 # Methods `patch` refuses at FACTOR (errors.BeyondReach: no knobs keep 4·L inside L).
 BEYOND_REACH = ("string",)

@@ -1,4 +1,4 @@
-"""Why a model misses a needle (issue #40, item 3): for each trial of a cell, three measures of
+"""Why a model misses a needle: for each trial of a cell, three measures of
 one prompt, run as the suite runs it —
 
 - the answer's loss: the negative log-likelihood of each token of the right answer (" " + the

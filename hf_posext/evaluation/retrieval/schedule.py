@@ -212,7 +212,7 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
     `max_trials`, `confidence`, `indifference`, `rule` (the boundary), and the question's `decision`, `decision_low`, `decision_high`
     and `bar` after that look. `clock` and `answer_fn` are injectable (tests: a fake clock the
     stub answers advance). bar: a fixed bar in (0, 1] instead of the reference's (e.g. a target
-    accuracy such as issue #40's 0.9): no cell is then a reference and no length <= L is needed.
+    accuracy such as 0.9): no cell is then a reference and no length <= L is needed.
     Every look is laid out as the question's whole series of seeds (`RetrievalGrid.layout_seeds`:
     its prompts are the fixed design's at max_trials), and the prefix caches are kept across
     looks (`decode.SharedPrefix`, up to `prefix_cache_bytes`): a later look prefills nothing."""

@@ -48,7 +48,7 @@ repeated confidence intervals, and ch. 12 / 19.2 for exact discrete boundaries):
   wrong `below` likewise, the lower-tail event falling with p. The other side's boundary only
   stops some walks earlier, so ignoring it over-counts (non-binding boundaries). (A fixed-n
   bound read after every block has no such guarantee: at J looks its error grows towards J
-  times the nominal one; REFERENCE §11, and the test that shows it.)
+  times the nominal one; Armitage, McPherson & Rowe 1969, and tests/test_retrieval_sequential.py.)
 - Depths pooled: a look runs the same number of trials at every depth, so the pooled count is
   a sum of independent Bernoulli(p_d) whose mean rate is the depth-pooled p. Raising any p_d
   only makes the increasing event likelier, so each side's worst case has the depths' mean ON
