@@ -130,3 +130,18 @@ def test_an_occupied_out_is_refused(base, tmp_path, capsys):
         cli.main(["extend", str(base / "base"), str(tmp_path / "o"), "--method", "yarn", "--factor", "2"])
     assert "not empty" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["keep.txt"]
+
+
+def test_a_base_with_its_own_theta_is_extended_for_an_engine(tmp_path, capsys):
+    """A base transformers 5 saved states θ in rope_parameters only; the engine check reads it as
+    the extension will be written (both layouts), not as a 4.x reader would read the base."""
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=128, max_position_embeddings=TRAINED,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
+                     ).save_pretrained(tmp_path / "base")
+    char_tokenizer().save_pretrained(tmp_path / "base")
+    code, _, _ = run(["extend", str(tmp_path / "base"), str(tmp_path / "out"), "--method", "yarn", "--factor", "2",
+                      "--engine", "vllm"], capsys)
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert code == 0 and saved["rope_theta"] == 100000.0 and saved["rope_scaling"]["rope_type"] == "yarn"

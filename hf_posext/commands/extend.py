@@ -29,7 +29,7 @@ from ..patcher import patch, trained_length
 from ..portability.card import Extension, license_of, write_card
 from ..portability.exporting import export
 from ..portability.serving import ENGINES, command
-from ..rope.compat import get_rope_parameters
+from ..rope.compat import get_rope_parameters, write_both_layouts
 from ..rope.units import REGISTERED_ROPE_TYPES
 from . import session
 from .extend_eval import EVAL_TEXT, add_eval_args, check_eval_args, run_eval
@@ -107,8 +107,17 @@ def check_engine(config, engine: str, method: str, factor: float, knobs: dict) -
         return
     if engine == "transformers":
         return
+    import copy
+    import tempfile
+    base = copy.deepcopy(config)
+    # the base as every reader will see the extension written: both rope layouts (a config that
+    # transformers 5 built states θ in rope_parameters only, which the check would otherwise
+    # read as the 4.x readers' default 10000: a trait of how the base was read, not of OUT)
+    write_both_layouts(base, get_rope_parameters(base))
     try:
-        command(config, engine, method, factor, knobs)
+        with tempfile.TemporaryDirectory() as tmp:
+            base.to_json_file(f"{tmp}/config.json")
+            command(tmp, engine, method, factor, knobs)
     except (ValueError, TypeError) as err:
         raise InputError(f"--engine {engine} cannot run {method} (s = {factor:g}) exactly: {err}") from None
 
