@@ -2,10 +2,11 @@
 the right answer's loss teacher-forced after the prompt, the attention the prompt's last position
 pays to the needle (beside a control span of equal length far from it), and the greedy answer,
 scored by the suite (`hf_posext.evaluation.retrieval.probe`; prompts by the suite's builder on
-RULER's noise haystack, trial seed s = the suite's trial s).
+--dataset's haystack, RULER's noise by default, trial seed s = the suite's trial s).
 
 Arms (--arms, comma-separated): `free` = the embedded model extended with YaRN s = --factor, as
-finetune_retrieval.py builds its training-free arm; `label=folder` (or a bare folder) = a saved
+finetune_retrieval.py builds its training-free arm; `base` = the embedded model as trained
+(within its trained length); `label=folder` (or a bare folder) = a saved
 checkpoint (config.json inside, e.g. <arm>/train/final), loaded as saved (its rope config).
 Every setting is checked, and every prompt built, before a model loads.
 
@@ -37,6 +38,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--depths", default="0.25,0.5", help="needle depths in [0, 1]")
     p.add_argument("--seeds", default="0,1,2", help="trial seeds (the suite's trials 0, 1, ...)")
     p.add_argument("--model", default="embedded:smollm2-135m", help="the model `free` extends")
+    p.add_argument("--dataset", default="noise", help="haystack: noise (RULER's), or any `hf-posext eval --dataset`")
     p.add_argument("--factor", type=float, default=2.0, help="`free`: YaRN s")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--answer-tokens", type=int, default=10, help="greedy tokens kept per trial")
@@ -51,7 +53,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def check(args) -> None:
     """Every setting, and every cell's prompts (args.cells), before any model loads."""
-    from hf_posext.evaluation.retrieval.haystack import noise_haystack
+    from hf_posext.evaluation.retrieval.haystack import load_haystack
     from hf_posext.evaluation.retrieval.prompt import build_cell
     from hf_posext.evaluation.retrieval.tasks import get_task
     if args.smoke:
@@ -84,7 +86,7 @@ def check(args) -> None:
             raise ValueError(f"--lengths {max(args.length_list)} is past what arm {a['label']} allows "
                              f"({a['max_length']}, its max_position_embeddings); use shorter --lengths")
         tok = a["tokenizer"]
-        hay = noise_haystack(tok)
+        hay = load_haystack(tok, args.dataset, max(args.length_list))
         for n in args.length_list:
             for task in args.task_list:
                 for d in args.depth_list:   # a prompt that fits the length: build_cell checks
@@ -96,6 +98,9 @@ def arm(text: str, args) -> dict:
     from transformers import AutoConfig, AutoTokenizer
 
     from hf_posext.data import embedded
+    if text == "base":
+        return {"label": "base", "path": "base", "stamp": f"{args.model} as trained",
+                "tokenizer": embedded.load_tokenizer(args.model), "max_length": embedded.TRAINED_CONTEXT}
     if text == "free":
         trained = (embedded.TRAINED_CONTEXT if args.model.startswith("embedded:")
                    else AutoConfig.from_pretrained(args.model).max_position_embeddings)
@@ -137,6 +142,8 @@ def load(a: dict, args):
 
     from hf_posext.data import embedded
     dtype = getattr(torch, args.dtype)
+    if a["path"] == "base":
+        return embedded.load_model(name=args.model, dtype=dtype).eval()
     if a["path"] == "free":   # finetune_retrieval.extended_copy's model, not saved
         return embedded.load_model("yarn", args.factor, name=args.model, dtype=dtype).eval()
     return AutoModelForCausalLM.from_pretrained(a["path"], dtype=dtype, attn_implementation="sdpa").eval()
@@ -150,11 +157,12 @@ def main(argv=None) -> int:
     rows_path = args.out / "rows.jsonl"
     rows = [json.loads(line) for line in rows_path.open()] if rows_path.exists() else []
     # a row counts for the same arm weights (path, size, mtime), dtype and cell
-    done = {(r["arm"], r["path"], r["stamp"], r["dtype"], r["length"], r["task"], r["depth"], r["seed"]) for r in rows}
+    done = {(r["arm"], r["path"], r["stamp"], r["dtype"], r.get("haystack", "noise"), r["length"], r["task"], r["depth"],
+             r["seed"]) for r in rows}
     for a in args.arm_list:
         def missing(key, a=a) -> list[int]:   # the cell's trials (indices) without a row yet
             return [i for i, s in enumerate(args.seed_list)
-                    if (a["label"], a["path"], a["stamp"], args.dtype, *key[1:], s) not in done]
+                    if (a["label"], a["path"], a["stamp"], args.dtype, args.dataset, *key[1:], s) not in done]
         todo = [k for k in args.cells if k[0] == a["label"] and missing(k)]
         if not todo:
             continue
@@ -167,8 +175,8 @@ def main(argv=None) -> int:
                                shared=(shared, label), answer_tokens=args.answer_tokens, only=only)
             with rows_path.open("a") as f:
                 for r in found:
-                    r = {"arm": label, "path": a["path"], "stamp": a["stamp"], "dtype": args.dtype, "length": length, "task": task,
-                         "depth": depth, **r}
+                    r = {"arm": label, "path": a["path"], "stamp": a["stamp"], "dtype": args.dtype,
+                         "haystack": args.dataset, "length": length, "task": task, "depth": depth, **r}
                     f.write(json.dumps(r) + "\n")
                     rows.append(r)
         del model
@@ -187,7 +195,8 @@ def report(rows: list[dict], args) -> str:
     cells: dict[tuple, list[dict]] = {}
     arms = {(a["label"], a["path"], a["stamp"], args.dtype) for a in args.arm_list}
     for r in rows:
-        if (r["arm"], r["path"], r["stamp"], r["dtype"]) in arms and r["seed"] in args.seed_list:
+        if (r["arm"], r["path"], r["stamp"], r["dtype"]) in arms and r["seed"] in args.seed_list \
+                and r.get("haystack", "noise") == args.dataset:
             cells.setdefault((r["arm"], r["length"], r["task"], r["depth"]), []).append(r)
 
     def mean(rs, k):
@@ -202,8 +211,9 @@ def report(rows: list[dict], args) -> str:
                      f"{mean(rs, 'nll'):.2f} | {mean(rs, 'nll_first'):.2f} | {mean(rs, 'needle_mean'):.4f} | "
                      f"{sum(r['needle_mass'][top] for r in rs) / len(rs):.4f} ({top}) | {mean(rs, 'control_mean'):.4f} | "
                      f"{sum(r['control_mass'][top] for r in rs) / len(rs):.4f} | {answers} |")
-    head = (f"Needle diagnosis, {args.dtype}, trial seeds {','.join(map(str, args.seed_list))}, RULER's noise "
-            "haystack (benchmarks/needle_diagnosis.py). NLL: of the right answer's tokens teacher-forced after "
+    where = "RULER's noise haystack" if args.dataset == "noise" else f"the haystack {Path(args.dataset).name}"
+    head = (f"Needle diagnosis, {args.dtype}, trial seeds {','.join(map(str, args.seed_list))}, {where} "
+            "(benchmarks/needle_diagnosis.py). NLL: of the right answer's tokens teacher-forced after "
             "the prompt (a leading space token left out), mean per token and the first. Masses: the attention weight the prompt's last position "
             "puts on the needle's tokens, summed over them, averaged over heads; per layer, then the mean over "
             "layers and the layer with the most (pooled over the trials); the control is a span of equal "

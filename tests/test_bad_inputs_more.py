@@ -18,7 +18,8 @@ from conftest import TRAINED, tiny_model
 import hf_posext
 from hf_posext import cli
 from hf_posext.errors import BeyondReach, ConfigError
-from hf_posext.evaluation.shared.store import ResultsError, ResultsStore, atomic_write
+from hf_posext.portability.atomic import atomic_write
+from hf_posext.evaluation.shared.store import ResultsError, ResultsStore
 from hf_posext.evaluation.shared.record import read_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -138,7 +138,7 @@ def test_a_base_with_its_own_theta_is_extended_for_an_engine(tmp_path, capsys):
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                                  num_key_value_heads=2, vocab_size=128, max_position_embeddings=TRAINED,
-                                 rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
+                                 rope_theta=100000.0)   # 5.x keeps it in rope_parameters only
                      ).save_pretrained(tmp_path / "base")
     char_tokenizer().save_pretrained(tmp_path / "base")
     code, _, _ = run(["extend", str(tmp_path / "base"), str(tmp_path / "out"), "--method", "yarn", "--factor", "2",

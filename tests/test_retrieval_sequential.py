@@ -258,10 +258,9 @@ def test_bad_sequential_flags_fail_before_loading(extra, message, tmp_path, caps
     assert not (tmp_path / "o").exists()
 
 
-def test_command_budget_then_resume(tmp_path, capsys, monkeypatch):
-    """`--budget 24` (trials) stops after the reference (16) and one look (8), saying what is open;
-    `--resume` with a larger budget continues without recomputing."""
-    import hf_posext.cli as cli
+def stubbed_checkpoint(tmp_path, monkeypatch):
+    """A tiny Llama (trained length L) saved with the character tokenizer, and the `Stub` that
+    answers every cell the command runs in its place."""
     from hf_posext.evaluation.retrieval import schedule
     from _evalkit import TINY
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -270,6 +269,14 @@ def test_command_budget_then_resume(tmp_path, capsys, monkeypatch):
     char_tokenizer().save_pretrained(path)
     stub = Stub()
     monkeypatch.setattr(schedule, "answer_cell", stub)
+    return path, stub
+
+
+def test_command_budget_then_resume(tmp_path, capsys, monkeypatch):
+    """`--budget 24` (trials) stops after the reference (16) and one look (8), saying what is open;
+    `--resume` with a larger budget continues without recomputing."""
+    import hf_posext.cli as cli
+    path, stub = stubbed_checkpoint(tmp_path, monkeypatch)
     argv = ["retrieval", "--model", str(path), "--lengths", "700,1400", "--methods", "yarn", "--factor", "2",
             "--depths", "0,1", "--margin", "0.4", "--trials", "4", "--max-trials", "8", "--confidence", "0.9",
             "--boundary", "bonferroni",   # its bounds in closed form: 0.05^(1/8) = 0.69, 1 - 0.69
@@ -363,14 +370,7 @@ def test_command_with_a_fixed_bar_asks_the_unpatched_model_within_l_only(tmp_pat
     """`--bar 0.5`: every cell is decided against 0.5 (the closed-form bound 0.05^(1/8) = 0.69 at
     8/8), no reference runs in full, and the unpatched model is not asked past L."""
     import hf_posext.cli as cli
-    from hf_posext.evaluation.retrieval import schedule
-    from _evalkit import TINY
-    from transformers import LlamaConfig, LlamaForCausalLM
-    path = tmp_path / "tiny"
-    LlamaForCausalLM(LlamaConfig(**{**TINY, "max_position_embeddings": L})).save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    stub = Stub()
-    monkeypatch.setattr(schedule, "answer_cell", stub)
+    path, stub = stubbed_checkpoint(tmp_path, monkeypatch)
     argv = ["retrieval", "--model", str(path), "--lengths", "700,1400", "--methods", "yarn", "--factor", "2",
             "--depths", "0,1", "--trials", "4", "--max-trials", "8", "--confidence", "0.9",
             "--boundary", "bonferroni", "--sequential", "--bar", "0.5",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..portability.atomic import atomic_write
 from ..data.documents import TextSource, load_documents
 from ..data.embedded import DEFAULT_MODEL
 from ..evaluation.shared.data import TokenCache, select_documents
@@ -109,7 +110,7 @@ def run(args) -> int:
     result["data"] = source.label
     result["dtype"] = args.dtype
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    atomic_write(out, json.dumps(result, indent=1) + "\n")
     print(f"dpe group_scales {result['group_scales']} (window {window}, target {length}); "
           f"written to {out}")
     return 0

@@ -81,9 +81,8 @@ def check_repo(repo: str | None) -> None:
 
 def method_and_factor(args, trained: int) -> tuple[str, float, dict]:
     """--method, --factor or --target-length (as a scale of `trained`), --knobs."""
-    args.method = args.method.strip()
     method, factor, knobs = session.method_flags(argparse.Namespace(
-        method=args.method, factor=args.factor, knobs=args.knobs))
+        method=args.method.strip(), factor=args.factor, knobs=args.knobs))
     assert method is not None
     if args.target_length is not None:
         (target,) = parse_lengths(args.target_length) if "," not in args.target_length else (None,)

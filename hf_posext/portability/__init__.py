@@ -10,8 +10,8 @@
     doctor.py        `check`'s findings on any RoPE config.json: what is off, where, and the fix
     gguf_doctor.py   the doctor's GGUF findings: a GGUF's rope keys against its config.json
     measured.py      what the real engines did with each method's checkpoint (measured_engines.json)
-    atomic.py        write an output whole or not at all
     serving.py       `hf-posext serve`: the engine command line, checked like export
+    atomic.py        write a file or folder whole or not at all (every atomic write)
     dual_chunk.py    SGLang's Dual Chunk Attention block, against hf_posext's dual_chunk
     card.py          the model card (README.md) of a checkpoint `hf-posext extend` writes
 """

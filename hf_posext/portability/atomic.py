@@ -1,5 +1,8 @@
-"""Write an output whole or not at all: `with atomic_output(out) as tmp:` (export's folders and
-GGUF files, docs/portability.md "Exact forms per reader")."""
+"""Write an output whole or not at all, the one place that does: `atomic_write(path, text)` for a
+file (results files, summaries), `with atomic_output(out) as tmp:` for a folder or a file built in
+steps (export's folders and GGUF files, docs/portability.md "Exact forms per reader"). The
+recipe's checkpoints are the one exception: every rank writes them (accelerate's collective save),
+so training/checkpoint.py renames its finished folder itself."""
 
 from __future__ import annotations
 
@@ -49,3 +52,23 @@ def _one_line(err: OSError, out: Path) -> OSError:
                       "writable place, then run again.")
     failure.errno = err.errno
     return failure
+
+
+def create_new(path: Path):
+    """A new file at `path`, opened for writing, never through a symbolic link: a link planted
+    at a predictable name (the temporary file, the write probe) would otherwise have the file it
+    points to overwritten. O_EXCL refuses any existing entry, links included (POSIX open(2))."""
+    path.unlink(missing_ok=True)   # a stale leftover (or a planted link: removes the link only)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    return open(fd, "w", encoding="utf-8", newline="")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `path` whole or not at all; `os.replace` swaps the entry itself, so a symbolic link
+    at `path` is replaced, never written through."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with create_new(tmp) as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

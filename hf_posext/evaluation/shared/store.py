@@ -22,6 +22,7 @@ from typing import Protocol
 
 from filelock import FileLock, Timeout
 
+from ...portability.atomic import atomic_write, create_new
 from ...errors import ConfigError
 from .record import ROW_FIELDS, RecordError, migrate, record_for, rows_text
 
@@ -65,26 +66,6 @@ def _check_row(path: Path, i: int, row: dict) -> None:
                            "recompute it, move the file away, or choose another --out.")
 
 
-def _create_new(path: Path):
-    """A new file at `path`, opened for writing, never through a symbolic link: a link planted
-    at a predictable name (the temporary file, the write probe) would otherwise have the file it
-    points to overwritten. O_EXCL refuses any existing entry, links included (POSIX open(2))."""
-    path.unlink(missing_ok=True)   # a stale leftover (or a planted link: removes the link only)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    return open(fd, "w", encoding="utf-8", newline="")
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write `path` whole or not at all; `os.replace` swaps the entry itself, so a symbolic link
-    at `path` is replaced, never written through."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with _create_new(tmp) as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _refuse_link(path: Path) -> None:
     if path.is_symlink():
         raise ResultsError(f"{path} is a symbolic link; hf_posext never writes through one (it "
@@ -107,7 +88,7 @@ def check_out_dir(out: str | Path) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test.{os.getpid()}"
-        _create_new(probe).close()
+        create_new(probe).close()
         probe.unlink()
     except OSError as err:
         raise ResultsError(f"--out {out}: cannot write there ({err.strerror or err}); choose a "

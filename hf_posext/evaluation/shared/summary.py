@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .results import format_length, format_table, knobs_label
-from .store import atomic_write
+from ...portability.atomic import atomic_write
 
 SCHEMA = 1
 NAMES = ("summary.md", "summary.json")
