@@ -5,6 +5,7 @@ the way `accelerate launch` parses them."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
@@ -159,3 +160,34 @@ def test_multi_cpu_config_starts_one_process_without_mpirun():
     assert not args.multi_gpu and args.mpirun_hostfile is None
     cmd, _ = prepare_simple_launcher_cmd_env(args)
     assert cmd[1:] == ["train.py"]                     # one python process, no launcher of N ranks
+
+
+def test_the_4x_retrieval_recipe_is_the_2x_mix_with_its_spans_scaled():
+    """recipes/cpu-smollm2-retrieval-4x.yaml: the 2x recipe but for the factor (4), the
+    evaluation's lengths and the folder; its synthetic questions sit at position ids in
+    [ceil(0.9 x 32,768) - 1, 32,768) after a fact in the first chunk (PoSE over 4 x 8,192)."""
+    import dataclasses
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import hf_posext
+    from hf_posext.training.model import build_collator
+    from hf_posext.training.pose import Span
+
+    two, _ = parse_args(["--config", str(RECIPES / "cpu-smollm2-retrieval.yaml")])
+    four, _ = parse_args(["--config", str(RECIPES / "cpu-smollm2-retrieval-4x.yaml")])
+    assert four.model == dataclasses.replace(two.model, factor=4.0)
+    assert (four.data, four.training, four.pose, four.lora) == (two.data, two.training, two.pose, two.lora)
+    assert four.eval == dataclasses.replace(two.eval, lengths=[8192, 32768])
+    # the collator the recipe builds for a model trained at 8,192 and extended by the recipe's factor
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, vocab_size=64, max_position_embeddings=8192))
+    hf_posext.patch(model, four.model.method, four.model.factor)
+    collate = build_collator(four, model, log=lambda *_: None)
+    window = four.training.seq_len
+    span = Span(fact_end=100, question_start=window - 60, answer_start=window - 20)
+    batch = collate([torch.zeros(window, dtype=torch.long)] * 8, list(range(8)), [span] * 8)
+    last = batch["position_ids"][:, -1]
+    assert bool((last >= math.ceil(0.9 * 32768) - 1).all()) and bool((last < 32768).all())
+    assert bool((batch["position_ids"][:, :100] < window).all())   # the fact: in the first chunk
