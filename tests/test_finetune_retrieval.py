@@ -68,8 +68,9 @@ def test_bad_settings_are_refused_before_training(argv, flag, tmp_path, capsys, 
 
 @pytest.mark.slow
 def test_defaults_are_the_best_setting_measured(monkeypatch):
-    """The mix arm's defaults and the recipe's min_span are the setting docs/finetuning.md found
-    best (share 0.25, min_span 0.9); the recipe's mix stays off unless asked for."""
+    """The mix arm's defaults and the recipe's min_span are the setting
+    docs/finetuning_measurements.md found best (share 0.25, min_span 0.9); the recipe's mix stays
+    off unless asked for."""
     from hf_posext.training.recipe_config import config_from_dict
     args = runpy.run_path(str(SCRIPT))["parse"]([])
     assert (args.share, args.min_span) == (0.25, 0.9)
@@ -211,8 +212,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "finetune-retrieval"
 def test_committed_report_is_its_rows_and_the_readme_quotes_it(tmp_path, capsys, monkeypatch):
     """report.md is what the script makes of the committed rows (nothing edited by hand): run with
     the experiment's settings on a copy, it finds every arm done with those settings (>= 20 trials a cell),
-    skips them and writes the report; docs/finetuning.md's table of the three arms is report.md's,
-    line for line."""
+    skips them and writes the report; docs/finetuning_measurements.md's table of the three arms is
+    report.md's, line for line."""
     import shutil
     for arm in ARMS:
         for name in ("perplexity", "retrieval"):
@@ -226,7 +227,7 @@ def test_committed_report_is_its_rows_and_the_readme_quotes_it(tmp_path, capsys,
     assert capsys.readouterr().out.count("done, skipped") == len(ARMS)
     made = (tmp_path / "report.md").read_text()
     assert made == (RESULTS / "report.md").read_text()
-    readme = (ROOT / "docs" / "finetuning.md").read_text().splitlines()
+    readme = (ROOT / "docs" / "finetuning_measurements.md").read_text().splitlines()
     lines = made.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("| arm |"))
     table = lines[head:head + 5]                                       # head, rule, 3 arms

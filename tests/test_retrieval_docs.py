@@ -1,6 +1,7 @@
-"""Every command docs/retrieval.md shows runs: each `hf-posext` line of its bash blocks, on a
-tiny model (lengths scaled to its character tokenizer, 2 trials, the local lm-eval task for
-RULER's, which needs the real tokenizer and 8k prompts), and its Python block as written."""
+"""Every command docs/retrieval.md and docs/retrieval_measurements.md show runs: each
+`hf-posext` line of their bash blocks, on a tiny model (lengths scaled to its character
+tokenizer, 2 trials, the local lm-eval task for RULER's, which needs the real tokenizer and 8k
+prompts), and the guide's Python block as written."""
 
 import json
 import os
@@ -16,12 +17,13 @@ from hf_posext.evaluation.retrieval import report
 from _evalkit import char_tokenizer, tiny_checkpoint, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = (ROOT / "docs" / "retrieval.md").read_text()
+DOC = (ROOT / "docs" / "retrieval.md").read_text()                            # the user guide
+MEASUREMENTS = (ROOT / "docs" / "retrieval_measurements.md").read_text()     # the runs it logs
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def commands() -> list[list[str]]:
-    blocks = re.findall(r"```bash\n(.*?)```", DOC, re.S)
+def commands(text: str = DOC + MEASUREMENTS) -> list[list[str]]:
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     return [shlex.split(line)[1:] for b in blocks for line in b.splitlines() if line.startswith("hf-posext ")]
 
 
@@ -69,7 +71,7 @@ def long_checkpoint(path: Path) -> Path:
 
 
 def test_the_doc_shows_commands():
-    names = [c[0] for c in commands()]
+    names = [c[0] for c in commands(DOC)]
     assert names.count("retrieval") >= 2 and "lm-eval" in names and "passkey" in names
 
 
@@ -191,8 +193,8 @@ def _only_niah(tmp_path: Path, monkeypatch) -> Path:
 @pytest.mark.skipif(not (REPORT / "report.md").exists(), reason="the grid's results are not committed")
 def test_committed_retrieval_report_is_its_rows_and_the_readme_quotes_it(tmp_path, monkeypatch):
     """report.md is what the script makes of the committed rows and lm-eval records (run as a
-    user runs it, on a copy); docs/retrieval.md quotes its summary and its side-by-side tables line
-    for line."""
+    user runs it, on a copy); docs/retrieval_measurements.md quotes its summary and its side-by-side
+    tables line for line."""
     import runpy
     import shutil
     for name in ("retrieval.json", "lm_eval_niah_single_1.json", "lm_eval_ruler.json"):
@@ -204,7 +206,7 @@ def test_committed_retrieval_report_is_its_rows_and_the_readme_quotes_it(tmp_pat
     assert done.value.code == 0
     made = (tmp_path / "report.md").read_text()
     assert made == (REPORT / "report.md").read_text()
-    readme = (ROOT / "docs" / "retrieval.md").read_text()
+    readme = MEASUREMENTS
     summary = re.search(r"<!-- retrieval-summary -->\n(```\n.*?```)", made, re.S).group(1)
     assert summary in readme
     for head in (r"\| yarn s=2", r"\| lm-eval task \(RULER\)"):

@@ -5,7 +5,7 @@ same prompts.
 
 - single_needle: the passkey (Mohtashami & Jaggi 2023) in niah_single_1's haystack: one five-digit key.
 - niah_single: RULER's niah_single_1 itself (its wording): one key, one seven-digit number; the
-  wording matters to a small model (docs/retrieval.md, "What the grid says").
+  wording matters to a small model (docs/retrieval_measurements.md, "What the grid says").
 - multi_key: the queried needle among `distractors` needles of other keys (niah_multikey_1).
 - multi_value: one key with `values` values, all asked for (niah_multivalue).
 - multi_query: `queries` keys, each asked for (niah_multiquery).
