@@ -67,7 +67,7 @@ test-tf4:
 # unpatched model, YaRN and DualChunk against the unpatched model with a sliding 8k window; 4k
 # (short-context regression) comes from the 16k forwards for free. --dtype auto: the faster of
 # bfloat16 and float32 on the machine at hand, measured by a short probe and printed (an AMX Xeon
-# ran one 8k forward 3x faster in bfloat16; other CPUs here ran it slower: benchmarks/dtype_speed.py);
+# ran one 8k forward 3x faster in bfloat16; other CPUs here ran it slower: benchmarks/archive/dtype_speed.py);
 # the committed rows (docs/results.md) are float32. The 2x/4x grid: make bench-long.
 demo: install
 	$(BIN)/hf-posext eval --dtype auto --dataset embedded:shakespeare --max-docs 2 \

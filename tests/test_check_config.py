@@ -125,7 +125,7 @@ def test_a_longrope_whose_versions_switch_sets_at_different_lengths_is_an_error(
     assert used == pytest.approx(long if IS_V5 else short, rel=1e-5)
     edit(path, original_max_position_embeddings=TRAINED)
     text = report(path, view=measured.overlay)   # as `hf-posext check` prints it
-    # vLLM runs long_factor below L too (benchmarks/engine_short_factors.py): the one-set
+    # vLLM runs long_factor below L too (benchmarks/results/engine_short_factors.md): the one-set
     # measurement is not shown for two sets, and the warning says what differs
     assert "warning: two longrope factor sets" in text and "(measured)" in text
     assert "exact" not in text.split("vLLM 0.32.0 (measured)")[1].splitlines()[0]

@@ -4,7 +4,7 @@ A CPU's bf16 flags say only that oneDNN *can* run bf16 matmuls natively, not tha
 on a Xeon with avx512_bf16 and no AMX the embedded SmolLM2-135M runs a 2,048-token forward in
 6.4 s in bfloat16 against 4.4 s in float32, while a Zen 4 runs it 1.7x faster in bfloat16. So on
 a CPU with the flags the choice comes from a short probe of the kernels a decoder forward spends
-its time in, at the model's shapes (`benchmarks/dtype_speed.py` compares it with a full forward).
+its time in, at the model's shapes (`benchmarks/archive/dtype_speed.py` compares it with a full forward).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What a retrieval trial costs with its prefix cached, against one forward of the whole prompt
 (docs/retrieval_measurements.md, "Cost"), and what sharing one prefix cache across depths saves.
 
-    python benchmarks/prefix_reuse.py [--length 8192] [--depth 0.5] [--reps 1] [--share-depths 0.25,0.5,0.75]
-    python benchmarks/prefix_reuse.py --length 8192 --profile    # torch.profiler's top ops instead
+    python benchmarks/archive/prefix_reuse.py [--length 8192] [--depth 0.5] [--reps 1] [--share-depths 0.25,0.5,0.75]
+    python benchmarks/archive/prefix_reuse.py --length 8192 --profile    # torch.profiler's top ops instead
 
 On the embedded SmolLM2-135M over Hamlet, in one process (timings are ratios within one run: the
 machines here differ and are sometimes shared; wall and CPU seconds are both printed, the CPU

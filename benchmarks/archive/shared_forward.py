@@ -1,7 +1,7 @@
 """What one forward serving several lengths saves (the target: a length grid
 {2k, 4k, 8k, 16k} for a static method at a fixed s costs <= 1.1x one 16k forward per method).
 
-    python benchmarks/shared_forward.py [--lengths 2048,4096,8192,16384] [--method yarn]
+    python benchmarks/archive/shared_forward.py [--lengths 2048,4096,8192,16384] [--method yarn]
 
 On the embedded SmolLM2-135M and the first play long enough, float32: times (1) one truncate
 forward of the longest length, (2) the grid `evaluate_perplexity(model, docs, PerplexityGrid([method],
@@ -25,7 +25,7 @@ from hf_posext.data import embedded
 from hf_posext.evaluation import PerplexityGrid
 from hf_posext.evaluation.perplexity import run as P
 
-OUT = Path(__file__).resolve().parent / "results" / "shared_forward.md"
+OUT = Path(__file__).resolve().parents[1] / "results" / "shared_forward.md"
 
 
 def main() -> None:
@@ -65,7 +65,7 @@ def main() -> None:
     worst = max(abs(a["perplexity"] / b["perplexity"] - 1) for a, b in zip(shared_rows, alone_rows))
     per_method = shared_s / 2
     lines = [
-        f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, `python benchmarks/shared_forward.py "
+        f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, `python benchmarks/archive/shared_forward.py "
         f"--lengths {args.lengths} --method {args.method}`\n",
         f"{play}, 1 document, float32, lengths {', '.join(map(str, lengths))}, s = 2, groups `none` and `{args.method}`.\n",
         "| | seconds | per method | × one forward |",
@@ -81,7 +81,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if not OUT.exists():
-        OUT.write_text("# One forward serving several lengths\n\nWritten by `benchmarks/shared_forward.py`.\n")
+        OUT.write_text("# One forward serving several lengths\n\nWritten by `benchmarks/archive/shared_forward.py`.\n")
     with OUT.open("a") as f:
         f.write(text)
 

@@ -1,7 +1,7 @@
 """float32 vs bfloat16 forward time of the embedded SmolLM2-135M on this CPU (the demo
 uses the faster one, and says why).
 
-    python benchmarks/dtype_speed.py [--length 4096] [--reps 3]
+    python benchmarks/archive/dtype_speed.py [--length 4096] [--reps 3]
 
 Prints one row per dtype: the best of `--reps` forwards of `--length` tokens (Hamlet; after a
 short warm-up forward, the two dtypes alternating; wall and CPU seconds, and the profiler's time
