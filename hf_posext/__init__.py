@@ -1,5 +1,6 @@
-"""hf_posext: extend the context window of Hugging Face RoPE decoders (Llama, Mistral, Qwen,
-Gemma, OLMo 2, Granite, GPT-NeoX, StableLM: `SUPPORTED_MODEL_TYPES`) through RoPE.
+"""hf_posext: extend the context window of Hugging Face RoPE decoders (every transformers family
+whose rotary module follows the shared pattern, Llama to DeepSeek-V3: `SUPPORTED_MODEL_TYPES`,
+found in transformers' own modules; docs/families.md) through RoPE.
 
 The front door (`__all__`) is the user API and nothing else:
 

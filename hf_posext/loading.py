@@ -25,8 +25,8 @@ from .rope.knobs import NATIVE_TRAINED_KEY, RENAMED, TARGET_LENGTH, TRAINED_LENG
 from .errors import ConfigError, refuse_renamed
 from .patcher import apply_to_config, patch, plan_for_config
 from .portability.portable import BLOCK, logical_rope
-from .rope.registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, check_supported,
-                       rotary_modules)
+from .rope.registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, WHERE_LISTED,
+                            check_supported, rotary_modules)
 
 # Keywords that belong to the method, not to transformers.
 METHOD_KNOBS = {*KNOB_HELP, *(k for keys in PASSTHROUGH_TYPES.values() for k in keys if k != "factor")}
@@ -58,10 +58,9 @@ def check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
     if model_type not in SUPPORTED_MODEL_TYPES or model_type in UNSUPPORTED_MODEL_TYPES:
         what = (f"cannot be extended: {UNSUPPORTED_MODEL_TYPES[model_type]}"
                 if model_type in UNSUPPORTED_MODEL_TYPES else
-                "uses RoPE but is not supported yet" if get_rope_parameters(config)
+                "uses RoPE but is not supported" if get_rope_parameters(config)
                 else "has no rotary position embedding (RoPE) to extend")
-        raise ValueError(f"{name_or_path}: model_type {model_type!r} {what}. hf_posext supports "
-                         f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
+        raise ValueError(f"{name_or_path}: model_type {model_type!r} {what}. {WHERE_LISTED}.")
     rope_type = get_rope_parameters(config).get("rope_type", "default")
     if rope_type not in ("default", *PASSTHROUGH_TYPES) and method_of_rope_type(rope_type) is None:
         raise ValueError(f"{name_or_path}: unknown rope_type {rope_type!r} in its config.")
@@ -129,8 +128,8 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
     With no method, a checkpoint saved extended (by hf_posext or with transformers' own rope
     types) loads as saved. With a method, the model is loaded, then `patch`ed:
     `target_length=` is then the target length T (instead of `factor`) and the method's
-    knobs (beta_fast, beta_slow, mscale_coefficient, attention_factor, finetuned,
-    trained_length; llama3/longrope's own) are taken by name. Everything else
+    knobs (beta_fast, beta_slow, truncate, mscale_coefficient, attention_factor, mscale,
+    mscale_all_dim, finetuned, trained_length; llama3/longrope's own) are taken by name. Everything else
     goes to `AutoModelForCausalLM.from_pretrained` unchanged. Every argument error is raised
     before any weight loads (the patch is planned and validated on the config first).
     """

@@ -26,7 +26,8 @@ from . import attention
 from .catalog import canonical_method
 from .errors import ConfigError, plain_number, refuse_renamed
 from .portability import portable
-from .rope import dynamic
+from .rope import dynamic, families, softmax_scale
+from .rope.families_support import attention_refusal
 from .rope.compat import fill_head_dim, get_rope_parameters, rotary_dim, set_rope_parameters, text_config
 from .rope.config import (KNOBS, MAX_FACTOR, PASSTHROUGH, PASSTHROUGH_TYPES, RopeExtensionConfig,
                           _check_number, check_target, method_of_rope_type)
@@ -47,6 +48,8 @@ class _PatchState:
     modules: list[tuple[torch.nn.Module, str, torch.nn.Module]]
     rope: dict[str, Any]
     max_position_embeddings: int
+    # DeepSeek-family attention modules and their constructed softmax scales (rope/softmax_scale.py)
+    scalings: list[tuple[Any, float]] = dataclasses.field(default_factory=list)
 
 
 def _base_rope(rope: dict[str, Any], max_pos: int) -> tuple[dict[str, Any], int]:
@@ -235,6 +238,12 @@ def apply_to_config(config, new: Plan, raw_config: dict[str, Any]) -> None:
         config.original_max_position_embeddings = new.rope[NATIVE_TRAINED_KEY]
     set_rope_parameters(config, new.rope)
     portable.set_block(config, new.spec, new.rope_theta)
+    if new.attention is not None:
+        model_type = getattr(config, "model_type", None)
+        why = attention_refusal(families.family(model_type) if isinstance(model_type, str) else None,
+                                config)
+        if why:
+            raise ValueError(f"{new.attention.method!r} cannot run on model_type {model_type!r}: {why}.")
     attention.install(config, new.attention, raw_config)
 
 
@@ -243,6 +252,7 @@ def _atomic(model: torch.nn.Module, config):
     """Undo every change to `config`, the rotary modules and the patch state if the block raises."""
     saved = {k: (v, copy.deepcopy(v)) for k, v in config.__dict__.items()}
     modules = [(parent, name, child) for parent, name, child in rotary_modules(model)]
+    scalings = softmax_scale.snapshot(model)
     state = model.__dict__.get(_STATE_ATTR)
     try:
         yield
@@ -257,6 +267,7 @@ def _atomic(model: torch.nn.Module, config):
             config.__dict__[key] = original if intact else snapshot
         for parent, name, child in modules:
             setattr(parent, name, child)
+        softmax_scale.restore(scalings)
         if state is None:
             model.__dict__.pop(_STATE_ATTR, None)
         else:
@@ -272,18 +283,22 @@ def patch(model: _Model, method, factor: float | None = None, *,
     """Extend a loaded model in place and return it.
 
     Args:
-        model: a transformers causal LM (or base model) of a type in SUPPORTED_MODEL_TYPES.
+        model: a transformers causal LM (or base model) of a type in SUPPORTED_MODEL_TYPES
+            (the families found in transformers' modules, docs/families.md).
         method: a name in `hf_posext.METHODS` (or `llama3` / `longrope`, passed to
             transformers), or a `RopeExtensionConfig`.
         factor: the scale s >= 1. May be omitted when `target_length` is given.
         target_length: the target context length T; factor = T / trained length.
-        **params: the method's knobs (beta_fast, beta_slow, mscale_coefficient,
-            attention_factor, finetuned, trained_length). Unknown ones raise, and so do
+        **params: the method's knobs (beta_fast, beta_slow, truncate, mscale_coefficient,
+            attention_factor, mscale, mscale_all_dim, finetuned, trained_length). Unknown ones
+            raise, and so do
             transformers' names for the lengths (`max_position_embeddings`,
             `original_max_position_embeddings`), naming ours.
 
     Patching again replaces the previous extension; `unpatch` restores the original. Any error
-    leaves the model exactly as it was before the call.
+    leaves the model exactly as it was before the call. Attention modules that take their softmax
+    scale from the rope dict at construction (DeepSeek's `mscale_all_dim`) get it recomputed from
+    the patched config (`rope/softmax_scale.py`), as a reload of the saved model computes it.
     Static methods raise `config.max_position_embeddings` to the target length. Dynamic ones
     leave it at the trained length (transformers' dynamic update reads it as L), and their
     rotary modules get a per-module hook that makes each forward's frequencies and attention
@@ -298,7 +313,8 @@ def patch(model: _Model, method, factor: float | None = None, *,
             raw_config={k: copy.deepcopy(config.__dict__[k]) for k in _RAW_KEYS if k in config.__dict__},
             modules=rotary_modules(model),
             rope=_logical_rope(config),
-            max_position_embeddings=config.max_position_embeddings)
+            max_position_embeddings=config.max_position_embeddings,
+            scalings=softmax_scale.snapshot(model))
     new = plan(state.rope, state.max_position_embeddings, method, factor, target_length,
                params, dim=rotary_dim(config),
                saved_trained=attention.saved_trained_length(state.raw_config),
@@ -306,6 +322,7 @@ def patch(model: _Model, method, factor: float | None = None, *,
     with _atomic(model, config):
         apply_to_config(config, new, state.raw_config)
         _install_rotary(model, state, config)
+        softmax_scale.apply(model, config)
         setattr(model, _STATE_ATTR, state)
     return model
 
@@ -333,6 +350,7 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     config.__dict__.update(copy.deepcopy(state.raw_config))
     for parent, name, original in state.modules:
         setattr(parent, name, original)
+    softmax_scale.restore(state.scalings)
     delattr(model, _STATE_ATTR)
     return model
 

@@ -223,8 +223,9 @@ def _statuses(path) -> dict[str, set]:
 
 
 def test_check_is_not_applicable_to_transformers_own_types(tmp_path):
-    """llama3 / longrope / DeepSeek's yarn: transformers reads its own types exactly; nothing to
-    re-derive an engine against (n/a), unless the engine was measured (measured.overlay)."""
+    """llama3 / longrope: transformers reads its own types exactly; nothing to re-derive an engine
+    against (n/a), unless the engine was measured (measured.overlay). DeepSeek's yarn (mscale /
+    mscale_all_dim) is hf_posext's yarn with those knobs: each engine is judged against it."""
     model = hf_posext.patch(tiny_model("llama"), "llama3", factor=8.0, low_freq_factor=1.0,
                             high_freq_factor=4.0)
     model.config.save_pretrained(tmp_path / "l3")
@@ -234,7 +235,10 @@ def test_check_is_not_applicable_to_transformers_own_types(tmp_path):
                 "mscale": 0.707, "mscale_all_dim": 0.707}
     cfg.update(rope_parameters={**deepseek, "rope_theta": BASE}, rope_scaling=deepseek)
     (tmp_path / "l3" / "config.json").write_text(json.dumps(cfg))
-    assert _statuses(tmp_path / "l3") == {"transformers": {"exact"}, "engines": {"n/a"}}
+    assert _statuses(tmp_path / "l3")["transformers"] == {"exact"}
+    verdicts = {v.reader: v.status for v in check(tmp_path / "l3")}
+    # vLLM's older yarn passes neither mscale key (its scale is 0.1·ln s + 1), the newer one both
+    assert verdicts["vLLM 0cd5784"] == "exact" and verdicts["vLLM 07b12f1"] == "different"
 
 
 def test_export_bad_input(tmp_path):

@@ -54,9 +54,12 @@ except ConfigError:
 # its new knob: a knob name everywhere, parsed by --knobs, checked by its own check
 from hf_posext.evaluation.shared.grid import knob_names
 assert "toy_power" in knob_names()
-from hf_posext.cli import build_parser
-assert "toy_power: toy: positions are divided by factor^toy_power" in " ".join(   # --knobs help
-    build_parser()._subparsers._group_actions[0].choices["eval"].format_help().split())
+import contextlib, io
+from hf_posext import cli
+listed = io.StringIO()
+with contextlib.redirect_stdout(listed):   # `hf-posext methods toy`: what --knobs takes
+    cli.main(["methods", "toy"])
+assert "toy_power (default" in listed.getvalue() and "toy: positions are divided by factor^toy_power" in listed.getvalue()
 assert parse_knobs("toy:toy_power=3", ["toy"]) == {"toy": {"toy_power": 3.0}}
 for bad in ("toy:toy_power=-1", "toy:toy_power=0"):
     try:
@@ -194,9 +197,12 @@ assert parse_methods("toy_window") == ["toy_window"]
 from hf_posext.errors import ConfigError
 from hf_posext.evaluation.shared.grid import knob_names
 assert "span" in knob_names()
-from hf_posext.cli import build_parser
-assert "span: toy_window: ReRoPE's window" in " ".join(
-    build_parser()._subparsers._group_actions[0].choices["eval"].format_help().split())
+import contextlib, io
+from hf_posext import cli
+listed = io.StringIO()
+with contextlib.redirect_stdout(listed):   # `hf-posext methods toy_window`: what --knobs takes
+    cli.main(["methods", "toy_window"])
+assert "span (default" in listed.getvalue() and "toy_window: ReRoPE's window" in listed.getvalue()
 assert parse_knobs("toy_window:span=8", ["toy_window"]) == {"toy_window": {"span": 8}}
 for bad in ("toy_window:span=0", "toy_window:span=2.5", "rerope:span=8"):
     try:

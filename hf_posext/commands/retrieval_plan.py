@@ -59,7 +59,7 @@ def parse_budget(text: str) -> Budget:
     return Budget(seconds=float(m[1]) * UNITS[m[2]])
 
 
-def rule_from(args) -> tuple[SequentialRule, Budget | None] | None:
+def rule_from(args) -> tuple[SequentialRule, Budget | None, float | None] | None:
     """The rule and budget the flags ask for (None: the fixed design), InputError naming the flag.
     Sets args.trials to the fixed design's default when it was not given."""
     sequential = args.sequential or args.budget is not None

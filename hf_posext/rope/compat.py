@@ -65,6 +65,12 @@ def set_rope_parameters(config, params: dict[str, Any]) -> None:
     params = copy.deepcopy(params)
     if IS_V5:
         nested = _nested_key(config)
+        if nested and params.get("rope_type") == "yarn" and params.get("truncate") is False:
+            # modeling_rope_utils `_compute_yarn_parameters` reads `truncate` from the top level
+            # of rope_parameters, never from a layer type's entry: it would run truncated
+            raise ValueError("truncate=False cannot be written into a per-layer-type rope dict: "
+                             "transformers' yarn reads truncate from the top level of "
+                             "rope_parameters only, so these layers would run truncate=True.")
         if nested:  # only the global layers' entry changes
             params = {**copy.deepcopy(config.rope_parameters), nested: params}
         config.rope_parameters = params

@@ -73,12 +73,16 @@ def correction_dim(num_rotations: float, dim: int, base: float, original_max: in
 
 
 def correction_range(beta_fast: float, beta_slow: float, dim: int, base: float,
-                     original_max: int) -> tuple[int, int]:
+                     original_max: int, truncate: bool = True) -> tuple[float, float]:
     """Pair indices [low, high] where the ramp runs: frequencies turning more than beta_fast times
     over L (below `low`) keep extrapolating, those turning fewer than beta_slow times (above
-    `high`) are fully interpolated. floor/ceil and the clamp to [0, d-1] follow the reference code."""
-    low = math.floor(correction_dim(beta_fast, dim, base, original_max))
-    high = math.ceil(correction_dim(beta_slow, dim, base, original_max))
+    `high`) are fully interpolated. floor/ceil and the clamp to [0, d-1] follow the reference code;
+    `truncate=False` keeps the fractional bounds (transformers' `truncate` key of `yarn`, which
+    gpt-oss sets: `_compute_yarn_parameters.find_correction_range`)."""
+    low = correction_dim(beta_fast, dim, base, original_max)
+    high = correction_dim(beta_slow, dim, base, original_max)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
     return max(low, 0), min(high, dim - 1)
 
 
@@ -94,7 +98,8 @@ def yarn_ramp(low: float, high: float, n: int, device=None) -> torch.Tensor:
 
 
 def ntk_by_parts(dim: int, base: float, factor: float, original_max: int,
-                 beta_fast: float = 32.0, beta_slow: float = 1.0, device=None) -> Freqs:
+                 beta_fast: float = 32.0, beta_slow: float = 1.0, device=None,
+                 truncate: bool = True) -> Freqs:
     """NTK-by-parts (YaRN §3.2): interpolate low frequencies by s, keep high ones, ramp between.
 
     inv_freq'_i = (1 − w_i) · inv_freq_i / s + w_i · inv_freq_i, with extrapolation weight
@@ -102,7 +107,7 @@ def ntk_by_parts(dim: int, base: float, factor: float, original_max: int,
     inv_freq = default_inv_freq(dim, base, device)
     if factor == 1.0:
         return inv_freq, 1.0
-    low, high = correction_range(beta_fast, beta_slow, dim, base, original_max)
+    low, high = correction_range(beta_fast, beta_slow, dim, base, original_max, truncate)
     extrapolation = 1.0 - yarn_ramp(low, high, dim // 2, device)
     return (inv_freq / factor) * (1.0 - extrapolation) + inv_freq * extrapolation, 1.0
 
@@ -116,15 +121,31 @@ def yarn_mscale(factor: float, coefficient: float = 0.1) -> float:
     return coefficient * math.log(factor) + 1.0
 
 
+def deepseek_mscale(factor: float, mscale: float, mscale_all_dim: float) -> float:
+    """DeepSeek's YaRN cos/sin scale: get_mscale(s, mscale) / get_mscale(s, mscale_all_dim), with
+    get_mscale(s, m) = 0.1·m·ln(s) + 1 (transformers `_compute_yarn_parameters`, when both keys
+    are set). DeepSeek-V3's attention multiplies its softmax scale by get_mscale(s,
+    mscale_all_dim)² on top (`DeepseekV3Attention`, `yarn_apply_mscale`): with mscale ==
+    mscale_all_dim the cos/sin scale is 1 and the whole temperature sits in the softmax."""
+    return yarn_mscale(factor, 0.1 * mscale) / yarn_mscale(factor, 0.1 * mscale_all_dim)
+
+
 def yarn(dim: int, base: float, factor: float, original_max: int, beta_fast: float = 32.0,
          beta_slow: float = 1.0, mscale_coefficient: float = 0.1,
-         attention_factor: float | None = None, device=None) -> Freqs:
+         attention_factor: float | None = None, device=None, truncate: bool = True,
+         mscale: float | None = None, mscale_all_dim: float | None = None) -> Freqs:
     """YaRN (§3.4): NTK-by-parts frequencies plus the attention temperature.
 
     cos and sin are multiplied by mscale (so q·k logits by mscale²); `attention_factor`, when
-    given, replaces the mscale formula."""
-    inv_freq, _ = ntk_by_parts(dim, base, factor, original_max, beta_fast, beta_slow, device)
-    scale = attention_factor if attention_factor is not None else yarn_mscale(factor, mscale_coefficient)
+    given, replaces the mscale formula, and so does DeepSeek's ratio when `mscale` and
+    `mscale_all_dim` are both given (`deepseek_mscale`; transformers' order of precedence)."""
+    inv_freq, _ = ntk_by_parts(dim, base, factor, original_max, beta_fast, beta_slow, device, truncate)
+    if attention_factor is not None:
+        scale = attention_factor
+    elif mscale and mscale_all_dim:
+        scale = deepseek_mscale(factor, mscale, mscale_all_dim)
+    else:
+        scale = yarn_mscale(factor, mscale_coefficient)
     return inv_freq, scale
 
 
@@ -143,13 +164,13 @@ def dynamic_yarn_scale(original_max: int, seq_len: int | None, finetuned_factor:
 
 def dynamic_yarn(dim: int, base: float, original_max: int, seq_len: int | None,
                  beta_fast: float = 32.0, beta_slow: float = 1.0, mscale_coefficient: float = 0.1,
-                 finetuned_factor: float = 1.0, device=None) -> Freqs:
+                 finetuned_factor: float = 1.0, device=None, truncate: bool = True) -> Freqs:
     """Dynamic YaRN (§3.3): YaRN at the scale `dynamic_yarn_scale` gives for the current length l
     (s = max(1, l / L); fine-tuned mode: s = max(s_ft, l / L)). The ramp stays anchored at the
     trained L, as in the reference code."""
     factor = dynamic_yarn_scale(original_max, seq_len, finetuned_factor)
     return yarn(dim, base, factor, original_max, beta_fast, beta_slow, mscale_coefficient,
-                device=device)
+                device=device, truncate=truncate)
 
 
 # ---- CoPE, clipped RoPE (Li et al. 2026, arXiv 2602.05258) ---------------------------------

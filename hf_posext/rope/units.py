@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import methods
-from .knobs import NATIVE_TRAINED_KEY, REQUIRED, TRAINED_LENGTH, Knob, flag, positive, tokens
+from .knobs import NATIVE_TRAINED_KEY, REQUIRED, TRAINED_LENGTH, Knob, flag, number, positive, switch, tokens
 
 # YaRN paper defaults for Llama (§3.2): alpha = beta_slow = 1, beta = beta_fast = 32; mscale
 # coefficient 0.1 (eq. 22). The YaRN authors' Mistral runs used 128, 2 and 0.07.
@@ -37,7 +37,30 @@ ATTENTION_FACTOR = positive("attention_factor", "yarn: a fixed cos/sin scale rep
                             "formula; longrope: transformers' own", None)
 FINETUNED = flag("finetuned", "dynamic_yarn: the YaRN reference code's fine-tuned mode (static YaRN "
                  "at factor up to factor·L, dynamic beyond)")
-_RAMP = (BETA_FAST, BETA_SLOW)
+# transformers' `yarn` keys beyond the paper's (modeling_rope_utils `_compute_yarn_parameters`),
+# with transformers' meaning: `truncate` (gpt-oss saves false) floors/ceils the ramp's bounds;
+# DeepSeek's `mscale` / `mscale_all_dim` set the cos/sin scale to get_mscale(s, mscale) /
+# get_mscale(s, mscale_all_dim) when both are set, and DeepSeek-family attention multiplies its
+# softmax scale by get_mscale(s, mscale_all_dim)² (`DeepseekV3Attention`, `yarn_apply_mscale`).
+# default None: transformers' default (true), written nowhere, so configs and reports of methods
+# that do not set it stay as they were
+TRUNCATE = Knob("truncate", bool, None, lambda v, L: switch("truncate", v),
+                "YaRN ramp: floor/ceil its correction range (transformers' `truncate`, true when "
+                "unset; gpt-oss: false)")
+
+
+def _mscale_check(name: str) -> Callable[[Any, int | None], Any]:
+    # 0 is transformers' "not set" (it tests the keys' truth), so it is accepted as such
+    return lambda v, L: number(name, v, minimum=0.0)
+
+
+DS_MSCALE = Knob("mscale", float, None, _mscale_check("mscale"),
+                 "yarn: DeepSeek's m, cos/sin scale get_mscale(s, m)/get_mscale(s, mscale_all_dim) "
+                 "(needs mscale_all_dim)")
+DS_MSCALE_ALL_DIM = Knob("mscale_all_dim", float, None, _mscale_check("mscale_all_dim"),
+                         "yarn: DeepSeek's mscale_all_dim; DeepSeek-family attention also scales "
+                         "its softmax by get_mscale(s, mscale_all_dim)²")
+_RAMP = (BETA_FAST, BETA_SLOW, TRUNCATE)
 
 
 def _given(name: str, kind: type, help: str,
@@ -95,13 +118,34 @@ def _ramp_check(c) -> None:
                          f"beta_slow={c.beta_slow}. The paper's Llama values are 32 and 1.")
 
 
+def _yarn_check(c) -> None:
+    """DeepSeek's keys as transformers reads them: `mscale` only in the ratio with
+    `mscale_all_dim`, neither when `attention_factor` is given; never with a second temperature
+    rule (mscale_coefficient)."""
+    _ramp_check(c)
+    if c.mscale and not c.mscale_all_dim:
+        raise ValueError("mscale needs mscale_all_dim: transformers' yarn uses mscale only in the "
+                         "ratio get_mscale(s, mscale) / get_mscale(s, mscale_all_dim) and ignores it "
+                         "alone. Pass both (DeepSeek-V3: 1.0 and 1.0).")
+    if c.mscale and c.attention_factor is not None:
+        raise ValueError("mscale and attention_factor both set the cos/sin scale, and transformers "
+                         "ignores mscale when attention_factor is given; pass one.")
+    if (c.mscale or c.mscale_all_dim) and c.mscale_coefficient != MSCALE.default:
+        raise ValueError("mscale / mscale_all_dim (DeepSeek's temperature) and mscale_coefficient "
+                         "(YaRN's 0.1·ln s + 1 with another coefficient) are two temperature rules; "
+                         "pass one.")
+
+
 def _ramp_keys(c) -> dict[str, Any]:
     return {NATIVE_TRAINED_KEY: c.trained_length,
-            "beta_fast": c.beta_fast, "beta_slow": c.beta_slow}
+            "beta_fast": c.beta_fast, "beta_slow": c.beta_slow,
+            **({"truncate": False} if c.truncate is False else {})}   # absent means true
 
 
 def _yarn_keys(c) -> dict[str, Any]:
     keys = _ramp_keys(c)
+    keys.update({k: float(getattr(c, k)) for k in ("mscale", "mscale_all_dim")
+                 if getattr(c, k) is not None})
     # transformers' yarn knows no mscale coefficient: write the resulting cos/sin scale
     # explicitly unless it is transformers' own default (0.1·ln s + 1).
     if c.attention_factor is not None:
@@ -144,7 +188,7 @@ DYNAMIC_NTK = RopeMethod(
 NTK_BY_PARTS = RopeMethod(
     "ntk_by_parts", "ntk_by_parts", registered=True, knobs=_RAMP, check=_ramp_check,
     compute=lambda c, d, b, n, dev: methods.ntk_by_parts(
-        d, b, c.factor, c.trained_length, c.beta_fast, c.beta_slow, dev),
+        d, b, c.factor, c.trained_length, c.beta_fast, c.beta_slow, dev, c.truncate is not False),
     rope_keys=_ramp_keys,
     # transformers' yarn (truncate=True: floor/ceil of the correction range, as
     # methods.correction_range) with the temperature fixed to 1 is NTK-by-parts
@@ -153,10 +197,10 @@ NTK_BY_PARTS = RopeMethod(
 
 YARN = RopeMethod(
     "yarn", "yarn",
-    knobs=(*_RAMP, MSCALE, ATTENTION_FACTOR), check=_ramp_check,
+    knobs=(*_RAMP, MSCALE, ATTENTION_FACTOR, DS_MSCALE, DS_MSCALE_ALL_DIM), check=_yarn_check,
     compute=lambda c, d, b, n, dev: methods.yarn(
         d, b, c.factor, c.trained_length, c.beta_fast, c.beta_slow,
-        c.mscale_coefficient, c.attention_factor, dev),
+        c.mscale_coefficient, c.attention_factor, dev, c.truncate is not False, c.mscale, c.mscale_all_dim),
     rope_keys=_yarn_keys)
 
 DYNAMIC_YARN = RopeMethod(
@@ -164,7 +208,7 @@ DYNAMIC_YARN = RopeMethod(
     knobs=(*_RAMP, MSCALE, FINETUNED), check=_ramp_check,
     compute=lambda c, d, b, n, dev: methods.dynamic_yarn(
         d, b, c.trained_length, n, c.beta_fast, c.beta_slow,
-        c.mscale_coefficient, c.factor if c.finetuned else 1.0, dev),
+        c.mscale_coefficient, c.factor if c.finetuned else 1.0, dev, c.truncate is not False),
     rope_keys=_dynamic_yarn_keys)
 
 # transformers' own types, passed through untouched (no math of ours): their knobs are required

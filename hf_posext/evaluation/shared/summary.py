@@ -57,7 +57,7 @@ def retrieval_section(rows: Sequence[dict], margin: float) -> dict:
 
 def write_summary(out: Path, caption: str, sections: list[dict], plots: Sequence[Path] = ()) -> tuple[Path, Path]:
     """summary.md and summary.json in `out` (both replaced whole)."""
-    names = [Path(p).name for p in plots]
+    names = [Path(p).name for p in plots if p]   # a plot with nothing to draw is None
     data = {"schema": SCHEMA, "caption": caption, "plots": names, "sections": sections}
     md = [f"# Summary: {caption}", ""]
     for s in sections:
