@@ -26,22 +26,19 @@ UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
 
 def add_args(g) -> None:
     g.add_argument("--sequential", action="store_true",
-                   help="stop each (task, method, length) once its interval is wholly above or below the "
-                        f"bar; --trials is then per look (default {DEFAULT_BLOCK}); docs/retrieval.md")
+                   help=f"stop each question once decided (--trials per look, default {DEFAULT_BLOCK})")
     g.add_argument("--max-trials", type=int, default=None,
                    help=f"with --sequential: the most trials a cell runs (default {DEFAULT_TRIALS})")
     g.add_argument("--confidence", type=float, default=None,
                    help=f"with --sequential: the intervals' joint confidence (default {DEFAULT_CONFIDENCE})")
     g.add_argument("--indifference", type=float, default=None,
-                   help="with --sequential: accept either call within this distance of the bar (default 0)")
+                   help="with --sequential: a zone around the bar (default 0)")
     g.add_argument("--boundary", default=None, choices=BOUNDARIES,
-                   help="with --sequential: each look's level, exact (default) or bonferroni")
+                   help="with --sequential: looks' levels (default exact)")
     g.add_argument("--prefix-cache-gb", type=float, default=None,
-                   help="with --sequential: memory for prefix caches kept across looks "
-                        f"(default {DEFAULT_PREFIX_CACHE_BYTES / 2**30:g})")
+                   help=f"with --sequential: GB of prefix caches kept (default {DEFAULT_PREFIX_CACHE_BYTES / 2**30:g})")
     g.add_argument("--bar", type=float, default=None,
-                   help="with --sequential: decide against this fixed accuracy (e.g. a target of 0.7) "
-                        "instead of the unpatched model's within L; the unpatched model then runs only within L")
+                   help="with --sequential: a fixed bar (e.g. 0.7) instead of the unpatched model's")
     g.add_argument("--budget", default=None,
                    help="sequential trials within a wall time (30m, 2h, 90s) or a number of trials; "
                         "--resume continues")
