@@ -110,4 +110,4 @@ def test_two_ranks_write_the_single_process_results_and_resume(assets, tmp_path)
     assert _rows(tmp_path / "pk2" / "passkey.json") == _rows(tmp_path / "pk1" / "passkey.json")
     # Only rank 0 wrote: no stray temporary or per-rank files.
     assert sorted(p.name for p in (tmp_path / "two").iterdir() if not p.name.startswith(".")) == \
-        ["perplexity.csv", "perplexity.json"]
+        ["perplexity.csv", "perplexity.json", "summary.json", "summary.md"]
