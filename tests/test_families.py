@@ -67,7 +67,8 @@ def frequencies(model, local=False):
 
 def test_the_deep_tests_cover_families_of_the_registry():
     # every supported family: tests/test_families_found.py; phi3: tests/test_longrope.py
-    assert set(FAMILIES) | {"llama", "mistral", "phi3"} <= set(SUPPORTED_MODEL_TYPES)
+    refused_on_4x = set() if IS_V5 else {"olmo2"}   # test_olmo2_on_transformers_4
+    assert set(FAMILIES) - refused_on_4x | {"llama", "mistral", "phi3"} <= set(SUPPORTED_MODEL_TYPES)
 
 
 @pytest.fixture(params=list(FAMILIES))
