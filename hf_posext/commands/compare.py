@@ -94,9 +94,11 @@ def plot(runs: list[tuple[str, dict]], path: Path) -> Path:
 
 def run_compare(args: argparse.Namespace) -> int:
     runs = []
-    for folder in args.folders:
+    names = [Path(f).name or str(f) for f in args.folders]
+    for folder, name in zip(args.folders, names):
+        name = str(folder) if names.count(name) > 1 else name   # two `eval/` folders: their paths
         try:
-            runs.append((Path(folder).name or str(folder), read_summary(folder)))
+            runs.append((name, read_summary(folder)))
         except ValueError as err:
             raise InputError(str(err)) from None
     out = Path(args.out)

@@ -133,14 +133,14 @@ def run_extend(args: argparse.Namespace) -> int:
                   or config.max_position_embeddings)
     method, factor, knobs = method_and_factor(args, trained)
     check_engine(config, args.engine, method, factor, knobs)
-    check_eval_args(args)
-    eval_docs = session_eval_docs(args, trained, factor)
+    depths = check_eval_args(args)
 
     from ..data.embedded import load_model, load_tokenizer
     import torch
-    print(f"model: loading {args.model}", file=sys.stderr, flush=True)
     extra = {"revision": args.revision} if args.revision else {}
-    tokenizer = load_tokenizer(args.model, args.gguf_file, **extra)
+    tokenizer = load_tokenizer(args.model, args.gguf_file, **extra)   # one load: the eval text, then OUT
+    eval_docs = eval_documents(args, tokenizer, round(factor * trained))
+    print(f"model: loading {args.model}", file=sys.stderr, flush=True)
     model = load_model(name=args.model, gguf_file=args.gguf_file, dtype=getattr(torch, args.dtype), **extra)
     patch(model, method, factor, **knobs)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +149,7 @@ def run_extend(args: argparse.Namespace) -> int:
     else:
         export(model, out, args.engine)
     tokenizer.save_pretrained(out)
-    figures = run_eval(args, out, model, tokenizer, eval_docs, method, factor, knobs) if args.eval else ()
+    figures = run_eval(args, out, model, tokenizer, eval_docs, depths, method, factor, knobs) if args.eval else ()
     path, gguf = resolve_model(args.model, args.gguf_file)
     ext = Extension(base=args.model, base_hub_id=hub_id_of(args.model), method=method, factor=factor,
                     knobs=knobs, trained=trained_length(model), extended=round(factor * trained),
@@ -164,15 +164,13 @@ def run_extend(args: argparse.Namespace) -> int:
     return 0
 
 
-def session_eval_docs(args, trained: int, factor: float):
-    """With --eval: the evaluation text tokenised now, so a bad --eval-text fails before the load."""
+def eval_documents(args, tokenizer, need: int):
+    """With --eval: the evaluation text tokenised before the model loads, so a bad --eval-text
+    fails first."""
     if not args.eval:
         return None
     from ..evaluation import TextSource, TokenCache, load_documents, select_documents
-    from ..data.embedded import load_tokenizer
-    need = round(factor * trained)
-    tok = load_tokenizer(args.model, args.gguf_file)
-    chosen = select_documents(load_documents(TextSource(args.eval_text or EVAL_TEXT)), TokenCache(tok),
+    chosen = select_documents(load_documents(TextSource(args.eval_text or EVAL_TEXT)), TokenCache(tokenizer),
                               min_tokens=need, max_docs=1)
     if not chosen.docs:
         raise InputError(f"--eval-text {args.eval_text!r} has no document of {need} tokens; pass a longer text.")

@@ -42,7 +42,8 @@ def check_eval_args(args) -> list[float]:
     return parse_floats01(args.eval_depths, "--eval-depths")
 
 
-def run_eval(args, out: Path, model, tokenizer, docs, method: str, factor: float, knobs: dict) -> list[Figure]:
+def run_eval(args, out: Path, model, tokenizer, docs, depths: list[float], method: str, factor: float,
+             knobs: dict) -> list[Figure]:
     """Both evaluations into OUT/eval/, the summary beside them; the card's figures returned."""
     from ..evaluation import PerplexityGrid, ResultsStore, RetrievalGrid, evaluate_perplexity, evaluate_retrieval
     from ..evaluation.shared.settings import RunInfo
@@ -52,7 +53,6 @@ def run_eval(args, out: Path, model, tokenizer, docs, method: str, factor: float
     unpatch(model)
     trained = trained_length(model)
     target = round(factor * trained)
-    depths = check_eval_args(args)
     folder = out / "eval"
     run = RunInfo(model_name=args.model)
     print(f"eval: perplexity at {trained} and {target} on {args.eval_text}", file=sys.stderr, flush=True)
