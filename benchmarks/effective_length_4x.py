@@ -1,12 +1,14 @@
 """Effective length at 4x, training-free: RULER's single needle (`niah_single`, RULER's wording)
-at 32k on the embedded SmolLM2-135M (trained at 8,192), YaRN s = 4, in three haystacks no method
-or recipe was tuned on: RULER's noise, a held-out play (Hamlet: neither the searches nor the
+at 32k on the embedded SmolLM2-135M (trained at 8,192), training-free: YaRN s = 4, DPE with its
+committed 32k detection (results/dpe/dpe-32k-bf16.json) and Self-Extend as the side-by-side runs
+them, in three haystacks no method or recipe was tuned on: RULER's noise, a held-out play (Hamlet: neither the searches nor the
 recipe's training saw it) and source code (torch's `_refs/__init__.py`, fixed by the torch pin).
 Five depths, sequential looks of 4 needles a depth up to 20, each cell decided against a fixed
 bar of 0.7 (the target's lower Wilson bound) within a wall-time budget; and, in the code haystack,
 the unpatched model within L (8k) as the reference a method's accuracy is read against.
 
     python benchmarks/effective_length_4x.py run noise       # then hamlet, code (each resumable)
+    python benchmarks/effective_length_4x.py run noise --method dpe   # or self_extend
     python benchmarks/effective_length_4x.py reference code  # the unpatched model at 8k in code
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
 
@@ -24,6 +26,9 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "effective-length-4x"
 PAGE = HERE / "results" / "effective_length_4x.md"
 BAR, DEPTHS, BUDGET = 0.7, "0,0.25,0.5,0.75,1", {"noise": "40m", "hamlet": "40m", "code": "30m"}
+# the attention-level methods' knobs: DPE's detected scales, Self-Extend's window (side_by_side.py)
+KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
+         "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"]}
 LABELS = {"noise": "RULER's noise", "hamlet": "Hamlet (held out)",
           "code": "source code (torch/_refs/__init__.py, torch 2.13.0)"}
 
@@ -37,11 +42,16 @@ def dataset(haystack: str) -> str:
     return {"noise": "noise", "hamlet": "embedded:shakespeare/hamlet", "code": code_path()}[haystack]
 
 
-def run_argv(haystack: str) -> list[str]:
-    return ["retrieval", "--tasks", "niah_single", "--methods", "yarn", "--lengths", "32k", "--factor", "4",
+def run_folder(haystack: str, method: str) -> Path:
+    """YaRN's rows in the haystack's folder (its first runs), another method's beside it."""
+    return OUT / (haystack if method == "yarn" else f"{haystack}-{method}")
+
+
+def run_argv(haystack: str, method: str = "yarn") -> list[str]:
+    return ["retrieval", "--tasks", "niah_single", "--methods", method, *KNOBS[method], "--lengths", "32k", "--factor", "4",
             "--depths", DEPTHS, "--trials", "4", "--max-trials", "20", "--dtype", "float32", "--sequential",
             "--bar", str(BAR), "--dataset", dataset(haystack), "--budget", BUDGET[haystack], "--no-progress",
-            "--out", str(OUT / haystack)]
+            "--out", str(run_folder(haystack, method))]
 
 
 def reference_argv(haystack: str) -> list[str]:
@@ -95,7 +105,8 @@ def line(label: str, method: str, length: int, cells: list[dict], folder: Path) 
         decision, bounds = "reference:", f"bar {k / n - 0.1:.2f}"
     met = "met" if n and k / n >= 0.9 and low >= 0.7 else f"missed (accuracy {k / n:.2f}, lower bound {low:.2f})"
     minutes = sum(float(r["seconds"]) for r in cells) / 60
-    name = "unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}"
+    name = ("unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}" if method == "yarn"
+            else method)
     return (f"| {label} | {name} | {length // 1024}k | {k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}] | {depths} | "
             f"{decision} {bounds} | {met if length > 8192 else '(within L)'} | {minutes:.0f} min |")
 
@@ -106,10 +117,12 @@ def write_page() -> Path:
             "target (>= 0.9, lower bound >= 0.7) | wall time |", "|---|---|---|---|---|---|---|---|"]
     lines, commands, missing = [], [], []
     for haystack, label in LABELS.items():
-        for folder, argv in ((OUT / haystack, run_argv(haystack)), (OUT / f"{haystack}-reference", reference_argv(haystack))):
+        steps = [(run_folder(haystack, m), run_argv(haystack, m)) for m in KNOBS]
+        steps.append((OUT / f"{haystack}-reference", reference_argv(haystack)))
+        for folder, argv in steps:
             questions = question_rows(folder)
-            if not questions and folder.name == haystack:
-                missing.append(label)
+            if not questions and folder != OUT / f"{haystack}-reference":
+                missing.append(f"{label}: {argv[argv.index('--methods') + 1]}")
             for (method, length), cells in sorted(questions.items(), key=lambda q: (q[0][1], q[0][0])):
                 lines.append(line(label, method, length, cells, folder))
             if questions:
@@ -139,11 +152,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=("run", "reference", "report"))
     p.add_argument("haystack", nargs="?", choices=tuple(LABELS))
+    p.add_argument("--method", choices=tuple(KNOBS), default="yarn", help="the method `run` measures")
     args = p.parse_args()
     if args.step != "report" and args.haystack is None:
         p.error(f"{args.step} needs a haystack: {', '.join(LABELS)}")
     if args.step == "run":
-        cli(run_argv(args.haystack), OUT / args.haystack)
+        cli(run_argv(args.haystack, args.method), run_folder(args.haystack, args.method))
     elif args.step == "reference":
         cli(reference_argv(args.haystack), OUT / f"{args.haystack}-reference")
     else:
