@@ -118,8 +118,8 @@ def main() -> None:
     p.add_argument("--only", default=None,
                    help="heldout: one of searched, yarn, gradient, evolution (the compare step's), "
                         "unpatched, searched4, yarn4 (4x), mix, mix4 (two kinds)")
-    p.add_argument("--budget-minutes", type=float, default=COMPARE_BUDGET,
-                   help=f"compare: minutes per algorithm (default {COMPARE_BUDGET:g})")
+    p.add_argument("--budget", default=f"{COMPARE_BUDGET:g}m",
+                   help=f"compare: wall time per algorithm, as `hf-posext search --budget` (default {COMPARE_BUDGET:g}m)")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
                    help="heldout: comma-separated lengths (default 4096,8192,16384)")
     p.add_argument("--short-identity", action="store_true",
@@ -133,7 +133,8 @@ def main() -> None:
         argv = {"tune": TUNE_ARGV, "tune4": TUNE4_ARGV, "mix": MIX_ARGV, "mix4": MIX4_ARGV}[args.step]
         raise SystemExit(cli.main(argv))
     if args.step == "compare":
-        compare(args.budget_minutes)
+        from hf_posext.evaluation.shared.inputs import parse_wall_time
+        compare(parse_wall_time(args.budget) / 60)
     if args.step == "heldout":
         lengths = [int(n) for n in args.lengths.split(",")]
         short = dict(short_identity=args.short_identity)

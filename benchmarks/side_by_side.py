@@ -100,7 +100,7 @@ def search(objective: str, target: int, proxy: str, minutes: float) -> None:
         print(f"{out} holds a finished search; skipped", flush=True)
         return
     cli("search", "--objective", objective, "--dataset", TUNE, "--target-length", str(target),
-        "--proxy-length", proxy, "--algorithm", "evolution", "--budget-minutes", str(minutes),
+        "--proxy-length", proxy, "--algorithm", "evolution", "--budget", f"{minutes}m",
         "--no-final-check", "--no-progress", "--out", str(out))
 
 

@@ -56,6 +56,7 @@ def _people(parser: argparse.ArgumentParser, name: str) -> None:
     """One subcommand's parser as people read it: usage as `hf-posext NAME ARGS [options]`."""
     positionals = [a.metavar or a.dest for a in parser._actions if not a.option_strings]
     parser.formatter_class = PeopleHelp
+    parser.prog = f"hf-posext {name}"   # else argparse's errors begin with the top level's usage
     parser.usage = " ".join(["hf-posext", name, *[str(p).upper() for p in positionals], "[options]"])
 
 

@@ -110,3 +110,34 @@ def test_auto_dtype_gguf_packed_needs_transformers_packed_path(tmp_path, monkeyp
     assert auto_dtype.gguf_kept_packed(str(write_gguf(tmp_path / "a.gguf", packed_arch, True)))
     assert not auto_dtype.gguf_kept_packed(str(write_gguf(tmp_path / "b.gguf", packed_arch, False)))
     assert not auto_dtype.gguf_kept_packed(str(write_gguf(tmp_path / "c.gguf", "no-such-arch", True)))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(transformers.__version__.startswith("4."), reason="transformers 4.x has no packed GGUF path")
+def test_bfloat16_gguf_load_prints_no_float32_advice_when_dequantised(caplog):
+    """The embedded GGUF in bfloat16 on a machine without a GGUF kernel: transformers dequantises
+    it (the model computes in bfloat16) but first advises float32 (quantizer_gguf.py warns in
+    `update_dtype`, before `validate_environment` decides to dequantise). The advice would
+    contradict `--dtype auto`'s measured choice, so the command's loader drops it; a plain
+    transformers load still shows it (the filter is scoped to our load)."""
+    import logging
+
+    import torch
+
+    from hf_posext.commands.model_args import ModelSpec, load_model_from
+    from hf_posext.data.embedded import DEFAULT_MODEL, load_model
+    if auto_dtype.gguf_kept_packed(None):
+        pytest.skip("a GGUF kernel exists here: the weights stay packed and the advice is true")
+    advice = "is fastest in float32"
+    transformers.logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            model = load_model_from(ModelSpec(DEFAULT_MODEL, dtype="bfloat16"))
+        assert next(model.parameters()).dtype == torch.bfloat16
+        assert advice not in caplog.text
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            load_model(name=DEFAULT_MODEL, dtype=torch.bfloat16)
+        assert advice in caplog.text   # transformers' own load: unchanged
+    finally:
+        transformers.logging.disable_propagation()

@@ -133,7 +133,8 @@ def test_export_command_refuses(assets, tmp_path, capsys, args, says, status):
 
 
 @pytest.mark.parametrize("flags,says", [
-    ("--target-length 0", "'0'"), ("--target-length 64 --budget-minutes nan", "--budget-minutes must be a positive number"),
+    ("--target-length 0", "'0'"), ("--target-length 64 --budget nan", "--budget 'nan': give a wall time"),
+    ("--target-length 64 --budget-minutes 30", "--budget-minutes is no longer a flag; use --budget"),
     ("--target-length 64 --max-steps 0", "--max-steps"), ("--target-length 64k --out {tmp}/a_file", "a_file is a file"),
     ("--target-length 64 --out {tmp}", "is a non-empty folder without a search_log.jsonl"),
 ])   # --proxy-length past --target-length, --lr -1: test_search

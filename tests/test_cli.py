@@ -209,7 +209,7 @@ def test_version_and_model_keyword_arguments(model_dir, capsys, tmp_path):
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"hf-posext {hf_posext.__version__}"
     args = cli.build_parser().parse_args(["eval", "--model", "m", "--revision", "v2", "--dtype", "auto",
                                           "--attn-implementation", "eager", "--device-map", "auto"])
-    assert model_args.model_kwargs(args) == {"dtype": "auto", "revision": "v2",
+    assert model_args.ModelSpec.from_args(args).model_kwargs() == {"dtype": "auto", "revision": "v2",
                                        "attn_implementation": "eager", "device_map": "auto"}
     # They reach the model: the rows record the attention implementation and the resolved dtype.
     out = tmp_path / "pk"

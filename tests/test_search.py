@@ -164,7 +164,7 @@ def test_search_refuses_an_extended_model(doc, tmp_path):
 
 @pytest.mark.parametrize("argv,message", [
     (["--target-length", "16k", "--proxy-length", "32k"], "--proxy-length 32768 is longer than --target-length"),
-    (["--target-length", "16k", "--budget-minutes", "0"], "--budget-minutes must be a positive number"),
+    (["--target-length", "16k", "--budget", "0m"], "--budget '0m': give a wall time"),
     (["--target-length", "sixteen"], "--target-length"),
     (["--target-length", "16k", "--lr", "-1"], "--lr must be a positive number"),
 ])

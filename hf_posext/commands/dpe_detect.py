@@ -12,6 +12,7 @@ resume. Every option is checked, and the tuning text tokenised, before the model
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -27,9 +28,10 @@ from ..rope.compat import rotary_dim, text_config
 from ..search.dpe import GROUPS, component_norms, detect, select_key_dims
 from . import session
 from .auto_dtype import auto_inputs, fast_dtype
-from .model_args import load_model_from, load_tokenizer_from
+from .model_args import ModelSpec, load_model_from, load_tokenizer_from
 
 DEFAULT_TUNING = "embedded:shakespeare/king-lear"
+DEFAULT_OUT = "hf_posext_results/dpe-detect.json"   # beside the other commands' hf_posext_results/COMMAND
 
 
 def add_subcommand(sub) -> None:
@@ -50,7 +52,8 @@ def add_subcommand(sub) -> None:
     p.add_argument("--top-dims", type=int, default=None,
                    help="also select this many key dimensions per head by q·k 2-norm (the authors: "
                         "48 of 64); default: every dimension")
-    p.add_argument("--out", required=True, help="the JSON file to write")
+    p.add_argument("--out", default=None,
+                   help="the JSON file to write (default hf_posext_results/dpe-detect.json)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     session.add_dtype_arg(p)
     p.set_defaults(run=run)
@@ -58,7 +61,7 @@ def add_subcommand(sub) -> None:
 
 def _checked(args) -> tuple[int, int | None, int]:
     check_device(args.device)
-    out = Path(args.out)
+    out = Path(args.out or DEFAULT_OUT)
     if out.is_dir() or out.suffix != ".json":
         raise InputError(f"--out {out} must name a .json file.")
     for flag, value in (("--max-docs", args.max_docs), ("--groups", args.groups),
@@ -88,18 +91,19 @@ def run(args) -> int:
     length, shortest, window = _checked(args)
     source = TextSource(args.dataset, args.dataset_config, args.split, args.column)
     documents = load_documents(source, streaming=True)
-    tokenizer = load_tokenizer_from(args)
+    spec = ModelSpec.from_args(args)
+    tokenizer = load_tokenizer_from(spec)
     docs = select_documents(documents, TokenCache(tokenizer), length + 1, args.max_docs)
-    if args.dtype == "auto":   # measured before the weights load, as the grid commands do
-        args.dtype = fast_dtype(args.device, **auto_inputs(args.model, args.gguf_file))
-    model = load_model_from(args)
+    if spec.dtype == "auto":   # measured before the weights load, as the grid commands do
+        spec = dataclasses.replace(spec, dtype=fast_dtype(spec.device, **auto_inputs(spec.model, spec.gguf_file)))
+    model = load_model_from(spec)
     L = int(model.config.max_position_embeddings)
     key_dims = None
     if args.top_dims is not None:   # the reference samples at lengths up to L: one L-token text
         ids = docs.docs[0][:L]
         key_dims = select_key_dims(component_norms(model, torch.as_tensor(ids, dtype=torch.long)),
                                    args.top_dims)
-    out = Path(args.out)
+    out = Path(args.out or DEFAULT_OUT)
     try:
         result = detect(model, tokenizer, docs.docs, length, window=window, groups=args.groups,
                         key_dims=key_dims, shortest=shortest,
@@ -108,7 +112,7 @@ def run(args) -> int:
     except ValueError as err:
         raise InputError(str(err)) from None
     result["data"] = source.label
-    result["dtype"] = args.dtype
+    result["dtype"] = spec.dtype
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, json.dumps(result, indent=1) + "\n")
     print(f"dpe group_scales {result['group_scales']} (window {window}, target {length}); "

@@ -4,6 +4,7 @@ documents tokenised, before the model loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from ..evaluation.shared.inputs import InputError, parse_length, positive_int
 from ..evaluation.perplexity.run import evaluate_perplexity
 from ..evaluation.shared.results import plot_nll_by_position, plot_perplexity, print_table
 from ..evaluation.shared.summary import perplexity_section, write_summary
-from ..evaluation.shared.settings import DEFAULT_STRIDE, PROTOCOLS, PerplexityGrid, RunInfo
+from ..evaluation.shared.settings import DEFAULT_STRIDE, PROTOCOLS, PerplexityGrid
 from . import session
 from .model_args import load_tokenizer_from
 
@@ -65,17 +66,16 @@ def run(args) -> int:
     flag is checked before any document or model loads."""
     ranks = Ranks()
     grid = session.without_unfit(eval_grid(args), args, ranks)
-    session.resolve_dtype(args, ranks, "perplexity")
-    source, docs, tokenizer = _eval_documents(args, grid, ranks)
+    spec = session.model_spec(args, ranks, "perplexity")
+    source, docs, tokenizer = _eval_documents(args, spec, grid, ranks)
 
-    def evaluate(model, view, progress):   # args.fingerprint: the loaded model's (load_checked)
-        run = RunInfo(model_name=args.model, dataset=source.label, data_hash=docs.fingerprint,
-                      device=args.device, fingerprint=args.fingerprint)
+    def evaluate(model, view, progress, info):
+        run = dataclasses.replace(info, dataset=source.label, data_hash=docs.fingerprint)
         return evaluate_perplexity(model, docs.docs, grid, run=run, store=view, ranks=ranks,
                                    progress=progress, reuse_identical=not args.no_reuse,
                                    text_bytes=scored_bytes(tokenizer, docs.docs))
 
-    store, rows = session.evaluate_in_store(args, "perplexity", ranks, evaluate)
+    store, rows = session.evaluate_in_store(args, spec, "perplexity", ranks, evaluate)
     if ranks.is_main:
         _report_eval(args, grid, source, len(docs.docs), store, session.folder_rows(store.rows, rows))
     return 0
@@ -113,7 +113,7 @@ def eval_grid(args) -> PerplexityGrid:
                           baseline_stride=args.baseline_stride)
 
 
-def _eval_documents(args, grid: PerplexityGrid, ranks):
+def _eval_documents(args, spec, grid: PerplexityGrid, ranks):
     """(source, the selected documents' tokens, tokenizer): the first --max-docs documents with
     the tokens the grid needs."""
     source = TextSource(args.dataset, args.dataset_config, args.split, args.column)
@@ -123,7 +123,7 @@ def _eval_documents(args, grid: PerplexityGrid, ranks):
         documents = load_documents(source, streaming=True)
     except (FileNotFoundError, ValueError) as err:
         raise InputError(str(err)) from None
-    tokenizer = load_tokenizer_from(args)
+    tokenizer = load_tokenizer_from(spec)
     cache = TokenCache(tokenizer, args.cache_dir)
     try:
         docs = select_documents(documents, cache, need, args.max_docs)

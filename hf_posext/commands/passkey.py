@@ -10,8 +10,7 @@ from ..evaluation.shared.distributed import Ranks
 from ..evaluation.shared.inputs import InputError
 from ..evaluation.passkey import build_prompt, evaluate_passkey, passkey_for_seed
 from ..evaluation.shared.results import plot_passkey_heatmap, print_table
-from ..evaluation.retrieval.settings import RetrievalGrid
-from ..evaluation.shared.settings import RunInfo
+from ..evaluation.retrieval.settings import DEFAULT_TRIALS, RetrievalGrid
 from . import session
 from .model_args import load_tokenizer_from
 
@@ -23,7 +22,7 @@ def add_subcommand(sub) -> None:
     session.add_run_args(pk)
     g = pk.add_argument_group("passkey")
     session.add_depths_arg(g)
-    session.add_trials_args(g, 5)
+    session.add_trials_args(g, DEFAULT_TRIALS)
     g.add_argument("--seeds", default=None, help=argparse.SUPPRESS)   # the old flag: refused with the fix
     pk.set_defaults(run=run)
 
@@ -38,16 +37,14 @@ def run(args) -> int:
     depths, seeds = session.depths_flag(args), session.trial_seeds(args)
     grid = session.without_unfit(RetrievalGrid(methods, lengths, depths, seeds=seeds, factors=factors,
                                                knobs=knobs), args, ranks)
-    session.resolve_dtype(args, ranks, "passkey")
-    tokenizer = load_tokenizer_from(args)
+    spec = session.model_spec(args, ranks, "passkey")
+    tokenizer = load_tokenizer_from(spec)
     try:
         build_prompt(tokenizer, min(lengths), 0.5, passkey_for_seed(0))
     except ValueError as err:
         raise InputError(f"--lengths: {err}") from None
-    store, rows = session.evaluate_in_store(args, "passkey", ranks, lambda model, view, progress: (
-        evaluate_passkey(model, tokenizer, grid, store=view, ranks=ranks, progress=progress,
-                         run=RunInfo(model_name=args.model, device=args.device,
-                                     fingerprint=args.fingerprint))))
+    store, rows = session.evaluate_in_store(args, spec, "passkey", ranks, lambda model, view, progress, info: (
+        evaluate_passkey(model, tokenizer, grid, store=view, ranks=ranks, progress=progress, run=info)))
     if not ranks.is_main:
         return 0
     rows = session.folder_rows(store.rows, rows)

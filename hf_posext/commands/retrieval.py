@@ -20,7 +20,6 @@ from ..evaluation.retrieval.blocks import merge_blocks, trials_text
 from ..evaluation.retrieval.haystack import NOISE_NAME, load_haystack
 from ..evaluation.retrieval.plots import format_summary, plot_all, summary
 from ..evaluation.retrieval.settings import DEFAULT_MARGIN, DEFAULT_TRIALS
-from ..evaluation.shared.settings import RunInfo
 from ..evaluation.shared.summary import retrieval_section, write_summary
 from . import retrieval_engine, retrieval_plan, session
 from .model_args import load_tokenizer_from
@@ -48,8 +47,10 @@ def add_subcommand(sub) -> None:
     p.set_defaults(run=run, store_name="retrieval")
 
 
-def retrieval_grid(args, tasks: list[str] | None = None, seeds: list[int] | None = None) -> RetrievalGrid:
-    """The flags as a validated `RetrievalGrid` (InputError naming the flag)."""
+def retrieval_grid(args, trials: int, tasks: list[str] | None = None,
+                   seeds: list[int] | None = None) -> RetrievalGrid:
+    """The flags as a validated `RetrievalGrid` (InputError naming the flag); `trials`: the
+    seeds each cell may run (`retrieval_plan.trials_from`)."""
     methods, lengths, factors, knobs = session.grid_flags(args)
     depths = session.depths_flag(args)
     if tasks is None:
@@ -60,11 +61,11 @@ def retrieval_grid(args, tasks: list[str] | None = None, seeds: list[int] | None
                 raise InputError(f"--tasks: unknown task {t!r}; use {', '.join(TASKS)} or all.")
         if not tasks:
             raise InputError("--tasks is empty.")
-    if seeds is None and args.trials < 1:
-        raise InputError(f"--trials must be at least 1, got {args.trials}.")
+    if seeds is None and trials < 1:
+        raise InputError(f"--trials must be at least 1, got {trials}.")
     if not 0.0 <= args.margin < 1.0:
         raise InputError(f"--margin must be in [0, 1), got {args.margin}.")
-    return RetrievalGrid(methods, lengths, depths, tasks, trials=len(seeds) if seeds else args.trials,
+    return RetrievalGrid(methods, lengths, depths, tasks, trials=len(seeds) if seeds else trials,
                          seed=session.seed_flag(args), seeds=seeds, factors=factors, knobs=knobs,
                          haystack=args.dataset, reuse_prefix=not args.no_prefix_reuse,
                          margin=args.margin)
@@ -72,10 +73,11 @@ def retrieval_grid(args, tasks: list[str] | None = None, seeds: list[int] | None
 
 def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     """Checks, tokenizer and haystack, and every task's shortest prompt: all before the model.
-    Returns the grid (less the cells `--methods all` leaves out), tokenizer and haystack."""
+    Returns the grid (less the cells `--methods all` leaves out), the model's spec, tokenizer and
+    haystack."""
     grid = session.without_unfit(grid, args, ranks)   # the model's config checked: readable
-    session.resolve_dtype(args, ranks, args.store_name)
-    tokenizer = load_tokenizer_from(args)
+    spec = session.model_spec(args, ranks, args.store_name)
+    tokenizer = load_tokenizer_from(spec)
     try:
         haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths), config=args.dataset_config,
                                  split=args.split, column=args.column)
@@ -86,26 +88,24 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
             build_cell(tokenizer, get_task(task), haystack, min(grid.lengths), 0.5, grid.trial_seeds())
         except ValueError as err:
             raise InputError(f"--lengths: {err}") from None
-    return grid, tokenizer, haystack
+    return grid, spec, tokenizer, haystack
 
 
-def run(args, grid: RetrievalGrid | None = None) -> int:
-    plan = retrieval_plan.rule_from(args)   # --sequential / --budget, checked before the model
+def run(args) -> int:
+    trials, plan = retrieval_plan.plan_from(args)   # --trials, --sequential / --budget: checked first
     if plan is not None and args.engine != "transformers":
         raise InputError(f"--sequential / --budget run on transformers; --engine {args.engine} runs "
                          "fixed trials (--trials): drop one of them.")
-    grid = grid or retrieval_grid(args)
+    grid = retrieval_grid(args, trials)
     ranks = Ranks()
     engine, _ = retrieval_engine.engine_from_args(args, grid) or (None, None)
-    grid, tokenizer, haystack = prepare(args, grid, ranks)
+    grid, spec, tokenizer, haystack = prepare(args, grid, ranks)
     if plan is not None:
-        return retrieval_plan.run(args, grid, plan, tokenizer, haystack, ranks, report)
+        return retrieval_plan.run(args, spec, grid, plan, tokenizer, haystack, ranks, report)
     try:
-        store, rows = session.evaluate_in_store(args, args.store_name, ranks, lambda model, view, progress: (
+        store, rows = session.evaluate_in_store(args, spec, args.store_name, ranks, lambda model, view, progress, info: (
             evaluate_retrieval(model, tokenizer, grid, haystack=haystack, store=view, ranks=ranks,
-                               progress=progress, engine=engine,
-                               run=RunInfo(model_name=args.model, device=args.device,
-                                           fingerprint=args.fingerprint))),
+                               progress=progress, engine=engine, run=info)),
             load=engine and functools.partial(retrieval_engine.load_for_engine, engine=engine))
     finally:
         if engine is not None:

@@ -57,10 +57,10 @@ def engine_from_args(args, grid):
     return engine, model
 
 
-def load_for_engine(args, engine):
+def load_for_engine(spec, engine):
     """The loader `session.evaluate_in_store` uses on --engine vllm: the checkpoint folder vLLM
     reads written first when --model is a GGUF (vllm_engine.hf_folder), then the weightless
     planning model; the engine's worker started and its arguments checked by vLLM."""
-    vllm_engine.hf_folder(args.model, args.gguf_file)
+    vllm_engine.hf_folder(spec.model, spec.gguf_file)
     engine.check()
-    return vllm_engine.planning_model(engine.folder, args.dtype)
+    return vllm_engine.planning_model(engine.folder, spec.dtype)

@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
+from typing import NamedTuple
 
-from ..evaluation.shared.inputs import InputError
+from ..evaluation.shared.inputs import InputError, parse_wall_time
 from ..evaluation.retrieval.blocks import merge_blocks
 from ..evaluation.retrieval.schedule import (DEFAULT_PREFIX_CACHE_BYTES, Budget, decisions_table,
                                              evaluate_sequential)
 from ..evaluation.retrieval.sequential import BOUNDARIES, DEFAULT_BLOCK, DEFAULT_CONFIDENCE, SequentialRule
 from ..evaluation.retrieval.settings import DEFAULT_TRIALS
-from ..evaluation.shared.settings import RunInfo
 from ..patcher import trained_length
 from . import session
-
-UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
-
 
 def add_args(g) -> None:
     g.add_argument("--sequential", action="store_true",
@@ -50,15 +46,24 @@ def parse_budget(text: str) -> Budget:
         if int(text) < 1:
             raise InputError("--budget must be at least 1 trial.")
         return Budget(trials=int(text))
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)", text)
-    if not m or float(m[1]) <= 0:
-        raise InputError(f"--budget {text!r}: give wall time as 30m, 2h or 90s, or a number of trials (200).")
-    return Budget(seconds=float(m[1]) * UNITS[m[2]])
+    try:
+        return Budget(seconds=parse_wall_time(text))
+    except InputError:   # retrieval's budget may also count trials: say so
+        raise InputError(f"--budget {text!r}: give wall time as 30m, 2h or 90s, or a number of "
+                         "trials (200).") from None
 
 
-def rule_from(args) -> tuple[SequentialRule, Budget | None, float | None] | None:
-    """The rule and budget the flags ask for (None: the fixed design), InputError naming the flag.
-    Sets args.trials to the fixed design's default when it was not given."""
+class Plan(NamedTuple):
+    """How a sequential run decides: its rule, the budget and a fixed bar (None: the reference's)."""
+    rule: SequentialRule
+    budget: Budget | None
+    bar: float | None
+
+
+def plan_from(args) -> tuple[int, Plan | None]:
+    """(the trials a cell may run, the sequential plan or None for the fixed design) from the
+    flags, InputError naming the flag. The grid builds every one of those trials' prompts (checked)
+    before the model loads."""
     sequential = args.sequential or args.budget is not None
     if not sequential:
         for flag, value in (("--max-trials", args.max_trials), ("--confidence", args.confidence),
@@ -66,8 +71,7 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None, float | None] | None
                             ("--prefix-cache-gb", args.prefix_cache_gb), ("--bar", args.bar)):
             if value is not None:
                 raise InputError(f"{flag} is for sequential trials; add --sequential (or --budget).")
-        args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
-        return None
+        return (DEFAULT_TRIALS if args.trials is None else args.trials), None
     budget = parse_budget(args.budget) if args.budget is not None else None
     block = DEFAULT_BLOCK if args.trials is None else args.trials
     max_trials = DEFAULT_TRIALS if args.max_trials is None else args.max_trials
@@ -86,8 +90,7 @@ def rule_from(args) -> tuple[SequentialRule, Budget | None, float | None] | None
         rule = SequentialRule(block, max_trials, confidence, indifference, args.boundary or "exact")
     except ValueError as err:   # "confidence must be in ..." -> "--confidence must be in ..."
         raise InputError(f"--{err}") from None
-    args.trials = max_trials   # the grid's seeds: every look's prompts are built (checked) before the model
-    return rule, budget, args.bar
+    return max_trials, Plan(rule, budget, args.bar)
 
 
 def prefix_cache_bytes(args) -> int:
@@ -96,25 +99,24 @@ def prefix_cache_bytes(args) -> int:
     return DEFAULT_PREFIX_CACHE_BYTES if gb is None else int(gb * 2**30)
 
 
-def run(args, grid, plan, tokenizer, haystack, ranks, report) -> int:
+def run(args, spec, grid, plan: Plan, tokenizer, haystack, ranks, report) -> int:
     """The sequential grid in the results folder; the table, plots and decisions (`report`)."""
     rule, budget, bar = plan
     if ranks.size > 1:
         raise InputError("--sequential runs in one process (its looks depend on each other); "
                          "launch it without torchrun/accelerate.")
 
-    def evaluate(model, view, progress):
+    def evaluate(model, view, progress, info):
         asked = grid
         if bar is not None:   # a fixed bar needs no reference: the unpatched model is asked within L only
             trained = trained_length(model)
             asked = dataclasses.replace(grid, skip=tuple(grid.skip) + tuple(
                 ("none", n, 1.0) for n in grid.lengths if n > trained))
         return evaluate_sequential(model, tokenizer, asked, rule, haystack=haystack, store=view, budget=budget,
-                                   run=RunInfo(model_name=args.model, device=args.device,
-                                               fingerprint=args.fingerprint),
+                                   run=info,
                                    prefix_cache_bytes=prefix_cache_bytes(args), bar=bar)
 
-    store, state = session.evaluate_in_store(args, args.store_name, ranks, evaluate)
+    store, state = session.evaluate_in_store(args, spec, args.store_name, ranks, evaluate)
     if state.rows:   # every block of the run's series in the folder, each cell's blocks as one row
         report(args, grid, store, merge_blocks(session.folder_rows(
             store.rows, state.rows, key=functools.partial(session.series_of, seeds=False))))

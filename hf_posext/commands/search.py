@@ -1,7 +1,7 @@
 """`hf-posext search`: find a portable `longrope` config for a target length (hf_posext/search/).
 
     hf-posext search --dataset embedded:shakespeare/king-lear --target-length 16k --out lear-16k \\
-        --budget-minutes 30 --proxy-length 4k
+        --budget 30m --proxy-length 4k
     hf-posext search --dataset embedded:shakespeare/king-lear --dataset reference.txt ...  # two kinds
 
 Every option is checked, and the tuning text tokenised, before the model loads. The checkpoint
@@ -15,15 +15,14 @@ import argparse
 import hashlib
 import math
 import sys
-from pathlib import Path
 
 from ..data.documents import TextSource, load_documents
 from ..evaluation.shared.data import TokenCache, TokenizedDocs, select_documents
-from ..evaluation.shared.inputs import InputError, parse_length
+from ..evaluation.shared.inputs import InputError, parse_length, parse_wall_time
 from ..search import SHORT_FACTORS, Evolution, Gradient, SearchOptions, run_search, save_best
 from ..search.needle import OBJECTIVES, needles
 from . import session
-from .model_args import load_model_from, load_tokenizer_from
+from .model_args import ModelSpec, load_model_from, load_tokenizer_from
 
 LOG_NAME = "search_log.jsonl"
 DEFAULT_TUNING = "embedded:shakespeare/king-lear"
@@ -49,7 +48,9 @@ def add_subcommand(sub) -> None:
                         "default) or needle (LongRoPE2's needle-driven loss: the answer tokens only "
                         "of needle documents built from the tuning text, one per document and depth "
                         "0, 0.5, 1; the final check stays plain perplexity)")
-    p.add_argument("--budget-minutes", type=float, default=60.0, help="time budget (default 60)")
+    p.add_argument("--budget", default="60m",
+                   help="wall time for the whole run, baseline included: 30m, 2h, 90s (default 60m)")
+    session.add_renamed_arg(p, "--budget-minutes", "--budget with a unit, e.g. --budget 30m")
     p.add_argument("--max-steps", type=int, default=None,
                    help="stop after this many steps (evolution: generations)")
     p.add_argument("--lr", type=float, default=0.05, help="gradient: Adam step size on the log-factors (default 0.05)")
@@ -66,7 +67,8 @@ def add_subcommand(sub) -> None:
                         "every length, default) or identity (LongRoPE's separate short set as plain "
                         "RoPE: no change within the trained length but the attention factor; "
                         "transformers switches sets by length, so generate with hf_posext.generate)")
-    p.add_argument("--out", required=True, help="output folder (checkpoint + search_log.jsonl)")
+    p.add_argument("--out", default=None,
+                   help="output folder: checkpoint + search_log.jsonl (default hf_posext_results/search)")
     p.add_argument("--no-final-check", action="store_true",
                    help="do not score the best config over the whole target length at the end "
                         "(saves one target-length forward; the printed figures are then the proxy's)")
@@ -74,7 +76,7 @@ def add_subcommand(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _checked(args) -> tuple[int, int | None, list[str]]:
+def _checked(args) -> tuple[int, int | None, list[str], float]:
     session.check_model(args)
     session.seed_flag(args)
     length = session.target_length_flag(args)
@@ -83,8 +85,7 @@ def _checked(args) -> tuple[int, int | None, list[str]]:
         raise InputError(f"--proxy-length {proxy} is longer than --target-length {length}; use at most {length}.")
     if proxy is not None and proxy < 64:
         raise InputError(f"--proxy-length {proxy} is too short to score anything; use e.g. 4k.")
-    if not (args.budget_minutes > 0 and math.isfinite(args.budget_minutes)):
-        raise InputError(f"--budget-minutes must be a positive number, got {args.budget_minutes}.")
+    minutes = parse_wall_time(args.budget) / 60
     if not (args.lr > 0 and math.isfinite(args.lr)):
         raise InputError(f"--lr must be a positive number, got {args.lr}.")
     if args.population < 2:
@@ -100,13 +101,13 @@ def _checked(args) -> tuple[int, int | None, list[str]]:
     names = args.dataset or [DEFAULT_TUNING]
     if len(set(names)) < len(names):
         raise InputError(f"--dataset names a source twice ({', '.join(names)}); name each once.")
-    out = Path(args.out)
+    out = session.results_dir(args)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file; name a folder.")
     if out.is_dir() and any(out.iterdir()) and not (out / LOG_NAME).is_file():
         raise InputError(f"--out {out} is a non-empty folder without a {LOG_NAME}; choose an empty "
                          "or new folder (an existing search folder resumes).")
-    return length, proxy, names
+    return length, proxy, names, minutes
 
 
 def combined(selected: list[TokenizedDocs]) -> TokenizedDocs:
@@ -121,10 +122,11 @@ def combined(selected: list[TokenizedDocs]) -> TokenizedDocs:
 
 def run(args) -> int:
     # every error reaches cli.main: one line, exit 2 for bad input (before the model loads)
-    length, proxy, names = _checked(args)
+    length, proxy, names, minutes = _checked(args)
     sources = [TextSource(name, args.dataset_config, args.split, args.column) for name in names]
     documents = [load_documents(source, streaming=True) for source in sources]  # each checked now
-    tokenizer = load_tokenizer_from(args)
+    spec = ModelSpec.from_args(args)
+    tokenizer = load_tokenizer_from(spec)
     cache = TokenCache(tokenizer)
     docs = combined([select_documents(d, cache, length + 1, args.max_docs) for d in documents])
     print(f"data: {'; '.join(s.label for s in sources)}: {len(docs.docs)} document(s) of >= "
@@ -134,9 +136,9 @@ def run(args) -> int:
         needle_docs = needles(docs.docs, tokenizer, length, proxy) if args.objective == "needle" else []
     except ValueError as err:
         raise InputError(str(err)) from None
-    model = load_model_from(args)
-    out = Path(args.out)
-    options = SearchOptions(length, proxy, args.budget_minutes, docs.fingerprint,
+    model = load_model_from(spec)
+    out = session.results_dir(args)
+    options = SearchOptions(length, proxy, minutes, docs.fingerprint,
                             final_check=not args.no_final_check, progress=not args.no_progress,
                             objective=args.objective, needles=needle_docs)
     if args.algorithm == "evolution":

@@ -21,6 +21,7 @@ from ..evaluation.shared.inputs import (InputError, check_cells, check_device, c
                                  parse_knobs, parse_length, parse_lengths, parse_methods, parse_seed)
 from ..evaluation.retrieval.settings import DEPTHS
 from ..evaluation.shared.record import read_rows
+from ..evaluation.shared.settings import RunInfo
 from ..evaluation.shared.store import ResultsStore, RowsView
 from . import model_args
 from .auto_dtype import auto_inputs, fast_dtype
@@ -131,6 +132,24 @@ class GridFlags(NamedTuple):
     knobs: dict
 
 
+class _Renamed(argparse.Action):
+    """An old spelling of a flag: hidden from --help, refused in one line naming the new one."""
+
+    def __init__(self, option_strings, dest, use: str = "", **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+        self.use = use
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        # one line, as every other bad input (argparse's error() adds the usage line)
+        parser.exit(2, f"{parser.prog}: error: {option_string} is no longer a flag; use {self.use}.\n")
+
+
+def add_renamed_arg(p, old: str, use: str) -> None:
+    """`old` refused with "use `use`" (one line, exit status 2), so a command
+    copied from an older page fails before anything loads, saying what to write now."""
+    p.add_argument(old, action=_Renamed, use=use, default=argparse.SUPPRESS)
+
+
 def add_seed_arg(g, what: str) -> None:
     """--seed, one meaning for every command that draws random numbers (errors.check_seed)."""
     g.add_argument("--seed", default=str(DEFAULT_SEED),
@@ -167,12 +186,17 @@ def depths_flag(args) -> list[float]:
     return parse_floats01(args.depths, "--depths")
 
 
-def resolve_dtype(args, ranks, store_name: str) -> None:
-    """`--dtype auto` to a dtype, before the model loads: rank 0 measures (`auto_dtype`), every
-    rank runs its choice (one dtype per run); a resumed run keeps its rows' dtype."""
-    if args.dtype == "auto":
-        args.dtype = ranks.broadcast(ranks.run_first(lambda: resumed_dtype(args, store_name) or fast_dtype(
-            args.device, **auto_inputs(args.model, args.gguf_file, args.revision))))
+def model_spec(args, ranks, store_name: str) -> model_args.ModelSpec:
+    """The model this run loads, built once after the flags and the model's config are checked:
+    one device per rank under a multi-GPU launch; `--dtype auto` resolved before the weights load
+    (rank 0 measures, `auto_dtype`, every rank runs its choice: one dtype per run; a resumed run
+    keeps its rows' dtype)."""
+    device = str(ranks.device) if ranks.size > 1 and args.device.startswith("cuda") else args.device
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype = ranks.broadcast(ranks.run_first(lambda: resumed_dtype(args, store_name) or fast_dtype(
+            device, **auto_inputs(args.model, args.gguf_file, args.revision))))
+    return model_args.ModelSpec.from_args(args, dtype=dtype, device=device)
 
 
 def resumed_dtype(args, store_name: str) -> str | None:
@@ -233,8 +257,6 @@ def method_flags(args) -> tuple[str | None, float | None, dict]:
 def check_inputs(args, ranks, methods, lengths, factors, knobs) -> tuple:
     """Device, model and every cell on the model's config (L matters to the attention methods'
     knobs); returns the cells `--methods all` leaves out (`check_cells`)."""
-    if ranks.size > 1 and args.device.startswith("cuda"):
-        args.device = str(ranks.device)   # one GPU per rank under a multi-GPU launch
     config = check_model(args, read_default=any(map(is_attention_method, methods)))
     every = "all" in [t.strip().lower() for t in args.methods.split(",")]
     return check_cells(config, methods, lengths, factors, knobs, every) if config is not None else ()
@@ -245,14 +267,15 @@ def results_dir(args) -> Path:
     return Path(args.out or os.path.join("hf_posext_results", args.command))
 
 
-def open_store(args, name: str, ranks):
+def open_store(args, spec: model_args.ModelSpec, name: str, ranks):
     """Rank 0 opens (locks, checks, repairs) the results folder before the model loads and
     refuses to resume into another run's results; the other ranks get its rows.
-    Returns (what the grid reads and writes, the store itself on rank 0 / None elsewhere)."""
+    Returns (what the grid reads and writes, the store itself on rank 0 / None elsewhere, the
+    source's fingerprint)."""
     out = results_dir(args)
-    args.fingerprint = source_fingerprint(args.model, args.gguf_file, args.revision)
-    early = {"model_fingerprint": args.fingerprint, "device": args.device,
-             "dtype": None if args.dtype == "auto" else args.dtype}
+    fingerprint = source_fingerprint(spec.model, spec.gguf_file, spec.revision)
+    early = {"model_fingerprint": fingerprint, "device": spec.device,
+             "dtype": None if spec.dtype == "auto" else spec.dtype}
 
     def open_checked():
         store = ResultsStore(out, name, resume=args.resume)
@@ -267,7 +290,7 @@ def open_store(args, name: str, ranks):
 
     store = ranks.run_first(open_checked)
     rows = ranks.broadcast(store.rows if store is not None else None)
-    return (store if ranks.is_main else RowsView(rows)), store
+    return (store if ranks.is_main else RowsView(rows)), store, fingerprint
 
 
 def refuse_conflicts(store, identity: dict) -> None:
@@ -279,14 +302,15 @@ def refuse_conflicts(store, identity: dict) -> None:
                          "run only. Choose another --out.")
 
 
-def load_checked(args, store, ranks, load=None):
-    print(f"model: loading {args.model} ({args.dtype}, {args.device})", file=sys.stderr)
-    model = (load or model_args.load_model_from)(args)   # by module: tests replace the loader there
-    args.fingerprint = loaded_fingerprint(model, args.fingerprint)
+def load_checked(spec: model_args.ModelSpec, store, ranks, source: str, load=None) -> tuple:
+    """The model loaded and its identity checked against the folder: (model, its fingerprint)."""
+    print(f"model: loading {spec.model} ({spec.dtype}, {spec.device})", file=sys.stderr)
+    model = (load or model_args.load_model_from)(spec)   # by module: tests replace the loader there
+    fingerprint = loaded_fingerprint(model, source)
     ranks.run_first(refuse_conflicts, store, {
-        "model_fingerprint": args.fingerprint, "dtype": model_dtype(model),
+        "model_fingerprint": fingerprint, "dtype": model_dtype(model),
         "attn_implementation": attention_implementation(model)})
-    return model
+    return model, fingerprint
 
 
 def series_of(row: dict, seeds: bool = True) -> tuple:
@@ -310,15 +334,16 @@ def without_unfit(grid, args, ranks):
                                                        grid.factors, grid.knobs or {}))
 
 
-def evaluate_in_store(args, name: str, ranks, evaluate, load=None) -> tuple:
-    """The results folder opened (before the model loads), the model loaded and its identity
-    checked, then `evaluate(model, view, progress)`; the folder is closed whatever happens.
-    `load(args)`: another loader (retrieval's --engine vllm). Returns (the store on rank 0 / None
-    elsewhere, the rows)."""
-    view, store = open_store(args, name, ranks)
+def evaluate_in_store(args, spec: model_args.ModelSpec, name: str, ranks, evaluate, load=None) -> tuple:
+    """The results folder opened (before the model loads), the model `spec` names loaded and its
+    identity checked, then `evaluate(model, view, progress, info)` (`info`: the RunInfo the rows
+    record); the folder is closed whatever happens. `load(spec)`: another loader (retrieval's
+    --engine vllm). Returns (the store on rank 0 / None elsewhere, the rows)."""
+    view, store, source = open_store(args, spec, name, ranks)
     try:
-        model = load_checked(args, store, ranks, load)
-        rows = evaluate(model, view, not args.no_progress and ranks.is_main)
+        model, fingerprint = load_checked(spec, store, ranks, source, load)
+        info = RunInfo(model_name=spec.model, device=spec.device, fingerprint=fingerprint)
+        rows = evaluate(model, view, not args.no_progress and ranks.is_main, info)
     finally:
         if store is not None:
             store.close()

@@ -42,6 +42,17 @@ def parse_length(text: str, flag: str = "--lengths") -> int:
     return int(value)
 
 
+TIME_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def parse_wall_time(text: str, flag: str = "--budget") -> float:
+    """`30m` -> 1800.0 seconds (also 2h, 90s): the one spelling of a wall time in every command."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)", text.strip().lower())
+    if not m or float(m[1]) <= 0:
+        raise InputError(f"{flag} {text!r}: give a wall time as 30m, 2h or 90s.")
+    return float(m[1]) * TIME_UNITS[m[2]]
+
+
 def comma_items(text: str | None) -> list[str]:
     """A comma-separated flag's items, stripped, empty ones dropped (`a, b,,c` -> [a, b, c])."""
     return [t.strip() for t in (text or "").split(",") if t.strip()]
