@@ -30,7 +30,8 @@ past L shows "—" for the past-L column).
 Resumable: each arm writes into its own folder under --out (default
 benchmarks/results/finetune-retrieval/<arm>/); an arm with a `done.json` is skipped, an
 interrupted one continues (training from its last checkpoint, evaluation from its stored cells).
-`report.md` in --out is rewritten from the stored results at the end.
+`report.md` in --out is rewritten from the stored results at the end. The arms' settings, checks
+and report are hf_posext.training's (arms.py, arms_report.py); this script runs them.
 
     nice -n 10 python benchmarks/finetune_retrieval.py             # the experiment (hours here)
     python benchmarks/finetune_retrieval.py --smoke --model DIR --dataset DIR --eval-document NAME
@@ -43,16 +44,13 @@ import json
 import sys
 from pathlib import Path
 
-from hf_posext.evaluation.shared.inputs import comma_items
+from hf_posext.training.arms import (ARMS, added_lengths, check_grid, eval_source, recipe_argv, retrieval_grid,
+                                     run_name, settings)
+from hf_posext.training.arms_report import report
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-if str(HERE) not in sys.path:   # the report module beside this script (also under runpy)
-    sys.path.insert(0, str(HERE))
-
-from finetune_report import report, run_name  # noqa: E402
 OUT = HERE / "results" / "finetune-retrieval"
-ARMS = ("free", "docs", "mix")
 DEMO_CONFIG = ROOT / "recipes" / "cpu-smollm2-demo.yaml"
 
 
@@ -60,21 +58,22 @@ def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="finetune_retrieval.py", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=OUT, help="results folder (one sub-folder per arm)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {ARMS}")
-    p.add_argument("--model", default="embedded:smollm2-135m")
-    p.add_argument("--dataset", default="embedded:shakespeare", help="training documents")
+    p.add_argument("--model", default="embedded:smollm2-135m", help="the model (default %(default)s)")
+    p.add_argument("--dataset", default="embedded:shakespeare", help="training documents (default %(default)s)")
     p.add_argument("--eval-document", default="hamlet",
-                   help="held out of training (comma-separated: several); perplexity on the first")
-    p.add_argument("--factor", type=float, default=2.0, help="YaRN scale s (target = s x trained length)")
-    p.add_argument("--window", type=int, default=1024, help="PoSE window (tokens)")
+                   help="held out of training (comma-separated: several); perplexity on the first "
+                        "(default %(default)s)")
+    p.add_argument("--factor", type=float, default=2.0, help="YaRN scale s (target = s x trained length; default %(default)s)")
+    p.add_argument("--window", type=int, default=1024, help="PoSE window (tokens; default %(default)s)")
     # 200 steps of 1,024 tokens: ~7-9 s a step on the 2 quiet cores (the demo's 155 tokens/s),
     # about an hour for the two fine-tuned arms; see recipes/README.md for the measured probe.
-    p.add_argument("--steps", type=int, default=200, help="optimizer steps of each fine-tuned arm")
-    p.add_argument("--lr", type=float, default=2e-5, help="learning rate (the recipe's, YaRN §4.1)")
+    p.add_argument("--steps", type=int, default=200, help="optimizer steps of each fine-tuned arm (default %(default)s)")
+    p.add_argument("--lr", type=float, default=2e-5, help="learning rate (the recipe's, YaRN §4.1; default %(default)s)")
     # the best setting measured (docs/finetuning_measurements.md, "What was tried"): share 0.25 with min_span 0.9
     # found niah_single at 16k 59/60 over six seeds at +0.035 nats past L (mean); the first
     # experiment's arms ran with share 0.5 and min_span 0.5 (their commands now say so)
-    p.add_argument("--share", type=float, default=0.25, help="mix arm: share of synthetic windows")
-    p.add_argument("--min-span", type=float, default=0.9, help="mix arm: data.synthetic.min_span")
+    p.add_argument("--share", type=float, default=0.25, help="mix arm: share of synthetic windows (default %(default)s)")
+    p.add_argument("--min-span", type=float, default=0.9, help="mix arm: data.synthetic.min_span (default %(default)s)")
     p.add_argument("--lengths", default="4096,8192,16384", help="perplexity lengths")
     # 8k (= L, the within-L control) and 16k (2 x L). A finished run given more lengths adds only
     # their cells (run_arm): the first run had 16k on every arm and 8k on the training-free one.
@@ -117,140 +116,6 @@ def parse(argv=None) -> argparse.Namespace:
     return args
 
 
-def check_grid(args) -> None:
-    """Every evaluation setting, checked before anything trains (ValueError naming the flag and the
-    fix); sets args.task_list, haystack_list, held_out, seed_list and the sequential defaults."""
-    args.task_list, args.haystack_list, args.held_out = comma_items(args.tasks), comma_items(args.haystacks), comma_items(args.eval_document)
-    if not args.held_out:
-        raise ValueError("--eval-document is empty: name the document(s) held out of training.")
-    try:
-        args.seed_list = [int(x) for x in comma_items(args.seeds)]
-    except ValueError:
-        raise ValueError(f"--seeds {args.seeds!r}: give integers, e.g. 0,1") from None
-    if not args.seed_list or len(set(args.seed_list)) != len(args.seed_list) or min(args.seed_list) < 0:
-        raise ValueError(f"--seeds {args.seeds!r}: give distinct integers >= 0, e.g. 0,1")
-    if not args.sequential:
-        for flag, value in (("--max-trials", args.max_trials), ("--bar", args.bar)):
-            if value is not None:
-                raise ValueError(f"{flag} is for sequential trials; add --sequential.")
-    else:
-        args.max_trials = 20 if args.max_trials is None else args.max_trials
-        args.bar = 0.9 if args.bar is None else args.bar
-        if args.max_trials < args.trials:
-            raise ValueError(f"--max-trials {args.max_trials} is below --trials {args.trials} "
-                             "(the trials per look); raise --max-trials.")
-        if not 0 < args.bar <= 1:
-            raise ValueError(f"--bar must be in (0, 1], got {args.bar}.")
-    if not args.haystack_list or not args.task_list:
-        raise ValueError("--tasks and --haystacks need at least one name each.")
-    check_documents(args)
-    for hay in args.haystack_list:   # RetrievalGrid checks lengths, depths, tasks and trials
-        try:
-            retrieval_grid(args, "free", hay)
-        except ValueError as error:
-            raise ValueError(f"--retrieval-lengths / --free-lengths / --depths / --tasks: {error}") from None
-    check_prompts(args)
-
-
-def check_prompts(args) -> None:
-    """Every task's prompt fits the shortest retrieval length in every haystack (and the document
-    haystacks hold the longest): the prompts are built now, with the model's tokenizer, as
-    `hf-posext retrieval` builds them before its model loads."""
-    from hf_posext.data import embedded
-    from hf_posext.evaluation.retrieval.haystack import load_haystack
-    from hf_posext.evaluation.retrieval.prompt import build_cell
-    from hf_posext.evaluation.retrieval.tasks import get_task
-    tokenizer = embedded.load_tokenizer(args.model)
-    for hay in args.haystack_list:
-        grid = retrieval_grid(args, "free", hay)
-        try:
-            haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths))
-            for task in grid.tasks:
-                build_cell(tokenizer, get_task(task), haystack, min(grid.lengths), 0.5, grid.trial_seeds()[:1])
-        except ValueError as error:
-            raise ValueError(f"--retrieval-lengths / --haystacks {hay}: {error}") from None
-
-
-def check_documents(args) -> None:
-    """Held-out documents exist, and every document haystack is one of them: a haystack the
-    recipe trained on would measure recall of memorised text, not retrieval."""
-    from hf_posext.data.documents import TextSource, is_embedded, load_documents
-    known = None
-    if is_embedded(args.dataset) or Path(args.dataset).exists():   # a Hub dataset is listed by the recipe
-        known = [d.name for d in load_documents(TextSource(args.dataset), streaming=True)]
-        missing = [d for d in args.held_out if d not in known]
-        if missing:
-            raise ValueError(f"--eval-document: {missing} not among the documents of {args.dataset} "
-                             f"({', '.join(known[:8])}{' ...' if len(known) > 8 else ''}).")
-    for hay in args.haystack_list:
-        if hay == "noise" or hay in args.held_out:
-            continue
-        if known is not None and hay in known:
-            raise ValueError(f"--haystacks {hay}: a training document of {args.dataset}; hold it out "
-                             f"with --eval-document {args.eval_document},{hay}, or use noise.")
-        raise ValueError(f"--haystacks {hay}: give noise or a document held out with --eval-document "
-                         f"({args.eval_document}).")
-
-
-def settings(args, arm: str, seed: int = 0) -> dict:
-    """What an arm's results depend on (stored in done.json; a mismatch is refused). Settings at
-    their first runs' values are left out, so those runs' done.json still match."""
-    keys = ["model", "dataset", "eval_document", "factor", "lengths", "depths", "trials"]
-    if arm != "free":
-        keys += ["window", "steps", "lr"] + (["share", "min_span"] if arm == "mix" else [])
-    extra = {k: getattr(args, k) for k, first in (("tasks", "single_needle"), ("haystacks", "noise"))
-             if getattr(args, k) != first}
-    if args.sequential:
-        extra.update(sequential=True, max_trials=args.max_trials, bar=args.bar)
-    if seed and arm != "free":
-        extra["seed"] = seed
-    return {**{k: getattr(args, k) for k in keys}, **extra,
-            "retrieval_lengths": ",".join(map(str, retrieval_lengths(args, arm)))}
-
-
-def haystack_source(args, hay: str) -> str:
-    """The grid's haystack: `noise`, or the held-out document as a text source."""
-    return hay if hay == "noise" else eval_source(args, hay)
-
-
-def retrieval_grid(args, arm: str, hay: str = "noise"):
-    """The arm's grid on one haystack (`RetrievalGrid` validates lengths, depths, tasks, trials)."""
-    from hf_posext.evaluation import RetrievalGrid
-    trials = args.max_trials if args.sequential else args.trials
-    return RetrievalGrid(["none"], retrieval_lengths(args, arm), [float(x) for x in args.depths.split(",")],
-                         tasks=tuple(args.task_list), trials=trials,
-                         haystack=haystack_source(args, hay))
-
-
-def added_lengths(have: dict, wanted: dict) -> bool:
-    """True when two arms' settings differ only by retrieval lengths added to the finished ones."""
-    lengths = [set(d["retrieval_lengths"].split(",")) for d in (have, wanted)]
-    rest = [{k: v for k, v in d.items() if k != "retrieval_lengths"} for d in (have, wanted)]
-    return rest[0] == rest[1] and lengths[0] < lengths[1]
-
-
-def retrieval_lengths(args, arm: str) -> list[int]:
-    extra = args.free_lengths if arm == "free" and args.free_lengths else ""
-    return sorted({int(x) for x in f"{args.retrieval_lengths},{extra}".split(",") if x.strip()})
-
-
-def recipe_argv(args, arm: str, out: Path, seed: int = 0) -> list[str]:
-    argv = ["--config", str(DEMO_CONFIG), "--model.name", args.model, "--model.factor", str(args.factor),
-            "--data.source", args.dataset, "--data.eval_documents", f"[{args.eval_document}]",
-            "--training.seed", str(seed),
-            "--training.seq_len", str(args.window), "--training.max_steps", str(args.steps),
-            "--training.learning_rate", str(args.lr), "--training.save_every", str(max(args.steps // 4, 1)),
-            "--training.warmup_steps", str(min(10, args.steps // 2)), "--pose.enabled", "true",
-            "--eval.enabled", "false", "--output_dir", str(out)]
-    if not args.model.startswith("embedded:"):   # the demo config names SmolLM2's own tokens
-        argv += ["--data.bos_token", "auto", "--data.eos_token", "auto"]
-    if arm == "mix":
-        argv += ["--data.synthetic.share", str(args.share), "--data.synthetic.min_span", str(args.min_span)]
-    else:   # documents only, whatever the recipe's default mix is
-        argv += ["--data.synthetic.share", "0"]
-    return argv
-
-
 def train(args, arm: str, folder: Path, seed: int = 0) -> Path:
     """The recipe (hf_posext.training), resumed from its last checkpoint if it was stopped."""
     from hf_posext.training.recipe import run
@@ -260,7 +125,7 @@ def train(args, arm: str, folder: Path, seed: int = 0) -> Path:
     if (final / "config.json").exists():
         return final
     resume = "latest" if any((out / "checkpoints").glob("checkpoint_*")) else None
-    cfg, _ = parse_args(recipe_argv(args, arm, out, seed))
+    cfg, _ = parse_args(recipe_argv(args, arm, DEMO_CONFIG, out, seed))
     run(cfg, resume=resume)
     return final
 
@@ -276,18 +141,6 @@ def extended_copy(args, folder: Path) -> Path:
         embedded.load_model("yarn", args.factor, name=args.model, dtype=torch.float32).save_pretrained(out)
         embedded.load_tokenizer(args.model).save_pretrained(out)
     return out
-
-
-def eval_source(args, name: str | None = None) -> str:
-    """A held-out document (default the first) as `hf-posext eval --dataset` names it."""
-    name = name or comma_items(args.eval_document)[0]
-    if args.dataset.startswith("embedded:"):
-        return f"{args.dataset}/{name}"
-    folder = Path(args.dataset)
-    found = sorted(p for p in folder.glob(f"{name}.*") if p.suffix in (".txt", ".md"))
-    if not found:
-        raise SystemExit(f"--eval-document {name!r}: no {name}.txt/.md in {folder}")
-    return str(found[0])
 
 
 def perplexity(args, arm: str, model: str, folder: Path) -> None:
@@ -360,7 +213,11 @@ def main(argv=None) -> int:
         for seed in [0] if arm == "free" else args.seed_list:
             run_arm(args, arm, seed)
     every = dict.fromkeys(run_name(a, s) for a in ARMS for s in args.seed_list)   # the done ones are reported
-    print(f"report: {report(args, list(every))}", flush=True)
+    try:
+        path = report(args, list(every))
+    except ValueError as error:   # a run without position buckets, or no arm finished
+        raise SystemExit(str(error)) from None
+    print(f"report: {path}", flush=True)
     return 0
 
 

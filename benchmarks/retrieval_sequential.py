@@ -18,12 +18,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hf_posext.evaluation.retrieval.blocks import merge_blocks, seed_set  # noqa: E402
+from hf_posext.evaluation.retrieval.blocks import merge_blocks  # noqa: E402
+from hf_posext.evaluation.retrieval.designs import outcomes, replay  # noqa: E402
 from hf_posext.evaluation.retrieval.sequential import (ABOVE, BELOW, UNDECIDED, SequentialRule,  # noqa: E402
                                                        _pmf, call, crossing, effective_bounds, simulate,
                                                        tail_values)
-from hf_posext.evaluation.retrieval.stats import effective_length, pooled, score_trial  # noqa: E402
-from hf_posext.evaluation.retrieval.tasks import get_task  # noqa: E402
+from hf_posext.evaluation.retrieval.stats import effective_length, pooled  # noqa: E402
 from hf_posext.evaluation.shared.record import read_rows  # noqa: E402
 
 GRID = ROOT / "benchmarks" / "results" / "retrieval-2x" / "retrieval.json"
@@ -32,45 +32,6 @@ COMMAND = "python benchmarks/retrieval_sequential.py"
 SCOPE = ("single_needle", "niah_single")   # the tasks the cost target is set on
 
 
-def outcomes(rows: list[dict]) -> dict[tuple, dict[float, list[bool]]]:
-    """Per question (task, method, factor, length): per depth, every trial's outcome in seed
-    order, scored again from the stored answers and outputs (checked against the stored counts)."""
-    out: dict[tuple, dict[float, list[tuple[int, bool]]]] = {}
-    for r in rows:
-        task = get_task(r["task"])
-        answers, texts = r["answers"], r["outputs"]
-        seeds = sorted(seed_set(str(r["seeds_list"])))
-        if not (len(answers) == len(texts) == len(seeds) == int(r["trials"])):
-            raise SystemExit(f"{r['task']} {r['method']} {r['length']} {r['depth']}: answers, outputs and "
-                             "seeds do not line up; the replay needs one per trial")
-        right = [score_trial(t, a, task.multi_answer) == 1.0 for t, a in zip(texts, answers)]
-        if sum(right) != int(r["correct"]):
-            raise SystemExit(f"{r['task']} {r['method']} {r['length']} {r['depth']}: scored again "
-                             f"{sum(right)} right, the row says {r['correct']}")
-        q = out.setdefault((r["task"], r["method"], float(r["factor"]), int(r["length"])), {})
-        q.setdefault(float(r["depth"]), []).extend(zip(seeds, right))
-    return {k: {d: [ok for _, ok in sorted(v)] for d, v in q.items()} for k, q in out.items()}
-
-
-def replay(trials: dict[float, list[bool]], rule: SequentialRule, bar: float | None) -> dict[str, Any]:
-    """Looks in seed order while the committed trials last: the decision, trials used, whether
-    the rule would ask for more than the folder has, and the call (`sequential.call`: after the
-    last look the point estimate's, flagged)."""
-    k = n = 0
-    decision, complete = UNDECIDED, False
-    for look in range(1, rule.looks + 1):
-        m = len(rule.look_seeds(0, look))
-        start = (look - 1) * rule.block
-        if any(len(t) < start + m for t in trials.values()):
-            break
-        k += sum(sum(t[start:start + m]) for t in trials.values())
-        n += m * len(trials)
-        decision = rule.decide(k, n, bar, len(trials))[0]
-        complete = look == rule.looks
-        if decision != UNDECIDED:
-            break
-    more = decision == UNDECIDED and not complete
-    return dict(decision=decision, used=n, more=more, call=call(decision, k, n, bar, complete))
 
 
 def _k(length: int | None) -> str:
@@ -330,6 +291,10 @@ def main(argv=None) -> int:
     except ValueError as err:
         p.error(str(err))
     rows = read_rows(args.grid)
+    try:
+        outcomes(rows)   # every row holds one answer and output per trial, scored as its count says
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     text = [
         "# Sequential trials on the committed 2x grid: a replay",
         "",

@@ -29,6 +29,9 @@ Each step runs hf-posext's own commands, resumably (a rerun skips what is on dis
     python benchmarks/side_by_side.py search32   # 4x: needle search; the reused perplexity search's checkpoint
     python benchmarks/side_by_side.py eval32     # 4x: every method on Hamlet at 32k, bf16
     python benchmarks/side_by_side.py report     # results/side_by_side.md and its plots
+
+`--results DIR` puts all of it (the page, its plots, dpe/, side-by-side/, and the reused 4x search
+read from there) under DIR instead of benchmarks/results.
 """
 
 from __future__ import annotations
@@ -37,13 +40,13 @@ import argparse
 import math
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from hf_posext.evaluation.shared.results import format_length
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-OUT = RESULTS / "side-by-side"
 TUNE = "embedded:shakespeare/king-lear"
 HELD_OUT = "embedded:shakespeare/hamlet"
 TARGET = 16384               # 2x the embedded model's trained 8,192
@@ -53,25 +56,37 @@ OBJECTIVES = ("needle", "perplexity")
 SEARCH_MINUTES = 15          # each objective at 2x the same wall-time budget on this 2-core CPU
 SEARCH_MINUTES4 = 20         # the needle objective at 4x
 PROXY, PROXY4 = "4k", "8k"   # the searches' proxy lengths at 2x and 4x
-REUSED4 = RESULTS / "search-lear-32k"   # the perplexity objective at 4x: benchmarks/search.py tune4
-REUSED4_MINUTES = 45         # its budget (its command: results/search.md)
+REUSED4_MINUTES = 45         # the reused 4x perplexity search's budget (its command: results/search.md)
 METHODS = "yarn,cope,dpe,self_extend"
 # Self-Extend as benchmarks/long_context.py runs it; DPE with the scales its detection found
 SELF_EXTEND = "self_extend:window=6144,self_extend:group_size=auto"
 TASKS, DEPTHS, TRIALS = "niah_single,multi_key", "0,0.25,0.5,0.75,1", 1
 
 
-def dpe_file(target: int) -> Path:
-    return RESULTS / "dpe" / f"dpe-{format_length(target)}-bf16.json"
+@dataclass(frozen=True)
+class Results:
+    """Where the steps write and read: the page and its plots in `root`, the rows under
+    root/side-by-side/ and root/dpe/."""
+    root: Path
 
+    @property
+    def out(self) -> Path:
+        return self.root / "side-by-side"
 
-def knobs(target: int) -> str:
-    return f"{SELF_EXTEND},dpe:group_scales=@{dpe_file(target)}"
+    @property
+    def reused4(self) -> Path:
+        """The perplexity objective's search at 4x, reused: benchmarks/search.py tune4 made it."""
+        return self.root / "search-lear-32k"
 
+    def dpe_file(self, target: int) -> Path:
+        return self.root / "dpe" / f"dpe-{format_length(target)}-bf16.json"
 
-def search_dir(objective: str, target: int = TARGET) -> Path:
-    """The searched checkpoint of `objective` (at 4x, perplexity: REUSED4's, rebuilt by search32)."""
-    return OUT / f"search-{objective}-{format_length(target)}"
+    def knobs(self, target: int) -> str:
+        return f"{SELF_EXTEND},dpe:group_scales=@{self.dpe_file(target)}"
+
+    def search_dir(self, objective: str, target: int = TARGET) -> Path:
+        """The searched checkpoint of `objective` (at 4x, perplexity: reused4's, rebuilt by search32)."""
+        return self.out / f"search-{objective}-{format_length(target)}"
 
 
 def cli(*argv: str) -> None:
@@ -89,13 +104,13 @@ def need(path: Path, step: str) -> None:
         sys.exit(f"{path} is missing: run `python benchmarks/side_by_side.py {step}` first.")
 
 
-def detect(target: int) -> None:
+def detect(res: Results, target: int) -> None:
     cli("dpe-detect", "--dataset", TUNE, "--target-length", str(target), "--dtype", "bfloat16",
-        "--out", str(dpe_file(target)))
+        "--out", str(res.dpe_file(target)))
 
 
-def search(objective: str, target: int, proxy: str, minutes: float) -> None:
-    out = search_dir(objective, target)
+def search(res: Results, objective: str, target: int, proxy: str, minutes: float) -> None:
+    out = res.search_dir(objective, target)
     if (out / "config.json").exists():
         print(f"{out} holds a finished search; skipped", flush=True)
         return
@@ -134,82 +149,82 @@ def rebuild(searched: Path, out: Path) -> None:
     print(f"{out}: the embedded model with {searched.name}'s rope config", flush=True)
 
 
-def eval_searched(objective: str, target: int, dtype: str, step: str) -> None:
+def eval_searched(res: Results, objective: str, target: int, dtype: str, step: str) -> None:
     """Perplexity of a searched checkpoint read as it is (its own rope config), no baseline."""
-    need(search_dir(objective, target) / "config.json", step)
-    out = OUT / f"eval-{format_length(target)}-search-{objective}"
-    cli("eval", "--model", str(search_dir(objective, target)), "--dtype", dtype, "--dataset", HELD_OUT,
+    need(res.search_dir(objective, target) / "config.json", step)
+    out = res.out / f"eval-{format_length(target)}-search-{objective}"
+    cli("eval", "--model", str(res.search_dir(objective, target)), "--dtype", dtype, "--dataset", HELD_OUT,
         "--lengths", str(target), "--methods", "none", "--no-baseline", "--out", str(out),
         "--no-progress", *resume(out))
 
 
-def eval_all(target: int, dtype: str, dpe_step: str, search_step: str) -> None:
-    need(dpe_file(target), dpe_step)
+def eval_all(res: Results, target: int, dtype: str, dpe_step: str, search_step: str) -> None:
+    need(res.dpe_file(target), dpe_step)
     for objective in OBJECTIVES:   # before the long shared run: a missing search fails first
-        need(search_dir(objective, target) / "config.json", search_step)
-    out = OUT / f"eval-{format_length(target)}"
+        need(res.search_dir(objective, target) / "config.json", search_step)
+    out = res.out / f"eval-{format_length(target)}"
     cli("eval", "--dtype", dtype, "--dataset", HELD_OUT, "--lengths", str(target), "--methods", METHODS,
-        "--knobs", knobs(target), "--out", str(out), "--no-progress", *resume(out))
+        "--knobs", res.knobs(target), "--out", str(out), "--no-progress", *resume(out))
     for objective in OBJECTIVES:
-        eval_searched(objective, target, dtype, search_step)
+        eval_searched(res, objective, target, dtype, search_step)
 
 
-def step_dpe() -> None:
-    detect(TARGET)
+def step_dpe(res: Results) -> None:
+    detect(res, TARGET)
 
 
-def step_search() -> None:
+def step_search(res: Results) -> None:
     for objective in OBJECTIVES:
-        search(objective, TARGET, PROXY, SEARCH_MINUTES)
+        search(res, objective, TARGET, PROXY, SEARCH_MINUTES)
 
 
-def step_eval() -> None:
-    eval_all(TARGET, "float32", "dpe", "search")
+def step_eval(res: Results) -> None:
+    eval_all(res, TARGET, "float32", "dpe", "search")
 
 
-def step_retrieval() -> None:
-    need(dpe_file(TARGET), "dpe")
+def step_retrieval(res: Results) -> None:
+    need(res.dpe_file(TARGET), "dpe")
     grid = ["--dtype", "bfloat16", "--tasks", TASKS, "--lengths", str(TARGET), "--depths", DEPTHS,
             "--trials", str(TRIALS), "--no-progress"]
-    out = OUT / f"retrieval-{SIZE}"
-    cli("retrieval", "--methods", METHODS, "--knobs", knobs(TARGET), *grid, "--out", str(out), *resume(out))
+    out = res.out / f"retrieval-{SIZE}"
+    cli("retrieval", "--methods", METHODS, "--knobs", res.knobs(TARGET), *grid, "--out", str(out), *resume(out))
     for objective in OBJECTIVES:
-        need(search_dir(objective) / "config.json", "search")
-        out = OUT / f"retrieval-{SIZE}-search-{objective}"
-        cli("retrieval", "--model", str(search_dir(objective)), "--methods", "none", *grid,
+        need(res.search_dir(objective) / "config.json", "search")
+        out = res.out / f"retrieval-{SIZE}-search-{objective}"
+        cli("retrieval", "--model", str(res.search_dir(objective)), "--methods", "none", *grid,
             "--out", str(out), *resume(out))
 
 
-def step_dpe32() -> None:
-    detect(TARGET4)
+def step_dpe32(res: Results) -> None:
+    detect(res, TARGET4)
 
 
-def step_search32() -> None:
-    search("needle", TARGET4, PROXY4, SEARCH_MINUTES4)
-    rebuild(REUSED4, search_dir("perplexity", TARGET4))
+def step_search32(res: Results) -> None:
+    search(res, "needle", TARGET4, PROXY4, SEARCH_MINUTES4)
+    rebuild(res.reused4, res.search_dir("perplexity", TARGET4))
 
 
-def step_eval32() -> None:
-    eval_all(TARGET4, "bfloat16", "dpe32", "search32")
+def step_eval32(res: Results) -> None:
+    eval_all(res, TARGET4, "bfloat16", "dpe32", "search32")
 
 
-def step_report() -> None:
+def step_report(res: Results) -> None:
     # they read the rows; what was run, from here
     from side_by_side_4x import section_4x
     from side_by_side_report import Search, Setup, write_report
-    page = RESULTS / "side_by_side.md"
-    setup = Setup(tune=TUNE, held_out=HELD_OUT, target=TARGET, knobs=knobs(TARGET), tasks=TASKS,
-                  depths=DEPTHS, dpe_file=dpe_file(TARGET).name, commands=__doc__ or "",
-                  searches=tuple(Search(o, search_dir(o), SEARCH_MINUTES) for o in OBJECTIVES))
-    setup4 = Setup(tune=TUNE, held_out=HELD_OUT, target=TARGET4, knobs=knobs(TARGET4), tasks="",
-                   depths="", dpe_file=dpe_file(TARGET4).name, commands=__doc__ or "", searches=(
-                       Search("needle", search_dir("needle", TARGET4), SEARCH_MINUTES4),
-                       Search("perplexity", REUSED4, REUSED4_MINUTES,
+    page = res.root / "side_by_side.md"
+    setup = Setup(tune=TUNE, held_out=HELD_OUT, target=TARGET, knobs=res.knobs(TARGET), tasks=TASKS,
+                  depths=DEPTHS, dpe_file=res.dpe_file(TARGET).name, commands=__doc__ or "",
+                  searches=tuple(Search(o, res.search_dir(o), SEARCH_MINUTES) for o in OBJECTIVES))
+    setup4 = Setup(tune=TUNE, held_out=HELD_OUT, target=TARGET4, knobs=res.knobs(TARGET4), tasks="",
+                   depths="", dpe_file=res.dpe_file(TARGET4).name, commands=__doc__ or "", searches=(
+                       Search("needle", res.search_dir("needle", TARGET4), SEARCH_MINUTES4),
+                       Search("perplexity", res.reused4, REUSED4_MINUTES,
                               "reused: searched by benchmarks/search.py tune4 (results/search.md) before "
                               "the proxy's attention-mask fix (docs/search.md: its spans were each scored "
-                              f"in isolation); evaluated from {search_dir('perplexity', TARGET4).name}/, "
+                              f"in isolation); evaluated from {res.search_dir('perplexity', TARGET4).name}/, "
                               "the embedded model saved with its config (side_by_side.py search32)")))
-    print(f"wrote {write_report(OUT, page, setup, section_4x(OUT, page, setup4))}", flush=True)
+    print(f"wrote {write_report(res.out, page, setup, section_4x(res.out, page, setup4))}", flush=True)
 
 
 STEPS = {"dpe": step_dpe, "search": step_search, "eval": step_eval, "retrieval": step_retrieval,
@@ -219,9 +234,11 @@ STEPS = {"dpe": step_dpe, "search": step_search, "eval": step_eval, "retrieval":
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=[*STEPS, "all"])
+    p.add_argument("--results", type=Path, default=RESULTS,
+                   help="the folder every step writes and reads (default: this script's results/)")
     args = p.parse_args(argv)
     for name in (list(STEPS) if args.step == "all" else [args.step]):
-        STEPS[name]()
+        STEPS[name](Results(args.results))
     return 0
 
 

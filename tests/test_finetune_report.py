@@ -1,4 +1,4 @@
-"""benchmarks/finetune_report.py: the report of benchmarks/finetune_retrieval.py stands
+"""hf_posext/training/arms_report.py, the report benchmarks/finetune_retrieval.py writes, stands
 for every grid the script accepts: several tasks and haystacks, two training seeds (with how far
 they differ), a grid without a length past L (no sliding baseline: "—"), an arm not finished (left
 out). Perplexity rows are the committed experiment's; retrieval rows are made up here, and the
@@ -7,11 +7,15 @@ expected cells are Wilson intervals from the literature (Wilson 1927; e.g. 3/6 -
 from __future__ import annotations
 
 import json
-import runpy
 from argparse import Namespace
 
+import pytest
+
 from _recipekit import ROOT
+from hf_posext.evaluation.shared.inputs import comma_items
 from hf_posext.evaluation.shared.record import read_rows
+from hf_posext.training.arms import ARMS, run_name
+from hf_posext.training.arms_report import arm_line, report
 
 RESULTS = ROOT / "benchmarks" / "results" / "finetune-retrieval"
 TASKS, HAYSTACKS = ["single_needle", "multi_key"], ["noise", "embedded:shakespeare/hamlet"]
@@ -46,9 +50,8 @@ def table(report: str) -> list[list[str]]:
 
 
 def report_of(tmp_path, within_l: bool) -> str:
-    script = runpy.run_path(str(ROOT / "benchmarks" / "finetune_report.py"), run_name="finetune_report")
     args = make_out(tmp_path, within_l)
-    path = script["report"](args, ["free", "docs", "docs-seed1", "mix", "mix-seed1"], plots=False)
+    path = report(args, ["free", "docs", "docs-seed1", "mix", "mix-seed1"], plots=False)
     return path.read_text()
 
 
@@ -77,3 +80,35 @@ def test_a_grid_within_the_trained_length_reports_no_past_l_column(tmp_path):
     rows = table(report_of(tmp_path, within_l=True))
     assert len(rows) == 3 and all(r[4] == "—" for r in rows)          # arm, 4k, 8k, change, past L
     assert rows[0][3] == "+0.0 %"
+
+
+def test_the_report_line_of_a_grid_within_the_trained_length():
+    """A grid with no length past L has no sliding baseline: the arm's line says "—" there instead
+    of dying in the report after the training (it once died with a raw StopIteration after 45 minutes)."""
+    rows = [{"trained_length": 8192, "protocol": "truncate", "length": 4096, "perplexity": 20.0}]
+    line = arm_line("mix", rows, [], None, [8192])
+    assert line == "| fine-tuned, documents + synthetic | 20.00 | — | — | not run |"
+
+
+COMMITTED = sorted(p.parent for p in (ROOT / "benchmarks" / "results").glob("finetune-retrieval*/report.md"))
+
+
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: p.name)
+def test_each_committed_report_is_its_rows(folder, tmp_path):
+    """Each committed report.md is what the report makes of the committed rows (nothing edited by
+    hand), read with the settings its arms stored in done.json; on a copy, without the plots.
+    tests/test_finetune_retrieval.py runs the script itself on the first experiment's rows."""
+    import shutil
+    names = list(dict.fromkeys(run_name(arm, seed) for arm in ARMS for seed in range(10)))
+    done = [n for n in names if (folder / n / "done.json").exists()]
+    for name in done:
+        for part in ("perplexity", "retrieval"):
+            (tmp_path / name / part).mkdir(parents=True)
+            shutil.copy(folder / name / part / f"{part}.json", tmp_path / name / part)
+        shutil.copy(folder / name / "done.json", tmp_path / name)
+    stored = json.loads((folder / done[0] / "done.json").read_text())
+    args = Namespace(out=tmp_path, task_list=comma_items(stored.get("tasks", "single_needle")),
+                     haystack_list=comma_items(stored.get("haystacks", "noise")),
+                     sequential=stored.get("sequential", False), max_trials=stored.get("max_trials"),
+                     bar=stored.get("bar"), **{k: stored[k] for k in ("depths", "trials", "factor", "eval_document")})
+    assert report(args, names, plots=False).read_text() == (folder / "report.md").read_text()

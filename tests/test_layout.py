@@ -1,6 +1,7 @@
 """The package's layout (docs/architecture.md): the import graph between its parts has no circle,
 nor has the graph between its modules, nor the one between the repository's scripts (benchmarks/,
-recipes/, tests/: a script imports another by its file name); nothing inside imports the package
+recipes/, tests/: a script imports another by its file name); no test loads a benchmarks/ script
+by its path (it runs it as a command, or imports the package); nothing inside imports the package
 root (`hf_posext/__init__.py`, the public API) back, at most 8 modules sit at the top level, no
 file is over 400 lines, and each subpackage's docstring names exactly the modules it has.
 
@@ -197,6 +198,77 @@ def test_no_import_circle_between_scripts():
     edges = script_graph()
     assert edges["benchmarks/search_report.py"], "the script graph reads no script import"
     _fail_on_circle(edges, "scripts")
+
+
+# How a file can load another by its path into the running process (not through a command line)
+LOADERS = {"run_path", "run_module", "spec_from_file_location", "SourceFileLoader", "syspath_prepend"}
+
+
+def _is_sys_path(node) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+        and node.value.id == "sys"
+
+
+def path_loads(source: str) -> list[int]:
+    """The lines where `source` loads a file by its path into its own process: runpy, importlib's
+    file loaders, pytest's syspath_prepend, or sys.path changed (insert / append / extend, an item
+    or the whole list set). Inside a function that calls os.fork the load runs in the child, a
+    process of its own started with its own argv: that is a command line (tests/test_scripts.py
+    runs each script's `--help` so), not a load."""
+    tree = ast.parse(source)
+    forked = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "fork"
+                for n in ast.walk(fn)):
+            forked |= {id(n) for n in ast.walk(fn)}
+    lines = []
+    for node in ast.walk(tree):
+        if id(node) in forked:
+            continue
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            if name in LOADERS or (name in ("insert", "append", "extend") and _is_sys_path(node.func.value)) or (
+                    name == "setattr" and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+                    and node.args[1].value == "path"):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Assign) and any(
+                _is_sys_path(t) or (isinstance(t, ast.Subscript) and _is_sys_path(t.value))
+                for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_path_load_finder_finds_planted_loads():
+    planted = """import runpy, sys, importlib.util
+runpy.run_path("scripts/x.py")
+spec = importlib.util.spec_from_file_location("x", "scripts/x.py")
+sys.path.insert(0, "scripts")
+def fixture(monkeypatch):
+    monkeypatch.syspath_prepend("scripts")
+    monkeypatch.setattr(sys, "path", ["scripts"])
+sys.path[0] = "scripts"
+def child(path):
+    import os
+    if not os.fork():
+        sys.argv, sys.path[0] = [path], "scripts"
+        runpy.run_path(path, run_name="__main__")
+"""
+    assert path_loads(planted) == [2, 3, 4, 6, 7, 8]
+
+
+def test_no_test_loads_a_benchmark_script_by_path():
+    """A test exercises a benchmarks/ script through its command line (`python benchmarks/<script>.py ...`
+    in a process of its own, on tiny local data) or the library it calls, never by loading the
+    file into the test's process (runpy, spec_from_file_location, sys.path, or an import by file
+    name): what a test needs of a script belongs in the package, where the script imports it."""
+    tests = REPO / "tests"
+    loads = {str(p.relative_to(REPO)): lines for p in sorted(tests.rglob("*.py"))
+             if "benchmarks" in (text := p.read_text()) and (lines := path_loads(text))}
+    assert not loads, f"tests loading files by path (line numbers), in files naming benchmarks/: {loads}"
+    imports = {src: found for src, dsts in script_graph().items() if src.startswith("tests/")
+               and (found := sorted(d for d in dsts if d.startswith("benchmarks/")))}
+    assert not imports, f"tests importing benchmark scripts by file name: {imports}"
 
 
 def test_nothing_imports_the_package_root_back():

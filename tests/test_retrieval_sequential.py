@@ -1,9 +1,11 @@
-"""Sequential trials (hf_posext/evaluation/retrieval/sequential.py, schedule.py): the exact
+"""Sequential trials (hf_posext/evaluation/retrieval/sequential.py, schedule.py, and designs.py's
+replay of the committed grid's trials): the exact
 interval against scipy, the error rate the rule states checked by simulation at known p (and a
 rule without the correction for repeated looks failing the same check), the effective length's
 bounds, and the sequential grid on a tiny model with stub answers, an injected clock and a
 budget that stops it and a resume that continues it."""
 
+from pathlib import Path
 
 import pytest
 
@@ -302,36 +304,43 @@ def test_after_the_last_look_the_point_estimate_decides_flagged():
     assert call(UNDECIDED, 0, 8, None, complete=True) == (UNDECIDED, False)
 
 
-def _replay_script():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval_sequential.py"
-    spec = importlib.util.spec_from_file_location("retrieval_sequential", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_replay_stops_where_the_rule_does_and_says_when_the_folder_runs_out():
-    script = _replay_script()
+    from hf_posext.evaluation.retrieval.designs import replay
     rule = SequentialRule(block=4, max_trials=20, confidence=0.95, boundary="bonferroni")
     none_right = {d: [False] * 20 for d in (0.0, 0.5)}
-    assert script.replay(none_right, rule, 0.9) == dict(decision=BELOW, used=8, more=False, call=(BELOW, False))
+    assert replay(none_right, rule, 0.9) == dict(decision=BELOW, used=8, more=False, call=(BELOW, False))
     few = {d: [True] * 4 for d in (0.0, 0.25, 0.5, 0.75, 1.0)}             # 20/20, then no more trials
-    assert script.replay(few, rule, 0.9) == dict(decision=UNDECIDED, used=20, more=True, call=(UNDECIDED, False))
+    assert replay(few, rule, 0.9) == dict(decision=UNDECIDED, used=20, more=True, call=(UNDECIDED, False))
     all_right = {d: [True] * 20 for d in (0.5, 1.0)}                          # 40/40 against 0.9: 44 needed
-    assert script.replay(all_right, rule, 0.9) == dict(decision=UNDECIDED, used=40, more=False, call=(ABOVE, True))
+    assert replay(all_right, rule, 0.9) == dict(decision=UNDECIDED, used=40, more=False, call=(ABOVE, True))
     # the exact levels: 32/32 has P = 0.9^32 = 0.034 at the bar, the crossing's whole chance by then
     exact = SequentialRule(block=4, max_trials=20, confidence=0.95)
-    assert script.replay(all_right, exact, 0.9) == dict(decision=ABOVE, used=32, more=False, call=(ABOVE, False))
+    assert replay(all_right, exact, 0.9) == dict(decision=ABOVE, used=32, more=False, call=(ABOVE, False))
 
 
-def test_replay_rescoring_equals_the_committed_counts(tmp_path):
-    script = _replay_script()
-    rows = read_rows(script.GRID)
-    per = script.outcomes(rows)                       # raises if a row's outcomes disagree with its count
+GRID = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "retrieval-2x" / "retrieval.json"
+
+
+def test_replay_rescoring_equals_the_committed_counts():
+    from hf_posext.evaluation.retrieval.designs import outcomes
+    rows = read_rows(GRID)
+    per = outcomes(rows)                              # raises if a row's outcomes disagree with its count
     assert sum(sum(map(len, q.values())) for q in per.values()) == sum(int(r["trials"]) for r in rows)
-    assert script.main(["--runs", "20", "--mixes", "3", "--out", str(tmp_path / "r.md")]) == 0
+    bad = {**rows[0], "correct": int(rows[0]["correct"]) + 1}
+    with pytest.raises(ValueError, match="scored again"):
+        outcomes([bad])
+
+
+@pytest.mark.slow
+def test_the_replay_script_writes_its_page(tmp_path):
+    """`python benchmarks/retrieval_sequential.py` (few simulated runs) writes the replay's page."""
+    import os
+    import subprocess
+    import sys
+    script = GRID.parents[2] / "retrieval_sequential.py"
+    proc = subprocess.run([sys.executable, str(script), "--runs", "20", "--mixes", "3", "--out", str(tmp_path / "r.md")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(GRID.parents[3])}, timeout=600)
+    assert proc.returncode == 0, proc.stderr
     assert "A replay of the committed per-trial outcomes, not a rerun" in (tmp_path / "r.md").read_text()
 
 

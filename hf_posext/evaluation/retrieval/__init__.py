@@ -11,6 +11,7 @@ Wilson intervals and an effective length per method (docs/retrieval.md).
     report.py    lm-eval's RULER records kept compactly, tables beside the suite's rows
     sequential.py  the stopping rule: Clopper–Pearson at levels exact over the looks
     schedule.py  evaluate_sequential: looks where decisions are open, a budget
+    designs.py   the sequential design against the fixed one on stored rows: a replay, a report
     vllm_engine.py  `--engine vllm`: serve's arguments per cell, a worker in vLLM's Python
     vllm_worker.py  that worker (run by path there; imports only vllm)
     probe.py     why a needle is missed: the answer's loss, the attention on the needle, the answer

@@ -1,4 +1,5 @@
-"""report.md of benchmarks/finetune_retrieval.py, from the stored results only.
+"""report.md of the fine-tuning arms (arms.py; benchmarks/finetune_retrieval.py writes it), from
+the stored results only.
 
 The arms side by side: perplexity of the held-out document; the change at the shortest length
 against the training-free arm; mean NLL past L minus the arm's own sliding baseline's (only
@@ -13,16 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hf_posext.evaluation.shared.record import outputs_text, read_rows
+from ..evaluation.shared.record import outputs_text, read_rows
 
 LABELS = {"free": "training-free", "docs": "fine-tuned, documents", "mix": "fine-tuned, documents + synthetic"}
 DEFAULT_PAIRS = [("single_needle", "noise")]
-
-
-def run_name(arm: str, seed: int) -> str:
-    """The folder (and report section) of an arm's run: the arm for seed 0 (as the first runs
-    were stored), `<arm>-seed<s>` for the other training seeds."""
-    return arm if seed == 0 or arm == "free" else f"{arm}-seed{seed}"
 
 
 def label(name: str) -> str:
@@ -46,10 +41,10 @@ def relabel(rows: list[dict], name: str) -> list[dict]:
 
 def mean_nll(row: dict, start: int) -> float:
     """Mean NLL per token over the positions >= start of a row with position buckets."""
-    from hf_posext.evaluation.perplexity.buckets import nll_from
+    from ..evaluation.perplexity.buckets import nll_from
     found = nll_from(row, start)
     if found is None:
-        raise SystemExit(f"a {row['length']}-token row has no position buckets at {start}; rerun its cells")
+        raise ValueError(f"a {row['length']}-token row has no position buckets at {start}; rerun its cells")
     return found[0] / found[1]
 
 
@@ -57,8 +52,8 @@ def arm_values(ppl: list[dict], ret: list[dict], free_short: float | None, rleng
                pairs=DEFAULT_PAIRS) -> list[tuple[str, float | None]]:
     """The cells of a run's line as (text, number): perplexity per length, the change at the
     shortest length, NLL past L minus own sliding, then accuracy per (task, haystack, length)."""
-    from hf_posext.evaluation.retrieval.plots import by_length
-    from hf_posext.evaluation.retrieval.stats import rate_text
+    from ..evaluation.retrieval.plots import by_length
+    from ..evaluation.retrieval.stats import rate_text
     trained = int(ppl[0]["trained_length"])
     truncate = {int(r["length"]): r for r in ppl if r["protocol"] == "truncate"}
     longest, short = max(truncate), min(truncate)
@@ -103,11 +98,13 @@ def seed_spread(names: list[str], values: dict[str, list], head: list[str]) -> l
 
 
 def report(args, names: list[str], plots: bool = True) -> Path:
-    """report.md and (plots) its two plots in args.out, from the runs `names` that are done."""
-    from hf_posext.evaluation.shared.results import format_length
+    """report.md and (plots) its two plots in args.out, from the runs `names` that are done;
+    `args`: the experiment's settings as `arms.check_grid` leaves them (task_list, haystack_list,
+    depths, trials, sequential, max_trials, bar, factor, eval_document)."""
+    from ..evaluation.shared.results import format_length
     names = [n for n in names if (args.out / n / "done.json").exists()]
     if not names:
-        raise SystemExit(f"no finished arm in {args.out}: nothing to report")
+        raise ValueError(f"no finished arm in {args.out}: nothing to report")
     data = {n: (stored(args.out / n, "perplexity"), stored(args.out / n, "retrieval")) for n in names}
     pairs = [(t, h) for t in args.task_list for h in args.haystack_list]
     ppl0 = data[names[0]][0]
@@ -151,8 +148,8 @@ def report(args, names: list[str], plots: bool = True) -> Path:
 
 def draw(args, names, data, pairs, default: bool, lengths: list[int]) -> None:
     """retrieval_arms.png (the first task and haystack) and loss_by_position_arms.png."""
-    from hf_posext.evaluation.shared.results import plot_nll_by_position
-    from hf_posext.evaluation.retrieval.plots import plot_accuracy
+    from ..evaluation.retrieval.plots import plot_accuracy
+    from ..evaluation.shared.results import plot_nll_by_position
     ppl0 = data[names[0]][0]
     first = [r for n in names for r in relabel(data[n][1], n) if (r.get("task", "single_needle"), haystack_name(r)) == pairs[0]]
     plot_accuracy(first, args.out / "retrieval_arms.png",
@@ -170,8 +167,8 @@ def draw(args, names, data, pairs, default: bool, lengths: list[int]) -> None:
 
 def section(name: str, data, many: bool) -> list[str]:
     """A run's `hf-posext eval` table and its retrieval rows with the answers given."""
-    from hf_posext.evaluation.shared.results import format_table
-    from hf_posext.evaluation.retrieval.stats import wilson
+    from ..evaluation.retrieval.stats import wilson
+    from ..evaluation.shared.results import format_table
     lines = [f"## {name}", "", "```", format_table(data[0]), "```", "",
              "| " + ("task | haystack | " if many else "") + "length | depth | correct / trials | "
              "Wilson 95 % | answers given (first 60 characters) |", "|---|---|---|---|---|" + ("---|---|" if many else "")]
