@@ -44,7 +44,7 @@ import json
 import sys
 from pathlib import Path
 
-from hf_posext.training.arms import (ARMS, added_lengths, check_grid, eval_source, recipe_argv, retrieval_grid,
+from hf_posext.training.arms import (ARMS, added_lengths, check_grid, eval_source, recipe_argv, arm_grid,
                                      run_name, settings)
 from hf_posext.training.arms_report import report
 
@@ -169,7 +169,7 @@ def retrieval(args, name: str, model_path: str, folder: Path) -> None:
     run = RunInfo(model_name=name.partition("-seed")[0], dtype="float32")
     with ResultsStore(folder / "retrieval", "retrieval", resume=True) as store:
         for hay in args.haystack_list:
-            grid = retrieval_grid(args, name.partition("-seed")[0], hay)
+            grid = arm_grid(args, name.partition("-seed")[0], hay)
             haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths))
             if args.sequential:
                 evaluate_sequential(model, tokenizer, grid, SequentialRule(args.trials, args.max_trials),

@@ -53,7 +53,7 @@ def check_grid(args) -> None:
     eval_source(args)   # the perplexity document resolves to a file now, not after the training
     for hay in args.haystack_list:   # RetrievalGrid checks lengths, depths, tasks and trials
         try:
-            retrieval_grid(args, "free", hay)
+            arm_grid(args, "free", hay)
         except ValueError as error:
             raise ValueError(f"--retrieval-lengths / --free-lengths / --depths / --tasks: {error}") from None
     check_prompts(args)
@@ -69,7 +69,7 @@ def check_prompts(args) -> None:
     from ..evaluation.retrieval.tasks import get_task
     tokenizer = embedded.load_tokenizer(args.model)
     for hay in args.haystack_list:
-        grid = retrieval_grid(args, "free", hay)
+        grid = arm_grid(args, "free", hay)
         try:
             haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths))
             for task in grid.tasks:
@@ -127,7 +127,7 @@ def retrieval_lengths(args, arm: str) -> list[int]:
     return sorted({int(x) for x in f"{args.retrieval_lengths},{extra}".split(",") if x.strip()})
 
 
-def retrieval_grid(args, arm: str, hay: str = "noise"):
+def arm_grid(args, arm: str, hay: str = "noise"):
     """The arm's grid on one haystack (`RetrievalGrid` validates lengths, depths, tasks, trials)."""
     from ..evaluation.retrieval.settings import RetrievalGrid
     trials = args.max_trials if args.sequential else args.trials
