@@ -118,3 +118,17 @@ def test_upstream_and_ordinary_text_pass(line):
 def test_nothing_in_the_repository_points_outside_it():
     found = hits(tracked_files())
     assert not found, "pointers outside the repository (say what is meant instead):\n" + "\n".join(found)
+
+
+def test_readme_is_a_five_minute_page():
+    """The front page stays short: at most 1,300 words, no line over 250 characters outside code
+    blocks (the detail goes to the pages its table links)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.split()) <= 1300
+    inside, long_lines = False, []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            inside = not inside
+        elif not inside and len(line) > 250:
+            long_lines.append(number)
+    assert not long_lines, long_lines
