@@ -8,6 +8,8 @@
     gguf_export.py   `--target gguf`: a GGUF llama.cpp runs exactly
     config_audit.py  what `check` reports besides the verdicts (config errors and warnings)
     doctor.py        `check`'s findings on any RoPE config.json: what is off, where, and the fix
+    family_doctor.py the doctor's findings on the families people extend now: engine bugs in their rope
+    finding.py       one doctor finding (code, severity, message, engines, off, fix) and its labels
     gguf_doctor.py   the doctor's GGUF findings: a GGUF's rope keys against its config.json
     measured.py      what the real engines did with each method's checkpoint (measured_engines.json)
     serving.py       `hf-posext serve`: the engine command line, checked like export

@@ -7,50 +7,29 @@ runs; `config_audit.derived_lengths`: the length each derives) — and the fix (
 moved it into `rope_parameters` (unsloth #7028), two layouts saying different things, a factor
 that disagrees with the two lengths (transformers #38224, vllm #56446), no
 `original_max_position_embeddings`, YaRN keys each engine reads differently
-(vllm #46280, #48351, #48621), static scaling that costs short prompts (vllm #18728), a rope block
-beside a multimodal `text_config` that nothing reads; gguf_doctor.py adds GGUF keys
-(llama.cpp #13331)."""
+(vllm #46280, #48351, #48621, #48623), static scaling that costs short prompts (vllm #18728), a
+rope block beside a multimodal `text_config` that nothing reads; family_doctor.py adds the engine
+bugs in the rope of the families people extend now (per-layer rope, DeepSeek-style YaRN, gpt-oss's
+`truncate`, LongRoPE lists, NoPE layers), gguf_doctor.py a GGUF's keys (llama.cpp #13331)."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import config_audit, engines, measured, portable
+from . import config_audit, engines, family_doctor, portable
+from .family_doctor import OWN_YARN
+from .finding import Finding, _g, _label, _num
 from .meaning import TOLERANCE
 from .verdicts import class_defaults, load_config, with_class_defaults
 from ..rope.compat import v4_scaling
 
 ROPE_KEYS = ("rope_scaling", "rope_parameters", "rope_theta")
 FALLBACK_THETA = 10000.0   # every reader's θ when it reads none (engines.v5_rope etc.)
-# architectures whose engines run their own YaRN code (DeepSeek's MLA applies mscale_all_dim to
-# the softmax scale: vLLM deepseek_yarn, SGLang DeepseekScalingRotaryEmbedding, llama.cpp
-# deepseek2): the Llama-family scale model below does not describe them
-OWN_YARN = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 # llama.cpp runs its own YaRN temperature for these (src/models/mistral3.cpp, grok.cpp)
 LLAMA_CPP_OWN_YARN = ("mistral3", "ministral3", "grok")
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: str
-    severity: str          # error: a reader runs another rope than meant; warning: a trap
-    message: str
-    engines: tuple[str, ...]
-    off: str               # how far off each reader is, re-derived
-    fix: str
-
-    def lines(self) -> list[str]:
-        return [f"[{self.code}] {self.severity}: {self.message}",
-                f"    affects: {', '.join(self.engines)}", f"    off: {self.off}",
-                f"    fix: {self.fix}"]
-
-
-def _num(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def merged(raw: dict[str, Any]) -> dict[str, Any]:
@@ -73,10 +52,6 @@ def _slowest(d: int, used: float, meant: float) -> str:
     """How far the slowest rotary component b^(-(d-2)/d) is off when run with base `used`."""
     ratio = (meant / used) ** ((d - 2) / d)
     return f"slowest rotary component {max(ratio, 1 / ratio):.3g}× too {'fast' if ratio > 1 else 'slow'}"
-
-
-def _g(x) -> str:   # 1000000, not 1e+06
-    return f"{float(x):.10g}"
 
 
 def _theta(cfg: dict[str, Any]) -> list[Finding]:
@@ -248,11 +223,6 @@ def scales(cfg: dict[str, Any], kind: str | None = None) -> dict[str, float]:
     return {name: float(scale) for name, (_, scale) in _readings(cfg, kind).items()}
 
 
-def _label(reader: str) -> str:
-    release = {r: m for m, r in measured.releases()}.get(reader, "")
-    return f"{reader} ({release.replace('llama.cpp', 'llama-cpp-python')})" if release else reader
-
-
 def _scale_fix(cfg: dict[str, Any], reader: str, want: float) -> str:
     """The smallest edit of the rope dict that makes `reader` apply `want`, keeping transformers
     5.x at `want` — checked by re-deriving both on the edited config."""
@@ -302,7 +272,7 @@ def _yarn_scale(cfg: dict[str, Any]) -> list[Finding]:
     return [Finding(
         "yarn-attention-keys", "error", f"YaRN temperature keys ({', '.join(keys) or 'none'}) read "
         "differently: transformers applies "
-        f"{want:.6g}, other readers another scale to every cos/sin (vllm #46280, #48351, #48621)",
+        f"{want:.6g}, other readers another scale to every cos/sin (vllm #46280, #48351, #48621, #48623)",
         tuple(_label(r) for r in off),
         "; ".join(f"{_label(r)} {v:.6g} ({abs(v - want) / want:.1%} off)" for r, v in off.items()),
         "; ".join(fixes) + " (these make each reader run transformers' scale; the config alone "
@@ -382,7 +352,7 @@ def diagnose(raw: dict[str, Any]) -> list[Finding]:
     stated = merged(raw)
     cfg = with_class_defaults(stated)
     return _theta(stated) + _layouts(cfg, stated) + _lengths(cfg) + _original(cfg) + _yarn_scale(cfg) \
-        + _yarn_frequencies(cfg) + _static(cfg) + _nested(raw)
+        + _yarn_frequencies(cfg) + _static(cfg) + _nested(raw) + family_doctor.diagnose(stated, cfg)
 
 
 def raw_config(path) -> dict[str, Any]:

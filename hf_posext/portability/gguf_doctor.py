@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import engines
-from .doctor import Finding, _num
+from .finding import Finding, _num
 from .gguf_export import _field_value, _gguf
 
 _CONVERTED = {"linear": "linear", "yarn": "yarn"}   # the types the converter writes; others: none
