@@ -210,8 +210,8 @@ def gguf_exports(cells: list[dict], work: Path) -> tuple[dict, dict, list[dict]]
             continue
         converted = work / f"{cell['key']}.gguf"
         for target in GGUF_TARGETS:
-            row = dict(case=cell["case"], method=cell["method"], knobs=cell["knobs"],
-                       form=f"export:{target}", signature=None)
+            row = dict(case=cell["case"], family=cell["family"], method=cell["method"],
+                       knobs=cell["knobs"], form=f"export:{target}", signature=None)
             gguf_out = Path(cell["path"]).parent / f"export-{target}.gguf"
             try:
                 if not converted.exists():
