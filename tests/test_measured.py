@@ -100,7 +100,7 @@ def test_check_shows_each_familys_own_measurement(tmp_path, case):
     model = families_tiny.build(family, families_tiny.plain_rope(family))
     if method is not None:
         hf_posext.patch(model, method, 4.0)
-    model.config.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)   # as a user saves it: `architectures` included
     shown = {v.reader: v for v in measured.overlay(load_config(tmp_path), check(tmp_path))}
     wrong = []
     for cell in cells:
@@ -116,8 +116,25 @@ def test_other_families_say_the_llama_stood_in(tmp_path):
     path = tmp_path / "mistral"
     model = families_tiny.build("mistral", {"rope_type": "default", "rope_theta": 10_000.0})
     hf_posext.patch(model, "yarn", 4.0)
-    model.config.save_pretrained(path)
+    model.save_pretrained(path)
     shown = [v for v in measured.overlay(load_config(path), check(path))
              if isinstance(v, measured.Measured)]
     assert shown and all(v.measured and v.stand_in == "mistral" for v in shown)
     assert all("measured on the tiny Llama" in v.line() for v in shown)
+
+
+@pytest.mark.skipif(not IS_V5, reason="the families' rope dicts (per layer type): transformers 5.x")
+@pytest.mark.parametrize("case", sorted({c["case"] for c in FAMILY_CELLS if c["method"]}))
+def test_re_derivations_agree_with_each_familys_measurement(tmp_path, case):
+    """`check`'s re-derived verdict of each measured release's reader (what `export` and the
+    doctor go by) is what that engine did with the family's own checkpoint (e.g. llama.cpp's Phi
+    converter writes no rope scaling: ignored)."""
+    cells = [c for c in FAMILY_CELLS if c["case"] == case and c["form"] == "saved"]
+    model = families_tiny.build(cells[0]["family"], families_tiny.plain_rope(cells[0]["family"]))
+    hf_posext.patch(model, cells[0]["method"], 4.0)
+    model.save_pretrained(tmp_path)   # as a user saves it: `architectures` included
+    derived = {v.reader: v.status for v in check(tmp_path)}
+    reader = dict(measured.releases())
+    got = {f"{c['engine']} {c['release']}": derived[reader[f"{c['engine']} {c['release']}"]]
+           for c in cells}
+    assert got == {f"{c['engine']} {c['release']}": c["verdict"] for c in cells}

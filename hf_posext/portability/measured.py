@@ -196,22 +196,29 @@ def file_exports(release: str, case: str) -> list[dict[str, Any]]:
 
 
 def family_verdicts(model_type: str) -> str:
-    """One line for the family table (docs/families.md): per measured release, what it did with
+    """The family table's last column (docs/families.md: `family_table(family_verdicts)`): per
+    measured release, what it did with
     the family's YaRN checkpoint (s = 4, as saved), or with its plain-RoPE control when that was
     not already exact (the engine cannot run the family here); "" for a family not measured."""
-    rows = [r for r in load()["cells"] if family_of(r) == model_type and r["form"] == "saved"
-            and r.get("mode") != "compiled" and r["method"] in (None, "yarn") and not r["knobs"]]
+    rows = [r for r in load()["cells"] if family_of(r) == model_type and r.get("mode") != "compiled"
+            and r["method"] in (None, "yarn") and not r["knobs"]]
     said = []
     for release, _ in releases():
-        got = {r["method"]: r for r in rows if f"{r['engine']} {r['release']}" == release}
-        if None not in got:
+        got = {(r["method"], r["form"]): r for r in rows if f"{r['engine']} {r['release']}" == release}
+        if (None, "saved") not in got:
             continue
-        control, yarn = got[None], got.get("yarn")
+        control, yarn = got[None, "saved"], got.get(("yarn", "saved"))
         if control["verdict"] != "exact" or yarn is None:
             said.append(f"{release} {control['verdict']} (plain RoPE too)")
-        else:
-            said.append(f"{release} {of_row(yarn).cell()}")
-    return f"YaRN s = 4: {', '.join(said)}" if said else ""
+            continue
+        said.append(f"{release} {of_row(yarn).cell()}")
+        gguf = got.get(("yarn", "export:gguf"))
+        if yarn["verdict"] != "exact" and gguf is not None:   # the GGUF hf_posext rewrites
+            said[-1] += f" (`export --target gguf`: {of_row(gguf).cell()})"
+    if not said:
+        return ""
+    more = "; every method: [check.md](check.md)" if model_type == LLAMA else ""
+    return f"YaRN s = 4: {', '.join(said)}{more}"
 
 
 def summary(data: dict[str, Any]) -> str:

@@ -113,9 +113,10 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "families.md"
 
 def write_families_page() -> None:
     """Regenerate the table of docs/families.md (tests/test_family_table.py holds page ==
-    family_table()): its "engines (measured)" column reads measured_engines.json, so the page
-    is rewritten whenever the measurement is."""
+    family_table(family_verdicts)): its "engines (measured)" column reads measured_engines.json,
+    so the page is rewritten whenever the measurement is."""
     import transformers
+    from hf_posext.portability.measured import family_verdicts
     from hf_posext.rope.family_table import family_table
 
     text = PAGE.read_text()
@@ -123,5 +124,6 @@ def write_families_page() -> None:
     end = text.index("\n<!-- /family-table -->")
     assert start, "docs/families.md lost its table marker"
     PAGE.write_text(text[:start.start()] + f"<!-- family-table: transformers "
-                    f"{transformers.__version__} -->\n" + family_table() + text[end:])
+                    f"{transformers.__version__} -->\n" + family_table(family_verdicts)
+                    + text[end:])
     print(f"wrote {PAGE}")
