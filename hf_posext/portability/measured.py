@@ -197,9 +197,9 @@ def file_exports(release: str, case: str) -> list[dict[str, Any]]:
 
 def family_verdicts(model_type: str) -> str:
     """The family table's last column (docs/families.md: `family_table(family_verdicts)`): per
-    measured release, what it did with
-    the family's YaRN checkpoint (s = 4, as saved), or with its plain-RoPE control when that was
-    not already exact (the engine cannot run the family here); "" for a family not measured."""
+    measured release, what it did with the family's YaRN checkpoint (s = 4, as saved; where not
+    exact, also with its `export --target gguf`), or with its plain-RoPE control when that was
+    not exact (the engine cannot run the family here); "" for a family not measured."""
     rows = [r for r in load()["cells"] if family_of(r) == model_type and r.get("mode") != "compiled"
             and r["method"] in (None, "yarn") and not r["knobs"]]
     said = []

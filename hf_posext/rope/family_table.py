@@ -1,5 +1,5 @@
 """The markdown table of the decoder families found in transformers (docs/families.md shows it;
-tests/test_family_table.py holds the page equal to `family_table()`).
+tests/test_family_table.py holds the page equal to `family_table(family_verdicts)`).
 
 Each row is read from the code: the family's facts (rope/families.py), hf_posext's verdict
 (registry.refusal, families_support), and the rope types the family's own config class accepts,
