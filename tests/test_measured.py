@@ -9,16 +9,21 @@ so the lookup by method and config form holds beyond the model it was measured o
 
 import json
 
+import families_tiny
 import pytest
 
+import hf_posext
 from hf_posext.portability import measured
 from hf_posext.commands.check import _tiny_checkpoint
 from hf_posext.errors import BeyondReach
 from hf_posext.portability.exporting import export
 from hf_posext.portability.verdicts import check, load_config
+from hf_posext.rope.compat import IS_V5
 
 DATA = measured.load()
 CELLS = [c for c in DATA["cells"] if c.get("signature") and c.get("mode") != "compiled"]
+LLAMA_CELLS = [c for c in CELLS if measured.family_of(c) == measured.LLAMA]
+FAMILY_CELLS = [c for c in CELLS if measured.family_of(c) != measured.LLAMA]
 
 
 def test_the_committed_measurement_covers_three_engine_releases():
@@ -41,9 +46,9 @@ def _measured_checkpoint(folder, method, knobs):
         return path
 
 
-@pytest.mark.parametrize("case", sorted({c["case"] for c in CELLS if c["method"]}))
+@pytest.mark.parametrize("case", sorted({c["case"] for c in LLAMA_CELLS if c["method"]}))
 def test_check_shows_the_committed_measurement(tmp_path, case):
-    cells = [c for c in CELLS if c["case"] == case]
+    cells = [c for c in LLAMA_CELLS if c["case"] == case]
     path = _measured_checkpoint(tmp_path / "saved", cells[0]["method"], cells[0]["knobs"])
     forms = {"saved": path}
     wrong = []
@@ -71,3 +76,65 @@ def test_forms_not_measured_say_so(tmp_path):
         assert not v.measured and "form not measured" in v.cell()
     not_run = {"SGLang (re-derived, not run)", "TGI (re-derived, not run)"}
     assert {v.reader for v in shown} >= not_run
+
+
+def test_families_were_measured_on_their_own_models():
+    """The engines tier measures a MoE, a per-layer-rope and a partial-rotary family beside the
+    Llama (tests/engines/engine_families.py), each in every measured release."""
+    kinds = {DATA["families"][f]["kind"] for f in DATA["families"]}
+    assert {"MoE", "per-layer rope", "partial rotary"} <= kinds
+    releases = {f"{e['engine']} {e['release']}" for e in DATA["engines"]}
+    for family in DATA["families"]:
+        ran = {f"{c['engine']} {c['release']}" for c in FAMILY_CELLS if c["family"] == family}
+        assert ran == releases, (family, ran)
+
+
+@pytest.mark.skipif(not IS_V5, reason="the families' rope dicts (per layer type): transformers 5.x")
+@pytest.mark.parametrize("case", sorted({c["case"] for c in FAMILY_CELLS}))
+def test_check_shows_each_familys_own_measurement(tmp_path, case):
+    """A checkpoint of a measured family (built again on families_tiny's dims, not the measured
+    ones), plain or YaRN at s = 4 as `patch` saves it, gets in each measured release's column
+    the verdict measured on that family's own model, not the Llama's."""
+    cells = [c for c in FAMILY_CELLS if c["case"] == case]
+    family, method = cells[0]["family"], cells[0]["method"]
+    model = families_tiny.build(family, families_tiny.plain_rope(family))
+    if method is not None:
+        hf_posext.patch(model, method, 4.0)
+    model.save_pretrained(tmp_path)   # as a user saves it: `architectures` included
+    shown = {v.reader: v for v in measured.overlay(load_config(tmp_path), check(tmp_path))}
+    wrong = []
+    for cell in cells:
+        got = shown[measured.column(f"{cell['engine']} {cell['release']}")]
+        if not (got.status == cell["verdict"] and got.measured and not got.stand_in):
+            wrong.append((cell["engine"], cell["release"], cell["verdict"], got.line()))
+    assert not wrong, json.dumps(wrong, ensure_ascii=False)
+
+
+def test_other_families_say_the_llama_stood_in(tmp_path):
+    """A family not measured on its own model (Mistral) shows the tiny Llama's cell for the same
+    config form, saying so."""
+    path = tmp_path / "mistral"
+    model = families_tiny.build("mistral", {"rope_type": "default", "rope_theta": 10_000.0})
+    hf_posext.patch(model, "yarn", 4.0)
+    model.save_pretrained(path)
+    shown = [v for v in measured.overlay(load_config(path), check(path))
+             if isinstance(v, measured.Measured)]
+    assert shown and all(v.measured and v.stand_in == "mistral" for v in shown)
+    assert all("measured on the tiny Llama" in v.line() for v in shown)
+
+
+@pytest.mark.skipif(not IS_V5, reason="the families' rope dicts (per layer type): transformers 5.x")
+@pytest.mark.parametrize("case", sorted({c["case"] for c in FAMILY_CELLS if c["method"]}))
+def test_re_derivations_agree_with_each_familys_measurement(tmp_path, case):
+    """`check`'s re-derived verdict of each measured release's reader (what `export` and the
+    doctor go by) is what that engine did with the family's own checkpoint (e.g. llama.cpp's Phi
+    converter writes no rope scaling: ignored)."""
+    cells = [c for c in FAMILY_CELLS if c["case"] == case and c["form"] == "saved"]
+    model = families_tiny.build(cells[0]["family"], families_tiny.plain_rope(cells[0]["family"]))
+    hf_posext.patch(model, cells[0]["method"], 4.0)
+    model.save_pretrained(tmp_path)   # as a user saves it: `architectures` included
+    derived = {v.reader: v.status for v in check(tmp_path)}
+    reader = dict(measured.releases())
+    got = {f"{c['engine']} {c['release']}": derived[reader[f"{c['engine']} {c['release']}"]]
+           for c in cells}
+    assert got == {f"{c['engine']} {c['release']}": c["verdict"] for c in cells}

@@ -80,8 +80,17 @@ def static(inv_freq: torch.Tensor, scale: float = 1.0) -> Freqs:
 # ---- reading a config.json --------------------------------------------------------------------
 
 def rotary_dim(cfg: dict[str, Any], rope: dict[str, Any]) -> int:
+    """head_dim × partial_rotary_factor: from the reader's rope dict, else the top-level key,
+    else 5.x's rope dict. The last is for readers of the 4.x layout (transformers 4.57, TGI)
+    on a config 5.x saved, where the factor lives in `rope_parameters` only: they take their
+    config class's default, which is the family's own factor (PhiConfig 0.5, StableLmConfig
+    0.25), the value 5.x wrote there unless it was changed."""
     head = head_size(cfg.get("head_dim"), cfg.get("hidden_size"), cfg.get("num_attention_heads"))
-    return int(head * (rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0))
+    nested = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    nested = nested.get("full_attention", nested) if isinstance(nested.get("full_attention"), dict) \
+        else nested
+    return int(head * (rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor")
+                       or nested.get("partial_rotary_factor") or 1.0))
 
 
 def v5_rope(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -286,6 +295,11 @@ def llama_cpp(cfg: dict[str, Any]) -> Reading:
     rope = converter_rope(cfg)
     kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
     s = rope.get("factor")
+    if "PhiForCausalLM" in (cfg.get("architectures") or ()) and kind != "default":
+        # conversion/phi.py `Phi2Model.set_gguf_parameters` writes its own keys and never calls
+        # TextModel's, so no rope scaling reaches the GGUF (measured: YaRN runs as plain RoPE)
+        return Reading(static(plain(d, base)), note=f"converted as plain RoPE (llama.cpp's Phi "
+                       f"converter writes no rope scaling; {kind!r} is dropped)")
     if kind == "linear" and s is not None:
         return Reading(static(plain(d, base) / s))
     if kind == "yarn" and s is not None:

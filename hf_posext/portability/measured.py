@@ -85,15 +85,32 @@ def _knob_names(row: dict[str, Any]) -> tuple[str, ...]:
     return tuple(sorted(row.get("knobs") or {}))
 
 
+LLAMA = "llama"   # the family every method was measured on (cells without a `family`)
+
+
+def family_of(row: dict[str, Any]) -> str:
+    return row.get("family") or LLAMA
+
+
+def measured_families() -> tuple[str, ...]:
+    """The model types measured on their own model (tests/engines/engine_families.py), the
+    tiny Llama first."""
+    return tuple(dict.fromkeys(family_of(r) for r in load()["cells"]))
+
+
 def find(release: str, cfg: dict[str, Any]) -> dict[str, Any] | None:
     """The measured cell of `release` ("vLLM 0.32.0") for a checkpoint like `cfg`, or None
-    (vLLM: the eager-mode cell; the compiled one is in the notes of docs/portability.md)."""
+    (vLLM: the eager-mode cell; the compiled one is in the notes of docs/portability.md). A
+    family measured on its own model is looked up in its own cells only (an engine may load or
+    read it differently: a converter that drops its rope scaling, a model class that does not
+    read the rope dict); any other family in the tiny Llama's, marked so (`stand_in`)."""
     case, sig = case_of(cfg), signature(cfg)
     if case is None:
         return None
+    family = cfg.get("model_type") if cfg.get("model_type") in measured_families() else LLAMA
     for row in load()["cells"]:
         if f"{row['engine']} {row['release']}" == release and row.get("signature") == sig \
-                and row.get("mode") != "compiled" \
+                and row.get("mode") != "compiled" and family_of(row) == family \
                 and (row["method"], _knob_names(row)) == case:
             return row
     return None
@@ -106,6 +123,7 @@ class Measured(Verdict):
     above_L: float | None = None
     measured: bool = True  # False: this form was not measured; the re-derived verdict
     release: str = ""
+    stand_in: str = ""     # the checkpoint's family, when only the tiny Llama was measured
 
     def cell(self) -> str:
         if not self.measured:
@@ -123,6 +141,9 @@ class Measured(Verdict):
         nums = "" if self.below_L is None else \
             f"max |Δ logprob| {self.below_L:.1e} below L, {self.above_L:.1e} above"
         said = [x for x in (nums, "" if self.status == "broken" else self.detail) if x]
+        if self.stand_in:
+            said.append(f"measured on the tiny Llama in this config form; {self.stand_in} itself "
+                        "was not run")
         return f"{self.reader} {self.cell()}" + (f" — {'; '.join(said)}" if said else "")
 
 
@@ -151,17 +172,19 @@ def overlay(cfg: dict[str, Any], verdicts: list[Verdict]) -> list[Verdict]:
             out.append(Verdict(f"{v.reader} ({NOT_RUN})", v.status, v.freq_error,
                                v.scale_error, v.detail))
         elif (row := find(release, cfg)) is not None:
-            out.append(of_row(row))
+            family = cfg.get("model_type") or LLAMA
+            out.append(of_row(row, stand_in=family if family != family_of(row) else ""))
         else:
             out.append(Measured(column(release), v.status, v.freq_error, v.scale_error,
                                 v.detail, measured=False, release=release))
     return out
 
 
-def of_row(row: dict[str, Any]) -> Measured:
+def of_row(row: dict[str, Any], stand_in: str = "") -> Measured:
     release = f"{row['engine']} {row['release']}"
     return Measured(column(release), row["verdict"], detail=row.get("detail", ""),
-                    below_L=row.get("below_L"), above_L=row.get("above_L"), release=release)
+                    below_L=row.get("below_L"), above_L=row.get("above_L"), release=release,
+                    stand_in=stand_in)
 
 
 def file_exports(release: str, case: str) -> list[dict[str, Any]]:
@@ -170,6 +193,32 @@ def file_exports(release: str, case: str) -> list[dict[str, Any]]:
     return [r for r in load()["cells"] if f"{r['engine']} {r['release']}" == release
             and r["case"] == case and r["form"].startswith("export:") and "signature" in r
             and r["signature"] is None and r["verdict"] != "export refused"]
+
+
+def family_verdicts(model_type: str) -> str:
+    """The family table's last column (docs/families.md: `family_table(family_verdicts)`): per
+    measured release, what it did with the family's YaRN checkpoint (s = 4, as saved; where not
+    exact, also with its `export --target gguf`), or with its plain-RoPE control when that was
+    not exact (the engine cannot run the family here); "" for a family not measured."""
+    rows = [r for r in load()["cells"] if family_of(r) == model_type and r.get("mode") != "compiled"
+            and r["method"] in (None, "yarn") and not r["knobs"]]
+    said = []
+    for release, _ in releases():
+        got = {(r["method"], r["form"]): r for r in rows if f"{r['engine']} {r['release']}" == release}
+        if (None, "saved") not in got:
+            continue
+        control, yarn = got[None, "saved"], got.get(("yarn", "saved"))
+        if control["verdict"] != "exact" or yarn is None:
+            said.append(f"{release} {control['verdict']} (plain RoPE too)")
+            continue
+        said.append(f"{release} {of_row(yarn).cell()}")
+        gguf = got.get(("yarn", "export:gguf"))
+        if yarn["verdict"] != "exact" and gguf is not None:   # the GGUF hf_posext rewrites
+            said[-1] += f" (`export --target gguf`: {of_row(gguf).cell()})"
+    if not said:
+        return ""
+    more = "; every method: [check.md](check.md)" if model_type == LLAMA else ""
+    return f"YaRN s = 4: {', '.join(said)}{more}"
 
 
 def summary(data: dict[str, Any]) -> str:

@@ -205,6 +205,10 @@ def _rope_verdict(reader: str, cfg: dict[str, Any], target: Meaning) -> Verdict:
     if not _finite(reading, target.lengths):
         return Verdict(reader, "broken", detail="non-finite frequencies or scale from the config's "
                                                 "rope (NaN logits)")
+    rotated = 2 * len(reading.freqs(target.lengths[0])[0])
+    if rotated != target.dim:   # a partial rotary factor read otherwise: no frequency compares
+        return Verdict(reader, "different", math.inf, 0.0,
+                       f"rotates {rotated} dims of each head where the checkpoint means {target.dim}")
     freq_err, scale_err = errors(reading, target)
     if reading.broken:
         return Verdict(reader, "broken", freq_err, scale_err, reading.broken)

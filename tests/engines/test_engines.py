@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+import engine_families
 import measure
 import pytest
 
@@ -35,22 +36,35 @@ def fresh(tmp_path_factory):
     return data
 
 
+def all_cases() -> list[tuple[str, str | None, dict]]:
+    """The tiny Llama's cases, then each family's (engine_families.py)."""
+    return measure.cases() + [c for f in engine_families.FAMILIES for c in engine_families.cases(f)]
+
+
 def test_every_engine_ran_every_case(fresh):
+    """Every case of the Llama and of each family has a verdict (as saved) in every release; a
+    family an engine cannot load here is there as refused, with the engine's own error."""
     ran = {(c["engine"], c["release"]) for c in fresh["cells"]}
     assert len(ran) == len(measure.ENGINES), ran
     for engine, release in ran:
         cases = {c["case"] for c in fresh["cells"]
                  if (c["engine"], c["release"]) == (engine, release) and c["form"] == "saved"}
-        assert {label for label, *_ in measure.cases()} <= cases, (engine, release)
+        assert {label for label, *_ in all_cases()} <= cases, (engine, release)
+    for cell in fresh["cells"]:
+        if cell["verdict"] == "refused":
+            assert cell["detail"].split(": ", 1)[-1], cell   # the engine's error, not empty
 
 
 def test_noise_and_effects_leave_a_margin(fresh):
     """The threshold sits well above each engine's noise on plain RoPE and well below the
     smallest change any rope method makes to this model's logprobs (so exact means exact)."""
-    for release, noise in fresh["noise"].items():
+    noises = [("llama", release, noise) for release, noise in fresh["noise"].items()]
+    noises += [(family, release, noise) for family, by in fresh["family_noise"].items()
+               for release, noise in by.items()]   # the families' controls each engine ran exactly
+    for family, release, noise in noises:
         threshold = fresh["threshold"][release.split(" ")[0]]
-        assert noise <= threshold / 5, (release, noise, threshold)
-    rope = [label for label, method, _ in measure.cases()
+        assert noise <= threshold / 5, (family, release, noise, threshold)
+    rope = [label for label, method, _ in all_cases()
             if method in ROPE_METHODS]
     smallest = min(fresh["effect_vs_plain"][label] for label in rope)
     assert smallest >= 100 * max(fresh["threshold"].values()), fresh["effect_vs_plain"]
