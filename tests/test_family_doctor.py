@@ -41,6 +41,8 @@ OLMO3 = {"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "hidden_s
 PHI2_LONGROPE = {"architectures": ["PhiForCausalLM"], "model_type": "phi", "hidden_size": 2560,
                  "num_attention_heads": 32, "num_key_value_heads": 32, "partial_rotary_factor": 0.4,
                  "max_position_embeddings": 8192, "rope_theta": 10000.0,
+                 # top level too, as Phi-3's releases write it: transformers 4.x reads it there
+                 "original_max_position_embeddings": 2048,
                  "rope_scaling": {"rope_type": "longrope", "original_max_position_embeddings": 2048,
                                   "long_factor": [2.0] * 40, "short_factor": [1.0] * 40}}
 
