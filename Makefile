@@ -157,15 +157,17 @@ $(eval $(call vllm_venv,.venv-vllm029,$(VLLM_OLD)))
 
 engine-venvs: .venv-vllm/.installed .venv-vllm/.lmeval .venv-vllm029/.installed .venv-llamacpp/.installed
 
-# Every method's checkpoint (saved, and each `export` target's output) run in each engine, prompt
+# Every method's checkpoint (saved, and each `export` target's output) run in each engine, and a
+# MoE, a per-layer-rope and a partial-rotary family's YaRN (tests/engines/engine_families.py), prompt
 # logprobs compared with transformers + hf_posext; fails when hf_posext/portability/measured_engines.json or
 # `hf-posext check` disagree with what the engines just did. (pyproject's addopts leave the
 # `engines` tests out of `make test`.)
 test-engines: install engine-venvs
 	$(BIN)/pytest -q -m engines tests/engines $(PYTEST_ARGS)
 
-# The same run, writing hf_posext/portability/measured_engines.json first (then `make portability-table` and
-# paste the table into docs/check.md: tests/test_portability.py holds page == command).
+# The same run, writing hf_posext/portability/measured_engines.json and docs/families.md's table
+# first (then `make portability-table` and paste the table into docs/check.md:
+# tests/test_portability.py holds page == command).
 engine-table: install engine-venvs
 	HF_POSEXT_WRITE_MEASURED=1 $(BIN)/pytest -q -m engines tests/engines $(PYTEST_ARGS)
 

@@ -110,6 +110,7 @@ def test_check_shows_each_familys_own_measurement(tmp_path, case):
     assert not wrong, json.dumps(wrong, ensure_ascii=False)
 
 
+@pytest.mark.skipif(not IS_V5, reason="families_tiny's configs: transformers 5.x")
 def test_other_families_say_the_llama_stood_in(tmp_path):
     """A family not measured on its own model (Mistral) shows the tiny Llama's cell for the same
     config form, saying so."""
