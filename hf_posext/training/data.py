@@ -4,6 +4,8 @@
   (hf_posext.data.documents: the embedded Shakespeare plays, local files, or a Hub dataset
   through `datasets.load_dataset`, PG19 as in the PI and YaRN papers), as `Document(name, text)`.
 - `split_holdout`: documents held out for evaluation are never trained on.
+- `haystack_documents`: the other sources synthetic examples are built in (`data.synthetic.haystacks`),
+  checked against the held-out documents too.
 - `epoch_order`: the seeded order of the packed sequences in each epoch.
 Tokenising and packing: `packing.py`.
 """
@@ -48,6 +50,25 @@ def split_holdout(docs: Sequence[Document], holdout: Sequence[str] | int
     if overlap:
         raise ValueError(f"{len(overlap)} held-out document(s) also appear in the training set.")
     return train, evals
+
+
+def haystack_documents(haystacks: Sequence[str], held_out: Sequence[Document], training: str
+                       ) -> dict[str, list[Document]]:
+    """The documents of each source in `haystacks` other than `training` (the windows' own text),
+    loaded now so a bad name fails before the model loads; none may hold a held-out text."""
+    held = {d.text for d in held_out}
+    out = {}
+    for name in haystacks:
+        if name == training:
+            continue
+        try:
+            out[name] = list(load_documents(TextSource(name, split="train")))
+        except (ValueError, FileNotFoundError) as err:
+            raise ValueError(f"data.synthetic.haystacks: {name!r}: {err}") from None
+        if held & {d.text for d in out[name]}:
+            raise ValueError(f"data.synthetic.haystacks: {name!r} holds a document held out for evaluation "
+                             "(data.eval_documents); use another source.")
+    return out
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:

@@ -26,7 +26,7 @@ from ..errors import ConfigError, check_seed, refuse_renamed
 from ..rope.config import RopeExtensionConfig
 from ..rope.knobs import RENAMED_TRAINED
 from .optim import SCHEDULES
-from .synthetic import FORMATS as SYNTHETIC_FORMATS, LOSSES as SYNTHETIC_LOSSES
+from .synthetic import FORMATS as SYNTHETIC_FORMATS, LOSSES as SYNTHETIC_LOSSES, TRAINING_HAYSTACK
 
 @dataclass
 class ModelConfig:
@@ -47,6 +47,9 @@ class SyntheticConfig:
     # the target's far end) found RULER's needle 16k back where 0.5 missed it (docs/finetuning_measurements.md)
     min_span: float = 0.9
     loss: str = "answer"                  # answer: loss on the answer tokens only; window: every token
+    # the text around the fact and the question, drawn per example from these: "training" (the
+    # window's own document text) or a source like data.source (e.g. embedded:python-stdlib, code)
+    haystacks: list[str] = field(default_factory=lambda: [TRAINING_HAYSTACK])
 
 
 @dataclass
@@ -325,6 +328,12 @@ def _validate_synthetic(sc: SyntheticConfig, p: PoseConfig) -> None:
         raise ValueError(f"data.synthetic.min_span must be in (0, 1], got {sc.min_span!r}")
     if sc.loss not in SYNTHETIC_LOSSES:
         raise ValueError(f"data.synthetic.loss must be one of {SYNTHETIC_LOSSES}, got {sc.loss!r}")
+    hays = sc.haystacks
+    if not (isinstance(hays, list) and hays and all(isinstance(h, str) and h for h in hays)):
+        raise ValueError(f"data.synthetic.haystacks must be a non-empty list of sources, got {hays!r}; "
+                         f"e.g. [{TRAINING_HAYSTACK}, embedded:python-stdlib]")
+    if len(set(hays)) != len(hays):
+        raise ValueError(f"data.synthetic.haystacks names a source twice: {hays!r}; name each once.")
     if sc.share > 0 and p.enabled and p.num_chunks < 2:
         raise ValueError("data.synthetic with PoSE needs pose.num_chunks >= 2 (the fact in the first "
                          "chunk, the question in the last); set pose.num_chunks: 2")

@@ -12,6 +12,13 @@ thousands of positions later, at the memory cost of one short window (`pose.samp
 Which windows become synthetic: exactly round(share x n) of the n packed windows, chosen by
 `random.Random(seed)`; each example's format, key, value and fact offset come from
 `random.Random(seed * 1_000_003 + row)`, so the mix is a pure function of (windows, seed, config).
+
+The haystack (`data.synthetic.haystacks`): by default the example is built in its own window's
+document text. Naming other sources (source code: `embedded:python-stdlib`) makes each example draw
+one of the listed haystacks, and for another source a packed window of it replaces the window's
+text. A model asked for a number inside code tends to answer in the code's idiom (a quoted name
+from the file) rather than the number; examples whose filler is code are what teach it otherwise
+(docs/finetuning.md). With the default list the draws, and so the mix, are unchanged.
 Formats are this module's own wording: never the evaluation's needles (passkey's "The pass key
 is ...", RULER's "One of the special magic numbers for ... is: ...", "VAR X = Y"), which a test
 checks.
@@ -29,6 +36,7 @@ from ..errors import ConfigError
 from ..evaluation.shared.data import tokenizer_fingerprint
 
 NO_SPAN = -1                     # span columns of a plain document window
+TRAINING_HAYSTACK = "training"   # data.synthetic.haystacks: the window's own document text
 
 # The formats (data/facts.py builds their tokens).
 FORMATS = {
@@ -75,7 +83,7 @@ def build_example(window_ids: Sequence[int], tokenizer, format_name: str, rng: r
 
 def _plain(ids) -> dict:
     return {"input_ids": list(ids), "fact_start": NO_SPAN, "fact_end": NO_SPAN,
-            "question_start": NO_SPAN, "answer_start": NO_SPAN, "format": ""}
+            "question_start": NO_SPAN, "answer_start": NO_SPAN, "format": "", "haystack": ""}
 
 
 def chosen_rows(n: int, share: float, seed: int) -> set[int]:
@@ -83,10 +91,11 @@ def chosen_rows(n: int, share: float, seed: int) -> set[int]:
     return set(random.Random(seed).sample(range(n), round(share * n)))
 
 
-def mix_synthetic(packed, tokenizer, sc, *, seed: int, num_chunks: int, cache_dir=None):
+def mix_synthetic(packed, tokenizer, sc, *, seed: int, num_chunks: int, cache_dir=None, haystacks=None):
     """The packed windows (a `datasets.Dataset` with `input_ids`) with round(sc.share x n) of them
-    replaced by synthetic examples built from their own text; span columns added (NO_SPAN for
-    document windows). Cached next to the packed file under a fingerprint of the inputs."""
+    replaced by synthetic examples; span columns added (NO_SPAN for document windows). `haystacks`
+    maps each source of sc.haystacks other than "training" to its packed windows (same length).
+    Cached next to the packed file under a fingerprint of the inputs."""
     from datasets.fingerprint import Hasher
 
     from .packing import cache_root
@@ -94,15 +103,24 @@ def mix_synthetic(packed, tokenizer, sc, *, seed: int, num_chunks: int, cache_di
     window = len(plain[0]["input_ids"])
     check_formats_fit(tokenizer, sc.formats, window, num_chunks)
     chosen, formats = chosen_rows(len(plain), sc.share, seed), list(sc.formats)
+    others = {name: windows.with_format(None) for name, windows in (haystacks or {}).items()}
+    missing = [h for h in sc.haystacks if h != TRAINING_HAYSTACK and h not in others]
+    if missing or any(len(w[0]["input_ids"]) != window for w in others.values()):
+        raise ValueError(f"mix_synthetic: give the packed {window}-token windows of {missing or list(others)}")
     key = Hasher.hash([plain._fingerprint, tokenizer_fingerprint(tokenizer), asdict(sc), seed, num_chunks,
-                       {name: asdict(FORMATS[name]) for name in formats}])
+                       {name: asdict(FORMATS[name]) for name in formats},
+                       *[(name, w._fingerprint) for name, w in sorted(others.items())]])
 
     def make(batch, indices):
         rows = []
         for ids, i in zip(batch["input_ids"], indices):
             if i in chosen:
                 rng = random.Random(seed * 1_000_003 + i)
-                rows.append(build_example(ids, tokenizer, formats[rng.randrange(len(formats))], rng, num_chunks))
+                name = formats[rng.randrange(len(formats))]
+                hay = sc.haystacks[rng.randrange(len(sc.haystacks))] if len(sc.haystacks) > 1 else sc.haystacks[0]
+                if hay != TRAINING_HAYSTACK:   # another source's window takes this one's place
+                    ids = others[hay][rng.randrange(len(others[hay]))]["input_ids"]
+                rows.append({**build_example(ids, tokenizer, name, rng, num_chunks), "haystack": hay})
             else:
                 rows.append(_plain(ids))
         return {k: [r[k] for r in rows] for k in rows[0]}
@@ -110,5 +128,5 @@ def mix_synthetic(packed, tokenizer, sc, *, seed: int, num_chunks: int, cache_di
     root = cache_root() if cache_dir is None else Path(cache_dir)
     mixed = plain.map(make, batched=True, with_indices=True, desc="synthetic mix",
                       cache_file_name=str(root / f"{key}-mix.arrow"), new_fingerprint=f"{key}-m")
-    return mixed.with_format("torch", columns=[c for c in mixed.column_names if c != "format"],
+    return mixed.with_format("torch", columns=[c for c in mixed.column_names if c not in ("format", "haystack")],
                              output_all_columns=True)
