@@ -25,7 +25,7 @@ from hf_posext.rope.compat import IS_V5, get_rope_parameters
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 S = 4.0
-ENGINES = ("vLLM 07b12f1", "vLLM 0cd5784", "SGLang", "TGI", "llama.cpp")
+ENGINES = ("vllm-07b12f1", "vllm-0cd5784", "sglang", "tgi", "llamacpp")
 
 
 def saved(tmp_path, method, name="ck", weights=False, **knobs):
@@ -53,9 +53,9 @@ def edit(path, **changes):
 def test_attention_methods_are_lost_in_every_engine(tmp_path, method, knobs):
     path = saved(tmp_path, method, **knobs)
     got = {v.reader: v for v in check(path)}
-    for reader in ENGINES + ("transformers 4.x",):
+    for reader in ENGINES + ("transformers-4",):
         assert got[reader].status == "lost", got[reader]
-    assert got["transformers 5.x"].status == "refused"
+    assert got["transformers-5"].status == "refused"
     assert "attention method" in report(path)
     for target in ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "gguf"):
         with pytest.raises(ValueError, match="export refused: .*attention-level method"):
@@ -82,7 +82,7 @@ def test_transformers_without_hf_posext_does_what_check_says(tmp_path):
     path = saved(tmp_path, "rerope", weights=True)
     out = subprocess.run([sys.executable, "-c", PLAIN_LOAD, str(path)], capture_output=True,
                          text=True, timeout=300)
-    reader = "transformers 5.x" if IS_V5 else "transformers 4.x"
+    reader = "transformers-5" if IS_V5 else "transformers-4"
     status = {v.reader: v.status for v in check(path)}[reader]
     if out.stdout.startswith("refused"):
         assert status == "refused" and 'attn_implementation="hf_posext"' in out.stdout
@@ -100,9 +100,9 @@ def test_layouts_that_disagree_are_reported_per_reader(tmp_path):
     assert "error: the rope layouts disagree" in text and "factor 8" in text and "factor 2" in text
     assert get_rope_parameters(AutoConfig.from_pretrained(path))["factor"] == 2.0  # 5.x and 4.x
     got = {v.reader: v for v in check(path)}
-    assert got["transformers 5.x" if IS_V5 else "transformers 4.x"].status == "exact"  # factor 2
-    assert got["llama.cpp"].status == "different"  # runs factor 8: inv_freq off by 8/2
-    assert got["llama.cpp"].freq_error == pytest.approx(1 - 2 / 8)
+    assert got["transformers-5" if IS_V5 else "transformers-4"].status == "exact"  # factor 2
+    assert got["llamacpp"].status == "different"  # runs factor 8: inv_freq off by 8/2
+    assert got["llamacpp"].freq_error == pytest.approx(1 - 2 / 8)
 
 
 def test_a_longrope_whose_versions_switch_sets_at_different_lengths_is_an_error(tmp_path):

@@ -13,7 +13,7 @@ import families_tiny
 import pytest
 
 import hf_posext
-from hf_posext.portability import measured
+from hf_posext.portability import measured, readers
 from hf_posext.commands.check import _tiny_checkpoint
 from hf_posext.errors import BeyondReach
 from hf_posext.portability.exporting import export
@@ -27,10 +27,13 @@ FAMILY_CELLS = [c for c in CELLS if measured.family_of(c) != measured.LLAMA]
 
 
 def test_the_committed_measurement_covers_three_engine_releases():
-    releases = {f"{e['engine']} {e['release']}" for e in DATA["engines"]}
-    assert {r.split(" ")[0] for r in releases} == {"vLLM", "llama.cpp"} and len(releases) == 3
-    for release in releases:  # the plain-RoPE control ran, within the threshold
-        assert DATA["noise"][release] <= DATA["threshold"][release.split(" ")[0]]
+    ran = {e["reader"]: e["release"] for e in DATA["engines"]}
+    assert set(ran) == {readers.VLLM_07B12F1.id, readers.VLLM_0CD5784.id, readers.LLAMACPP.id}
+    assert len(DATA["engines"]) == 3 and measured.releases() == ran
+    for reader in ran:  # the plain-RoPE control ran, within the threshold
+        assert DATA["noise"][reader] <= DATA["threshold"][readers.get(reader).target]
+    assert {(c["reader"], c["release"]) for c in DATA["cells"]} == set(ran.items())
+    assert all("engine" not in c for c in DATA["cells"])   # keyed by reader id only
 
 
 def _measured_checkpoint(folder, method, knobs):
@@ -59,9 +62,9 @@ def test_check_shows_the_committed_measurement(tmp_path, case):
             export(path, forms[form], form.split(":", 1)[1])
         cfg = load_config(forms[form])
         shown = {v.reader: v for v in measured.overlay(cfg, check(forms[form]))}
-        got = shown[measured.column(f"{cell['engine']} {cell['release']}")]
+        got = shown[cell["reader"]]
         if not (got.status == cell["verdict"] and got.measured):
-            wrong.append((cell["engine"], cell["release"], form, cell["verdict"], got.cell()))
+            wrong.append((cell["reader"], cell["release"], form, cell["verdict"], got.cell()))
     assert not wrong, json.dumps(wrong, ensure_ascii=False)
 
 
@@ -75,7 +78,8 @@ def test_forms_not_measured_say_so(tmp_path):
     for v in columns:
         assert not v.measured and "form not measured" in v.cell()
     not_run = {"SGLang (re-derived, not run)", "TGI (re-derived, not run)"}
-    assert {v.reader for v in shown} >= not_run
+    assert {v.name for v in shown} >= not_run
+    assert {v.reader for v in shown if isinstance(v, measured.NotRun)} == {readers.SGLANG.id, readers.TGI.id}
 
 
 def test_families_were_measured_on_their_own_models():
@@ -83,9 +87,9 @@ def test_families_were_measured_on_their_own_models():
     Llama (tests/engines/engine_families.py), each in every measured release."""
     kinds = {DATA["families"][f]["kind"] for f in DATA["families"]}
     assert {"MoE", "per-layer rope", "partial rotary"} <= kinds
-    releases = {f"{e['engine']} {e['release']}" for e in DATA["engines"]}
+    releases = set(measured.releases())
     for family in DATA["families"]:
-        ran = {f"{c['engine']} {c['release']}" for c in FAMILY_CELLS if c["family"] == family}
+        ran = {c["reader"] for c in FAMILY_CELLS if c["family"] == family}
         assert ran == releases, (family, ran)
 
 
@@ -104,9 +108,9 @@ def test_check_shows_each_familys_own_measurement(tmp_path, case):
     shown = {v.reader: v for v in measured.overlay(load_config(tmp_path), check(tmp_path))}
     wrong = []
     for cell in cells:
-        got = shown[measured.column(f"{cell['engine']} {cell['release']}")]
+        got = shown[cell["reader"]]
         if not (got.status == cell["verdict"] and got.measured and not got.stand_in):
-            wrong.append((cell["engine"], cell["release"], cell["verdict"], got.line()))
+            wrong.append((cell["reader"], cell["release"], cell["verdict"], got.line()))
     assert not wrong, json.dumps(wrong, ensure_ascii=False)
 
 
@@ -135,7 +139,5 @@ def test_re_derivations_agree_with_each_familys_measurement(tmp_path, case):
     hf_posext.patch(model, cells[0]["method"], 4.0)
     model.save_pretrained(tmp_path)   # as a user saves it: `architectures` included
     derived = {v.reader: v.status for v in check(tmp_path)}
-    reader = dict(measured.releases())
-    got = {f"{c['engine']} {c['release']}": derived[reader[f"{c['engine']} {c['release']}"]]
-           for c in cells}
-    assert got == {f"{c['engine']} {c['release']}": c["verdict"] for c in cells}
+    got = {c["reader"]: derived[c["reader"]] for c in cells}
+    assert got == {c["reader"]: c["verdict"] for c in cells}

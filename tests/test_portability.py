@@ -61,7 +61,7 @@ def test_transformers_reader_matches_the_rotary_module_transformers_builds(tmp_p
 def test_static_methods_exact_in_both_transformers_versions(tmp_path):
     for method in ("linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn"):
         got = verdicts(saved(tmp_path, method, name=method)[0])
-        assert got["transformers 5.x"].status == got["transformers 4.x"].status == "exact", method
+        assert got["transformers-5"].status == got["transformers-4"].status == "exact", method
 
 
 def test_vllm_reads_an_old_ntk_checkpoint_with_its_own_formula(tmp_path):
@@ -76,7 +76,7 @@ def test_vllm_reads_an_old_ntk_checkpoint_with_its_own_formula(tmp_path):
     vllm = [(BASE * S) ** (-2 * i / D) / S ** (2 / D) for i in range(D // 2)]
     ours = [(BASE * S ** (D / (D - 2))) ** (-2 * i / D) for i in range(D // 2)]
     expected = max(abs(v - o) / o for v, o in zip(vllm, ours))
-    for reader in ("vLLM 07b12f1", "vLLM 0cd5784"):
+    for reader in ("vllm-07b12f1", "vllm-0cd5784"):
         got = verdicts(path)[reader]
         assert got.status == "different" and got.freq_error == pytest.approx(expected, rel=1e-6)
     assert expected > 0.1  # 1 − 4^(−1/8) at d = 16: far from float noise
@@ -97,7 +97,7 @@ def test_an_old_ntk_by_parts_checkpoint_still_loads(tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
     torch.testing.assert_close(logits(reloaded), logits(model), rtol=1e-6, atol=1e-6)
     assert hf_posext.trained_length(reloaded) == TRAINED
-    assert verdicts(path)["transformers 4.x"].status == "refused"  # without hf_posext
+    assert verdicts(path)["transformers-4"].status == "refused"  # without hf_posext
 
 
 def test_dynamic_ntk_in_static_readers(tmp_path):
@@ -110,17 +110,17 @@ def test_dynamic_ntk_in_static_readers(tmp_path):
     got = verdicts(path)
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["max_position_embeddings"] == TRAINED  # what transformers' dynamic needs ...
-    for reader in ("vLLM 07b12f1", "vLLM 0cd5784"):  # ... and what vLLM sizes its table with
+    for reader in ("vllm-07b12f1", "vllm-0cd5784"):  # ... and what vLLM sizes its table with
         assert got[reader].status == "broken", got[reader]
         assert f"{TRAINED} rows" in got[reader].detail and f"{int(S * TRAINED)} tokens" in got[reader].detail
-    assert got["llama.cpp"].status == "ignored"
+    assert got["llamacpp"].status == "ignored"
     sglang_base = BASE * (S * S - (S - 1)) ** (D / (D - 2))
     at_L = methods.default_inv_freq(D, BASE).double()
     sglang = methods.default_inv_freq(D, sglang_base).double()
     expected = ((sglang - at_L).abs() / at_L).max().item()  # worst at l = L, where ours is plain
-    assert got["SGLang"].status == "different"
-    assert got["SGLang"].freq_error == pytest.approx(expected, rel=1e-5)
-    assert got["TGI"].status == "exact"  # TGI recomputes transformers' rule at the length
+    assert got["sglang"].status == "different"
+    assert got["sglang"].freq_error == pytest.approx(expected, rel=1e-5)
+    assert got["tgi"].status == "exact"  # TGI recomputes transformers' rule at the length
 
 
 @pytest.mark.parametrize("method, knobs, temperature", [
@@ -134,22 +134,22 @@ def test_yarn_temperature_per_reader(tmp_path, method, knobs, temperature):
     path, _ = saved(tmp_path, method, **knobs)
     got = verdicts(path)
     own = 0.1 * math.log(S) + 1
-    assert got["vLLM 0cd5784"].status == "exact"
-    for reader in ("vLLM 07b12f1", "SGLang"):
+    assert got["vllm-0cd5784"].status == "exact"
+    for reader in ("vllm-07b12f1", "sglang"):
         assert got[reader].scale_error == pytest.approx(abs(own - temperature) / temperature)
-    assert got["llama.cpp"].scale_error == pytest.approx(abs(own - temperature) / temperature)
+    assert got["llamacpp"].scale_error == pytest.approx(abs(own - temperature) / temperature)
     ref, _ = methods.ntk_by_parts(D, BASE, S, TRAINED, knobs.get("beta_fast", 32),
                                   knobs.get("beta_slow", 1))
     cpp, _ = methods.ntk_by_parts(D, BASE, S, TRAINED, 32, 1)
     expected = ((cpp.double() - ref.double()).abs() / ref.double()).max().item()
-    assert got["llama.cpp"].freq_error == pytest.approx(expected, rel=1e-6, abs=1e-6)
+    assert got["llamacpp"].freq_error == pytest.approx(expected, rel=1e-6, abs=1e-6)
 
 
 def test_tgi_ignores_linear_and_fixes_betas(tmp_path):
     """TGI's PositionRotaryEmbedding.static leaves scaling_factor None for linear; yarn there
     always uses beta_fast=32, beta_slow=1."""
-    assert verdicts(saved(tmp_path, "linear", name="a")[0])["TGI"].status == "ignored"
-    got = verdicts(saved(tmp_path, "yarn", name="b", **MISTRAL)[0])["TGI"]
+    assert verdicts(saved(tmp_path, "linear", name="a")[0])["tgi"].status == "ignored"
+    got = verdicts(saved(tmp_path, "yarn", name="b", **MISTRAL)[0])["tgi"]
     ref, _ = methods.ntk_by_parts(D, BASE, S, TRAINED, 128, 2)
     tgi, _ = methods.ntk_by_parts(D, BASE, S, TRAINED, 32, 1)
     expected = ((tgi.double() - ref.double()).abs() / ref.double()).max().item()
@@ -158,9 +158,9 @@ def test_tgi_ignores_linear_and_fixes_betas(tmp_path):
 
 def test_dynamic_yarn_is_refused_loudly(tmp_path):
     got = verdicts(saved(tmp_path, "dynamic_yarn")[0])
-    readers = ("transformers 5.x", "transformers 4.x", "vLLM 07b12f1", "vLLM 0cd5784", "SGLang", "TGI")
+    readers = ("transformers-5", "transformers-4", "vllm-07b12f1", "vllm-0cd5784", "sglang", "tgi")
     assert {got[r].status for r in readers} == {"refused"}
-    assert got["llama.cpp"].status == "ignored"
+    assert got["llamacpp"].status == "ignored"
 
 
 @pytest.mark.parametrize("method, knobs, target", [
@@ -169,8 +169,8 @@ def test_dynamic_yarn_is_refused_loudly(tmp_path):
 def test_export_is_exact_for_its_target_and_for_transformers(tmp_path, method, knobs, target):
     path, model = saved(tmp_path, method, **knobs)
     got = {v.reader: v.status for v in export(path, tmp_path / "out", target)}
-    readers = {"vllm": ("vLLM 07b12f1", "vLLM 0cd5784"), "sglang": ("SGLang",),
-               "tgi": ("TGI",)}[target] + ("transformers 5.x", "transformers 4.x")
+    readers = {"vllm": ("vllm-07b12f1", "vllm-0cd5784"), "sglang": ("sglang",),
+               "tgi": ("tgi",)}[target] + ("transformers-5", "transformers-4")
     assert {got[r] for r in readers} == {"exact"}, got
     # the weights are untouched and transformers still runs the same model
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
@@ -238,7 +238,7 @@ def test_check_is_not_applicable_to_transformers_own_types(tmp_path):
     assert _statuses(tmp_path / "l3")["transformers"] == {"exact"}
     verdicts = {v.reader: v.status for v in check(tmp_path / "l3")}
     # vLLM's older yarn passes neither mscale key (its scale is 0.1·ln s + 1), the newer one both
-    assert verdicts["vLLM 0cd5784"] == "exact" and verdicts["vLLM 07b12f1"] == "different"
+    assert verdicts["vllm-0cd5784"] == "exact" and verdicts["vllm-07b12f1"] == "different"
 
 
 def test_export_bad_input(tmp_path):
@@ -253,7 +253,7 @@ def test_export_bad_input(tmp_path):
         export(tmp_path / "missing", tmp_path / "out", "vllm")
     # a model in memory works too
     got = {v.reader: v.status for v in export(model, tmp_path / "from_model", "vllm")}
-    assert got["vLLM 07b12f1"] == got["vLLM 0cd5784"] == "exact"
+    assert got["vllm-07b12f1"] == got["vllm-0cd5784"] == "exact"
 
 
 def test_cli_check_and_export(tmp_path, run_cli):

@@ -197,8 +197,8 @@ def test_export_sglang_writes_dual_chunk(tmp_path):
     # ChunkLlama's defaults (hf_posext: chunk 3L/4, local L/16) under SGLang's key names
     assert block == {"chunk_size": 3 * TRAINED // 4, "local_size": TRAINED // 16,
                      "original_max_position_embeddings": T}
-    assert verdicts["SGLang"].status == "exact"
-    assert verdicts["vLLM 0cd5784"].status == "lost"
+    assert verdicts["sglang"].status == "exact"
+    assert verdicts["vllm-0cd5784"].status == "lost"
     line = shlex.split(command(path, "sglang").line())
     assert json.loads(flags(line)["--json-model-override-args"]) == {"dual_chunk_attention_config": block}
 
@@ -213,7 +213,7 @@ def test_sglang_dual_chunk_cells(tmp_path):
                           ({"chunk_size": 3 * TRAINED // 4, "local_size": TRAINED // 16,
                             "original_max_position_embeddings": TRAINED}, "different")):
         cfg_path.write_text(json.dumps({**cfg, "dual_chunk_attention_config": given}))
-        assert {v.reader: v for v in check(path)}["SGLang"].status == status, given
+        assert {v.reader: v for v in check(path)}["sglang"].status == status, given
 
 
 @pytest.mark.parametrize("arch,method,knobs,why", [

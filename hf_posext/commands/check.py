@@ -17,7 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..errors import ConfigError
 from ..patcher import patch
-from ..portability import doctor, measured
+from ..portability import doctor, measured, readers
 from ..portability.engines import NotApplicable
 from ..portability.exporting import TARGETS, export
 from ..portability.gguf_doctor import compare, read_metadata
@@ -27,10 +27,6 @@ from ..rope.config import RopeExtensionConfig
 from ..rope.longrope import LONGROPE_SEED, longrope_knobs
 from ..rope.units import ROPE_METHODS
 
-# reader (column) -> the export target that writes its form
-_TARGET_OF = {"transformers 5.x": "transformers", "transformers 4.x": "transformers",
-              "vLLM 07b12f1": "vllm", "vLLM 0cd5784": "vllm", "SGLang": "sglang", "TGI": "tgi",
-              "llama.cpp": "llama.cpp"}
 # The table's rows: the methods at s = 4 with their default knobs, plus YaRN with the YaRN
 # authors' Mistral settings (docs/portability.md).
 TABLE_ROWS = [row for m in ROPE_METHODS for row in [(m, {})] + (
@@ -91,7 +87,7 @@ def run_check(args: argparse.Namespace) -> int:
             if args.gguf is not None:
                 cfg = load_config(path)
                 findings += compare(cfg, read_metadata(args.gguf),
-                                    doctor.scales(cfg).get("transformers 5.x"))
+                                    doctor.scales(cfg).get(readers.TRANSFORMERS_5.id))
         except (FileNotFoundError, ValueError, KeyError) as err:
             said = str(err).strip("'")  # a KeyError's text comes quoted
             raise ConfigError(said if str(path) in said else f"{path}: {said}") from None
@@ -141,7 +137,7 @@ def _cell(shown, reader: str, row: str, path: Path, scratch: Path) -> str:
     if shown.status in ("exact", "n/a", "refused"):
         return shown.status
     cell = shown.cell() + (" past L" if shown.status == "broken" and "past" in shown.detail else "")
-    target = _TARGET_OF[reader]
+    target = readers.get(reader).target
     out = scratch / f"{path.name}-{target}"
     try:
         if not out.exists():   # two readers with one target (both vLLM columns) export once
@@ -150,7 +146,7 @@ def _cell(shown, reader: str, row: str, path: Path, scratch: Path) -> str:
         text = f"{cell} → export: {next(v for v in again if v.reader == shown.reader).cell()}"
     except ValueError:
         text = f"{cell} → export refused"
-    rows = measured.file_exports(getattr(shown, "release", ""), row)
+    rows = measured.file_exports(reader, row)
     for file_row in rows:
         flags = file_row["detail"].split("; ")[0] if file_row["detail"].startswith("run with") else ""
         text += (f"; export --target {file_row['form'].split(':', 1)[1]}: "
@@ -179,7 +175,7 @@ def table() -> str:
             derived = check(path)
             shown = measured.overlay(load_config(path), derived)
             if not lines:
-                lines = ["| method (s = 4) | " + " | ".join(v.reader for v in shown) + " |",
+                lines = ["| method (s = 4) | " + " | ".join(v.name for v in shown) + " |",
                          "|---" * (len(shown) + 1) + "|"]
             cells = [_cell(v, d.reader, method, path, scratch) for v, d in zip(shown, derived)]
             lines.append(f"| `{method.split(' ')[0]}`{method[len(method.split(' ')[0]):]} | "

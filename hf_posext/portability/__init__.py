@@ -2,6 +2,7 @@
 
     portable.py   the saved form (plain transformers rope config + the `hf_posext` block)
     engines.py    what transformers, vLLM, SGLang, TGI and llama.cpp run, re-derived from source
+    readers.py    the reader table: one id per reader, its printed name and export target
     meaning.py    what a checkpoint means, and a reading's error against it
     verdicts.py   `hf_posext.check`: one verdict per reader
     exporting.py     `hf_posext.export`: the form a named reader runs exactly

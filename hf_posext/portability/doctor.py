@@ -1,7 +1,7 @@
 """`hf-posext check`'s doctor: what is wrong with any RoPE config.json, hf_posext's or not
 (docs/check.md, "Doctor"). Each `Finding` names the readers it affects, how far off
 they are — re-derived with `check`'s own reader models (`engines.v5_rope` / `v4_rope` /
-`converter_rope`: which keys each reads; `engines.READERS`: the inv_freq and cos/sin scale each
+`converter_rope`: which keys each reads; `readers.READERS`: the inv_freq and cos/sin scale each
 runs; `config_audit.derived_lengths`: the length each derives) — and the fix (config edit, flag or
 `hf-posext export` command). The problems are those users report: θ lost when transformers 5
 moved it into `rope_parameters` (unsloth #7028), two layouts saying different things, a factor
@@ -19,7 +19,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from . import config_audit, engines, family_doctor, portable
+from . import config_audit, engines, family_doctor, portable, readers
+from .readers import LLAMACPP, SGLANG, TGI, TRANSFORMERS_4, TRANSFORMERS_5, VLLM_07B12F1, VLLM_0CD5784
 from .family_doctor import OWN_YARN
 from .finding import Finding, _g, _label, _num
 from .meaning import TOLERANCE
@@ -112,7 +113,7 @@ def _v5_only(cfg: dict[str, Any]) -> list[Finding]:
     return [Finding(
         "v5-only", "warning", "only transformers 5's rope_parameters: readers of the 4.x layout "
         "(rope_scaling + top-level rope_theta) run plain RoPE with θ 10000 (moot where "
-        "transformers 4.x has no such model type)", ("transformers 4.x", "TGI"),
+        "transformers 4.x has no such model type)", (TRANSFORMERS_4.name, TGI.name),
         f"they run plain RoPE, θ {FALLBACK_THETA:g} instead of {config_audit._describe(rope)} "
         f"({_slowest(d, FALLBACK_THETA, float(rope['rope_theta']))})",
         f"add \"rope_theta\": {_g(rope['rope_theta'])}"
@@ -183,12 +184,12 @@ def _original(cfg: dict[str, Any]) -> list[Finding]:
     d, base = engines.rotary_dim(cfg, rope), float(rope["rope_theta"])
     meant, as_is = (engines.yarn_inv_freq(d, base, s, round(L), 32, 1) for L in (M / s, M))
     err = ((as_is - meant).abs() / meant).max().item()
-    refuse = [r for r in ("vLLM 07b12f1", "vLLM 0cd5784", "TGI", "llama.cpp") if r not in _readings(cfg)]
+    refuse = [r.name for r in (VLLM_07B12F1, VLLM_0CD5784, TGI, LLAMACPP) if r.id not in _readings(cfg)]
     return [Finding(
         "original-missing", "error", "yarn without original_max_position_embeddings: transformers "
         f"(4.57 and 5.x) and SGLang take L = max_position_embeddings = {M:g}, which is the trained "
         "length only if the factor was not already applied to it",
-        ("transformers 5.x", "transformers 4.x", "SGLang", *refuse),
+        (TRANSFORMERS_5.name, TRANSFORMERS_4.name, SGLANG.name, *refuse),
         f"if max_position_embeddings is the extended length, L should be {M / s:g}: the YaRN ramp "
         f"then differs by up to {err:.0%} in inv_freq; "
         + (f"{', '.join(refuse)} refuse the config (KeyError)" if refuse else ""),
@@ -196,35 +197,32 @@ def _original(cfg: dict[str, Any]) -> list[Finding]:
         f"{M:g} is the extended length, {M:g} if it is the trained one")]
 
 
-# the layout each reader reads (config_audit.LAYOUTS); the others read engines.v5_rope
-_LAYOUT = {"transformers 4.x": engines.v4_rope, "TGI": engines.v4_rope, "llama.cpp": engines.converter_rope}
-
-
 def _readings(cfg: dict[str, Any], kind: str | None = None) -> dict[str, tuple]:
-    """(inv_freq, scale) each reader runs for this config (re-derived); `kind`: only readers
-    whose layout reads that rope type (the others are the layout findings' business)."""
+    """reader id -> (inv_freq, scale) it runs for this config (re-derived); `kind`: only readers
+    whose layout (readers.Reader.layout) reads that rope type (the others are the layout
+    findings' business)."""
     out = {}
-    for name, read in engines.READERS.items():
-        if kind is not None and _LAYOUT.get(name, engines.v5_rope)(cfg)["rope_type"] != kind:
+    for reader in readers.READERS:
+        if kind is not None and reader.layout(cfg)["rope_type"] != kind:
             continue
         try:
-            reading = read(cfg)
+            reading = reader.read(cfg)
         except (engines.NotApplicable, KeyError, TypeError, ValueError):
             continue
         if reading.freqs is not None:
-            out[name] = reading.freqs(None)
+            out[reader.id] = reading.freqs(None)
     if str(cfg.get("model_type")) in LLAMA_CPP_OWN_YARN:
-        out.pop("llama.cpp", None)
+        out.pop(LLAMACPP.id, None)
     return out
 
 
 def scales(cfg: dict[str, Any], kind: str | None = None) -> dict[str, float]:
-    """The cos/sin scale each reader applies to this config (re-derived)."""
+    """reader id -> the cos/sin scale it applies to this config (re-derived)."""
     return {name: float(scale) for name, (_, scale) in _readings(cfg, kind).items()}
 
 
 def _scale_fix(cfg: dict[str, Any], reader: str, want: float) -> str:
-    """The smallest edit of the rope dict that makes `reader` apply `want`, keeping transformers
+    """The smallest edit of the rope dict that makes `reader` (an id) apply `want`, keeping transformers
     5.x at `want` — checked by re-deriving both on the edited config."""
     rope = engines.v5_rope(cfg)
     s = float(rope["factor"])
@@ -253,7 +251,7 @@ def _yarn_scale(cfg: dict[str, Any]) -> list[Finding]:
             or not _num(rope.get("factor")):
         return []
     per_reader = scales(cfg, "yarn")
-    want = per_reader.get("transformers 5.x")
+    want = per_reader.get(TRANSFORMERS_5.id)
     if want is None:
         return []
     off = {r: v for r, v in per_reader.items() if abs(v - want) > TOLERANCE * want}
@@ -262,7 +260,7 @@ def _yarn_scale(cfg: dict[str, Any]) -> list[Finding]:
     keys = [k for k in ("attention_factor", "attn_factor", "mscale", "mscale_all_dim") if k in rope]
     fixes = []
     for reader in off:
-        if reader == "llama.cpp":
+        if reader == LLAMACPP.id:
             g = engines.mscale(float(rope["factor"]))
             fixes.append(f"llama.cpp: run with --yarn-attn-factor {want / g:.6g} (its runtime reads "
                          "no YaRN temperature from a Llama GGUF; hf-posext export PATH OUT.gguf "
@@ -288,7 +286,7 @@ def _yarn_frequencies(cfg: dict[str, Any]) -> list[Finding]:
     if rope["rope_type"] != "yarn" or str(cfg.get("model_type")) in OWN_YARN:
         return []
     freqs = {name: inv for name, (inv, _) in _readings(cfg, "yarn").items()}
-    ref = freqs.get("transformers 5.x")
+    ref = freqs.get(TRANSFORMERS_5.id)
     if ref is None:
         return []
     off = {r: ((f - ref).abs() / ref).max().item() for r, f in freqs.items()}

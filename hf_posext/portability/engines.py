@@ -320,13 +320,3 @@ def gguf_reading(d: int, base: float, s: float, L: int, attn_factor: float = 1.0
         "llama.cpp's runtime reads yarn_attn_factor / yarn_beta_* only for grok, mistral3: runs betas 32/1, scale 0.1·ln s + 1"
     return Reading(static(freqs, mscale(s) * attn_factor), note=note)
 
-
-READERS: dict[str, Callable[[dict[str, Any]], Reading]] = {
-    "transformers 5.x": transformers_v5,
-    "transformers 4.x": transformers_v4,
-    "vLLM 07b12f1": vllm_older,
-    "vLLM 0cd5784": vllm_current,
-    "SGLang": sglang,
-    "TGI": tgi,
-    "llama.cpp": llama_cpp,
-}

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import portable
+from . import portable, readers
 from .atomic import atomic_output
 from . import dual_chunk
 from .gguf_export import export_gguf
@@ -35,12 +35,8 @@ from ..rope.compat import v4_scaling
 from .engines import NotApplicable, v5_rope
 from ..rope.methods import yarn_mscale
 
-TARGETS: dict[str, tuple[str, ...]] = {
-    "transformers": ("transformers 5.x", "transformers 4.x"),
-    "vllm": ("vLLM 07b12f1", "vLLM 0cd5784"), "sglang": ("SGLang",), "tgi": ("TGI",),
-    "llama.cpp": ("llama.cpp",), "gguf": (),
-}
-_HF = TARGETS["transformers"]
+# the readers' targets (readers.py), and `gguf`: a converted GGUF rewritten for llama.cpp's runtime
+TARGETS: tuple[str, ...] = readers.targets() + ("gguf",)
 
 
 def _forms(spec, theta: float, dim: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
@@ -136,19 +132,19 @@ def choose_form(cfg: dict[str, Any], key: str, target_meaning) -> dict[str, Any]
         return None
     extra = {k: v for k, v in cfg.get("rope_parameters", {}).items() if k == "partial_rotary_factor"}
     block = portable.block(spec, theta)
-    readers = TARGETS[key] + _HF
+    ids = readers.of_target(key) + readers.of_target("transformers")
     first = None
     forms = _forms(spec, theta, dim, extra)
     for form in forms:
         candidate = _with_rope(cfg, form, block)
-        results = [verdict(r, candidate, target_meaning) for r in readers]
+        results = [verdict(r, candidate, target_meaning) for r in ids]
         first = first or results
         if all(v.status == "exact" for v in results):
             return candidate
     # name the target's own reading first; transformers' only when the target is fine
-    blame = [v for v in first if v.reader in TARGETS[key] and v.status != "exact"] or \
+    blame = [v for v in first if v.reader in readers.of_target(key) and v.status != "exact"] or \
         [v for v in first if v.status != "exact"]
-    why = "; ".join(f"{v.reader} {v.cell()}" + (f" ({v.detail})" if v.detail else "")
+    why = "; ".join(f"{v.name} {v.cell()}" + (f" ({v.detail})" if v.detail else "")
                     for v in blame)
     hint = (" llama.cpp reads no YaRN temperature or betas from the converter's keys: "
             "use --target gguf on the converter's GGUF instead."

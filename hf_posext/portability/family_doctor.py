@@ -20,8 +20,9 @@ import json
 import math
 from typing import Any
 
-from . import engines
+from . import engines, readers
 from .finding import Finding, _g, _label, _num
+from .readers import LLAMACPP, SGLANG, TRANSFORMERS_5, VLLM_07B12F1, VLLM_0CD5784
 from .meaning import TOLERANCE
 from ..rope.compat import head_size
 
@@ -115,7 +116,7 @@ def _per_layer(stated: dict[str, Any], cfg: dict[str, Any]) -> list[Finding]:
             f"{_describe(entry)}: {family} scales only its full-attention layers (transformers puts "
             "rope_scaling into full_attention alone); a hand edit, or a save by a transformers 5 "
             "release that copied the block into every layer type",
-            ("transformers 5.x", "vLLM"),
+            (TRANSFORMERS_5.name, "vLLM"),
             _sliding_off(cfg, entry, theta) + " (transformers 5.x and vLLM's gemma3.py / olmo3.py read "
             "each layer type's entry" + ("; SGLang's gemma3_causal.py builds the sliding layers' rope "
                                          "plain, so it and transformers now disagree)" if family == "Gemma 3" else ")"),
@@ -132,7 +133,7 @@ def _per_layer(stated: dict[str, Any], cfg: dict[str, Any]) -> list[Finding]:
         return [Finding(
             "per-layer-flat", "error", f"rope_parameters holds one {_describe(block)} block, not "
             f"one per layer type: transformers 5 keys {family}'s rope by layer type and finds no "
-            "full_attention entry in it", ("transformers 5.x", "vLLM", "SGLang"),
+            "full_attention entry in it", (TRANSFORMERS_5.name, "vLLM", SGLANG.name),
             f"transformers 5.24 (and vLLM / SGLang, which load config.json through it) {runs}; "
             "transformers 5 releases before the per-layer conversion, and vLLM on them, instead "
             f"scale every layer, the sliding ones included ({UNMODELLED})",
@@ -174,15 +175,16 @@ def _mla_llama_cpp(rope: dict[str, Any], s: float) -> float:
     return 1.0 if rope.get("mscale_all_dim") else engines.mscale(s)
 
 
-MLA_READERS = (("vLLM", _mla_deepseek_yarn, ("vLLM 07b12f1", "vLLM 0cd5784")),
-               ("SGLang", _mla_deepseek_yarn, ("SGLang",)),
-               ("llama.cpp", _mla_llama_cpp, ("llama.cpp (main's llama-context.cpp)",)))
+# (engine, its MLA scale, the readers it affects: ids, or a label for a reader not modelled)
+MLA_READERS = ((VLLM_07B12F1.engine, _mla_deepseek_yarn, (VLLM_07B12F1.id, VLLM_0CD5784.id)),
+               (SGLANG.engine, _mla_deepseek_yarn, (SGLANG.id,)),
+               (LLAMACPP.engine, _mla_llama_cpp, (f"{LLAMACPP.name} (main's llama-context.cpp)",)))
 
 
-def _mla_fix(rope: dict[str, Any], s: float, want: float, name: str) -> str:
+def _mla_fix(rope: dict[str, Any], s: float, want: float, name: str, reads) -> str:
     """The mscale edit under which transformers and vLLM / SGLang both run `want`, checked by
     re-deriving both; llama.cpp reaches no scale but 1 (mscale = mscale_all_dim)."""
-    if name == "llama.cpp":
+    if reads is _mla_llama_cpp:
         m_all = _num(rope.get("mscale_all_dim")) or 1.0
         return (f"no config key gives llama.cpp {want:.6g}; set \"mscale\": {_g(m_all)}, \"mscale_all_dim\": "
                 f"{_g(m_all)} and drop attention_factor to make every reader run 1.0")
@@ -216,11 +218,12 @@ def _mla(cfg: dict[str, Any]) -> list[Finding]:
         out.append(Finding(
             "mla-yarn-scale", "error", f"DeepSeek-style YaRN keys {json.dumps(keys)} read differently: "
             f"transformers scales cos/sin by {want:.6g}, {name}'s MLA rope by {got:.6g} "
-            "(vllm #48351, #46280; sglang #22711; llama.cpp #17945)", tuple(_label(r) for r in labels),
+            "(vllm #48351, #46280; sglang #22711; llama.cpp #17945)",
+            tuple(_label(r) if r in readers.IDS else r for r in labels),
             f"{name} {got:.6g} ({abs(got - want) / want:.1%} off; the rope part of every attention logit "
             f"{(got / want) ** 2:.4g}×); the softmax factor get_mscale(s, mscale_all_dim)² is the same in all"
-            + (" (re-derived from llama.cpp main; llama-cpp-python 0.3.36 not checked)" if name == "llama.cpp" else ""),
-            _mla_fix(rope, s, want, name)))
+            + (" (re-derived from llama.cpp main; llama-cpp-python 0.3.36 not checked)" if reads is _mla_llama_cpp else ""),
+            _mla_fix(rope, s, want, name, reads)))
     return out
 
 
@@ -305,7 +308,7 @@ def _nope(cfg: dict[str, Any]) -> list[Finding]:
     return [Finding(
         "nope-layers", "error", f"{family}'s NoPE layers per config.json are {nope_text}"
         + untouched + "; llama.cpp skips rope on every 4th layer whatever config.json says "
-        "(n_no_rope_layer_step = 4 in src/llama-model.cpp; no GGUF key carries the list)", (_label("llama.cpp"),),
+        "(n_no_rope_layer_step = 4 in src/llama-model.cpp; no GGUF key carries the list)", (_label(LLAMACPP.id),),
         off + " (re-derived from llama.cpp's source)",
         "no config key or flag reaches llama.cpp's step; serve it where no_rope_layers is read "
         "(transformers, vLLM)")]

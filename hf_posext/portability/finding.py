@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import measured
+from . import measured, readers
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ def _g(x) -> str:   # 1000000, not 1e+06
 
 
 def _label(reader: str) -> str:
-    """A re-derived reader with the measured release it stands for: "vLLM 07b12f1 (vLLM 0.29.0)"."""
-    release = {r: m for m, r in measured.releases()}.get(reader, "")
-    return f"{reader} ({release.replace('llama.cpp', 'llama-cpp-python')})" if release else reader
+    """A re-derived reader (an id) with the measured release it stands for: "vLLM 07b12f1
+    (vLLM 0.29.0)", "llama.cpp (llama-cpp-python 0.3.36)"; the bare name when none does."""
+    r, release = readers.get(reader), measured.releases().get(reader)
+    return f"{r.name} ({r.measured_name(release)})" if release else r.name

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import engines
+from .readers import LLAMACPP
 from .finding import Finding, _num
 from .gguf_export import _field_value, _gguf
 
@@ -75,7 +76,7 @@ def compare(cfg: dict[str, Any], meta: dict[str, Any], meant_scale: float | None
     return [Finding(
         "gguf-mismatch", "error", f"the GGUF's rope keys ({arch}) disagree with config.json: "
         "llama.cpp runs the GGUF's (llama.cpp #13331: rope scaling is baked in at conversion)",
-        ("llama.cpp",), "; ".join(f"{k}: GGUF {g!r}, config {w!r}" for k, (g, w, _) in bad.items()),
+        (LLAMACPP.name,), "; ".join(f"{k}: GGUF {g!r}, config {w!r}" for k, (g, w, _) in bad.items()),
         "run llama.cpp with " + " ".join(flags) + "; or reconvert the GGUF from this config "
         "(convert_hf_to_gguf.py), or for an hf_posext checkpoint: hf-posext export PATH OUT.gguf "
         "--target gguf --gguf THIS.gguf")]

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from . import config_audit, engines
+from . import config_audit, engines, readers
 from ..attention import ATTENTION_METHODS
 from ..rope.config import RopeExtensionConfig
 from ..rope.knobs import NATIVE_TRAINED_KEY, TRAINED_LENGTH_NAME
@@ -98,8 +98,9 @@ def measured_families() -> tuple[str, ...]:
     return tuple(dict.fromkeys(family_of(r) for r in load()["cells"]))
 
 
-def find(release: str, cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """The measured cell of `release` ("vLLM 0.32.0") for a checkpoint like `cfg`, or None
+def find(reader: str, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The measured cell of the release standing for `reader` (an id: "vllm-0cd5784" is vLLM
+    0.32.0) for a checkpoint like `cfg`, or None
     (vLLM: the eager-mode cell; the compiled one is in the notes of docs/portability.md). A
     family measured on its own model is looked up in its own cells only (an engine may load or
     read it differently: a converter that drops its rope scaling, a model class that does not
@@ -109,7 +110,7 @@ def find(release: str, cfg: dict[str, Any]) -> dict[str, Any] | None:
         return None
     family = cfg.get("model_type") if cfg.get("model_type") in measured_families() else LLAMA
     for row in load()["cells"]:
-        if f"{row['engine']} {row['release']}" == release and row.get("signature") == sig \
+        if row["reader"] == reader and row.get("signature") == sig \
                 and row.get("mode") != "compiled" and family_of(row) == family \
                 and (row["method"], _knob_names(row)) == case:
             return row
@@ -122,8 +123,12 @@ class Measured(Verdict):
     below_L: float | None = None
     above_L: float | None = None
     measured: bool = True  # False: this form was not measured; the re-derived verdict
-    release: str = ""
+    release: str = ""      # the measured release of the reader's engine ("0.32.0")
     stand_in: str = ""     # the checkpoint's family, when only the tiny Llama was measured
+
+    @property
+    def name(self) -> str:
+        return column(self.reader)
 
     def cell(self) -> str:
         if not self.measured:
@@ -144,53 +149,66 @@ class Measured(Verdict):
         if self.stand_in:
             said.append(f"measured on the tiny Llama in this config form; {self.stand_in} itself "
                         "was not run")
-        return f"{self.reader} {self.cell()}" + (f" — {'; '.join(said)}" if said else "")
+        return f"{self.name} {self.cell()}" + (f" — {'; '.join(said)}" if said else "")
 
 
-def releases() -> list[tuple[str, str]]:
-    """(measured release, the re-derived reader it replaces), in measurement order."""
-    return [(f"{e['engine']} {e['release']}", e["re_derived"]) for e in load()["engines"]]
+@dataclass(frozen=True)
+class NotRun(Verdict):
+    """A re-derived verdict of a reader no measured release stands for, labelled so."""
+
+    @property
+    def name(self) -> str:
+        return f"{readers.name(self.reader)} ({NOT_RUN})"
 
 
-def column(release: str) -> str:
-    engine, _, version = release.partition(" ")
-    if engine == "llama.cpp":
-        return f"llama.cpp (llama-cpp-python {version}, measured)"
-    return f"{release} (measured)"
+def releases() -> dict[str, str]:
+    """reader id -> the engine release measured for it ("vllm-07b12f1" -> "0.29.0"), in
+    measurement order."""
+    return {e["reader"]: e["release"] for e in load()["engines"]}
+
+
+def release_name(reader: str) -> str:
+    """The measured release standing for `reader`, as the tables name it: "vLLM 0.29.0"."""
+    return f"{readers.get(reader).engine} {releases()[reader]}"
+
+
+def column(reader: str) -> str:
+    """The check column of a measured reader: "vLLM 0.32.0 (measured)", "llama.cpp
+    (llama-cpp-python 0.3.36, measured)"."""
+    r = readers.get(reader)
+    package = r.measured_name(releases()[reader])
+    return f"{r.engine} ({package}, measured)" if r.measured_as else f"{package} (measured)"
 
 
 def overlay(cfg: dict[str, Any], verdicts: list[Verdict]) -> list[Verdict]:
     """`check`'s re-derived verdicts with the measured ones in place of the readers a measured
     release stands for; readers not run here are labelled "re-derived, not run"."""
-    by_reader = {reader: release for release, reader in releases()}
-    out = []
+    measured = releases()
+    out: list[Verdict] = []
     for v in verdicts:
-        release = by_reader.get(v.reader)
-        if v.reader.startswith("transformers"):
+        if readers.is_transformers(v.reader):
             out.append(v)
-        elif release is None:
-            out.append(Verdict(f"{v.reader} ({NOT_RUN})", v.status, v.freq_error,
-                               v.scale_error, v.detail))
-        elif (row := find(release, cfg)) is not None:
+        elif v.reader not in measured:
+            out.append(NotRun(v.reader, v.status, v.freq_error, v.scale_error, v.detail))
+        elif (row := find(v.reader, cfg)) is not None:
             family = cfg.get("model_type") or LLAMA
             out.append(of_row(row, stand_in=family if family != family_of(row) else ""))
         else:
-            out.append(Measured(column(release), v.status, v.freq_error, v.scale_error,
-                                v.detail, measured=False, release=release))
+            out.append(Measured(v.reader, v.status, v.freq_error, v.scale_error,
+                                v.detail, measured=False, release=measured[v.reader]))
     return out
 
 
 def of_row(row: dict[str, Any], stand_in: str = "") -> Measured:
-    release = f"{row['engine']} {row['release']}"
-    return Measured(column(release), row["verdict"], detail=row.get("detail", ""),
-                    below_L=row.get("below_L"), above_L=row.get("above_L"), release=release,
+    return Measured(row["reader"], row["verdict"], detail=row.get("detail", ""),
+                    below_L=row.get("below_L"), above_L=row.get("above_L"), release=row["release"],
                     stand_in=stand_in)
 
 
-def file_exports(release: str, case: str) -> list[dict[str, Any]]:
-    """Measured cells of `release` for exports written as a GGUF file (no config.json, so
-    `check` cannot be pointed at them) of the table row `case`."""
-    return [r for r in load()["cells"] if f"{r['engine']} {r['release']}" == release
+def file_exports(reader: str, case: str) -> list[dict[str, Any]]:
+    """Measured cells of the release standing for `reader` for exports written as a GGUF file
+    (no config.json, so `check` cannot be pointed at them) of the table row `case`."""
+    return [r for r in load()["cells"] if r["reader"] == reader
             and r["case"] == case and r["form"].startswith("export:") and "signature" in r
             and r["signature"] is None and r["verdict"] != "export refused"]
 
@@ -203,8 +221,9 @@ def family_verdicts(model_type: str) -> str:
     rows = [r for r in load()["cells"] if family_of(r) == model_type and r.get("mode") != "compiled"
             and r["method"] in (None, "yarn") and not r["knobs"]]
     said = []
-    for release, _ in releases():
-        got = {(r["method"], r["form"]): r for r in rows if f"{r['engine']} {r['release']}" == release}
+    for reader in releases():
+        release = release_name(reader)
+        got = {(r["method"], r["form"]): r for r in rows if r["reader"] == reader}
         if (None, "saved") not in got:
             continue
         control, yarn = got[None, "saved"], got.get(("yarn", "saved"))
@@ -223,11 +242,13 @@ def family_verdicts(model_type: str) -> str:
 
 def summary(data: dict[str, Any]) -> str:
     """One line per measured cell, for the measuring command's output."""
-    lines = [f"noise (plain RoPE control, max |Δ logprob|): {data['noise']}; "
+    release = {e["reader"]: f"{readers.get(e['reader']).engine} {e['release']}" for e in data["engines"]}
+    noise = {release[reader]: value for reader, value in data["noise"].items()}
+    lines = [f"noise (plain RoPE control, max |Δ logprob|): {noise}; "
              f"thresholds {data['threshold']}"]
     for row in data["cells"]:
         nums = "" if row.get("below_L") is None else \
             f"  |Δ| below L {row['below_L']:.1e}, above {row['above_L']:.1e}"
-        lines.append(f"{row['engine']} {row['release']:<8} {row.get('mode', ''):<8} {row['case'][:40]:<40} "
+        lines.append(f"{readers.get(row['reader']).engine} {row['release']:<8} {row.get('mode', ''):<8} {row['case'][:40]:<40} "
                      f"{row['form']:<20} {row['verdict']:<14}{nums}  {row.get('detail', '')[:90]}")
     return "\n".join(lines)

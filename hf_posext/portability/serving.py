@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import config_audit, dual_chunk, engines, portable
-from .exporting import TARGETS, choose_form, longrope_for_vllm
+from . import config_audit, dual_chunk, engines, portable, readers
+from .exporting import choose_form, longrope_for_vllm
 from . import gguf_export
 from .gguf_export import rope_keys
 from .meaning import TOLERANCE, errors
@@ -50,8 +50,6 @@ from ..rope.compat import v4_scaling
 from ..rope.config import RopeExtensionConfig
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "tgi")
-_READERS = {"vllm": TARGETS["vllm"], "sglang": TARGETS["sglang"], "tgi": TARGETS["tgi"],
-            "llama.cpp": TARGETS["llama.cpp"]}
 _LENGTH = {"vllm": "vLLM (max_model_len)", "sglang": "SGLang (context_length)"}
 # llama.cpp's run-time flags for the GGUF rope keys (common/arg.cpp), and llama_cpp.Llama's names
 FLAGS = {"rope.scaling.type": "--rope-scaling", "rope.scaling.factor": "--rope-scale",
@@ -122,8 +120,8 @@ def _rope_changes(before: dict[str, Any], after: dict[str, Any]) -> bool:
 def _exact_config(cfg: dict[str, Any], engine: str, target) -> dict[str, Any]:
     """The config the engine must read: `cfg` itself when every release of `engine` runs it
     exactly, else the form `export` would write (exporting.choose_form), else ServeRefused."""
-    readers = _READERS[engine] + TARGETS["transformers"]
-    if all(verdict(r, cfg, target).status == "exact" for r in readers):
+    ids = readers.of_target(engine) + readers.of_target("transformers")
+    if all(verdict(r, cfg, target).status == "exact" for r in ids):
         return cfg
     try:
         return choose_form(cfg, engine, target) or cfg
@@ -213,9 +211,9 @@ def _config_engine(cfg, wanted, target, engine: str) -> tuple[dict[str, Any], in
         seen["max_position_embeddings"] = length_key
     # what the engine reads with the overrides applied must still be exact (e.g. vLLM's dynamic
     # table is sized by max_position_embeddings)
-    bad = [v for r in _READERS[engine] if (v := verdict(r, seen, target)).status != "exact"]
+    bad = [v for r in readers.of_target(engine) if (v := verdict(r, seen, target)).status != "exact"]
     if bad:
-        raise ServeRefused("; ".join(f"{v.reader} {v.cell()}" + (f" ({v.detail})" if v.detail else "")
+        raise ServeRefused("; ".join(f"{v.name} {v.cell()}" + (f" ({v.detail})" if v.detail else "")
                                      for v in bad))
     return overrides, length
 
@@ -249,8 +247,8 @@ def _tgi(path, cfg, wanted, target, gguf) -> Serving:
     if wanted is not cfg:  # override route: only linear / dynamic can be set by the launcher
         kind = engines.v4_rope(wanted)["rope_type"]
         seen = {**cfg, "rope_scaling": {"type": kind, "factor": target.spec.factor}}
-        if kind not in ("linear", "dynamic") or verdict("TGI", seen, target).status != "exact":
-            why = verdict("TGI", seen, target) if kind in ("linear", "dynamic") else None
+        if kind not in ("linear", "dynamic") or verdict(readers.TGI.id, seen, target).status != "exact":
+            why = verdict(readers.TGI.id, seen, target) if kind in ("linear", "dynamic") else None
             raise ServeRefused("TGI's launcher sets only --rope-scaling linear|dynamic; "
                                + (f"TGI {why.cell()} ({why.detail})" if why else
                                   f"{target.spec.method} is saved as rope_type {kind!r}")

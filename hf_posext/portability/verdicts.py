@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from . import config_audit, dual_chunk, engines, portable
+from . import config_audit, dual_chunk, engines, portable, readers
 from .meaning import TOLERANCE, Meaning, errors, meaning_of
 from ..attention.interface import CONFIG_KEY as ATTENTION_KEY, IMPLEMENTATION
 from ..rope.config import RopeExtensionConfig
@@ -38,7 +38,7 @@ from ..rope.config import RopeExtensionConfig
 
 @dataclass(frozen=True)
 class Verdict:
-    reader: str
+    reader: str  # the reader's id (readers.py): "vllm-07b12f1"
     status: str  # exact | different | ignored | refused | broken | lost | n/a
     freq_error: float | None = None
     scale_error: float | None = None
@@ -52,8 +52,13 @@ class Verdict:
             return f"different ({', '.join(parts)})"
         return self.status
 
+    @property
+    def name(self) -> str:
+        """What the CLI and the tables print for the reader (readers.py)."""
+        return readers.name(self.reader)
+
     def line(self) -> str:
-        return f"{self.reader:<17} {self.cell()}" + (f" — {self.detail}" if self.detail else "")
+        return f"{self.name:<17} {self.cell()}" + (f" — {self.detail}" if self.detail else "")
 
 
 def load_config(model_or_path) -> dict[str, Any]:
@@ -169,15 +174,15 @@ def verdict(reader: str, cfg: dict[str, Any], target: Meaning) -> Verdict:
     if target.attention is None or rope.status in ("refused", "broken", "n/a"):
         return rope
     method = target.attention.get("method")
-    if reader == "SGLang" and method == "dual_chunk":  # SGLang's own DCA (portability/dual_chunk.py)
+    if reader == readers.SGLANG.id and method == "dual_chunk":  # SGLang's own DCA (portability/dual_chunk.py)
         status, detail = dual_chunk.sglang_reading(cfg, target)
         return Verdict(reader, status, rope.freq_error, rope.scale_error, detail)
-    if reader == "transformers 5.x":  # config.json's attn_implementation is read on load
+    if reader == readers.TRANSFORMERS_5.id:  # config.json's attn_implementation is read on load
         return Verdict(reader, "refused", rope.freq_error, rope.scale_error,
                        f"without hf_posext: 'Specified attn_implementation=\"hf_posext\" is not "
                        f"supported'; loading with attn_implementation='sdpa' runs plain "
                        f"attention ({method!r} lost)")
-    why = ("4.57 drops attn_implementation on load" if reader == "transformers 4.x"
+    why = ("4.57 drops attn_implementation on load" if reader == readers.TRANSFORMERS_4.id
            else "reads no attention method from config.json")
     return Verdict(reader, "lost", rope.freq_error, rope.scale_error,
                    f"{why}: runs plain attention, {method!r} is lost (rope: {rope.cell()})")
@@ -193,7 +198,7 @@ def _finite(reading: engines.Reading, lengths) -> bool:
 
 def _rope_verdict(reader: str, cfg: dict[str, Any], target: Meaning) -> Verdict:
     try:
-        reading = engines.READERS[reader](cfg)
+        reading = readers.get(reader).read(cfg)
     except engines.NotApplicable as err:
         return Verdict(reader, "n/a", detail=f"transformers' own {err}")
     except KeyError as err:
@@ -221,8 +226,8 @@ def _rope_verdict(reader: str, cfg: dict[str, Any], target: Meaning) -> Verdict:
     return Verdict(reader, "different", freq_err, scale_err, reading.note)
 
 
-def check(model_or_path, readers=None) -> list[Verdict]:
-    """One verdict per reader (all of `engines.READERS` by default) for a checkpoint."""
+def check(model_or_path, ids=None) -> list[Verdict]:
+    """One verdict per reader id (all of `readers.IDS` by default) for a checkpoint."""
     cfg = load_config(model_or_path)
     try:
         target = meaning(cfg)
@@ -231,9 +236,9 @@ def check(model_or_path, readers=None) -> list[Verdict]:
         # it reads them exactly; for the engines there is nothing to re-derive against (the
         # measured releases replace this with what they did: `measured.overlay`)
         return [Verdict(r, "exact", detail=f"transformers' own {err}, read natively")
-                if r.startswith("transformers") else Verdict(r, "n/a", detail=f"transformers' own {err}")
-                for r in readers or engines.READERS]
-    return [verdict(r, cfg, target) for r in readers or engines.READERS]
+                if readers.is_transformers(r) else Verdict(r, "n/a", detail=f"transformers' own {err}")
+                for r in ids or readers.IDS]
+    return [verdict(r, cfg, target) for r in ids or readers.IDS]
 
 
 def report(model_or_path, view=None) -> str:

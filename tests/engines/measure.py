@@ -37,7 +37,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_posext
 from hf_posext.data import embedded
-from hf_posext.portability import measured
+from hf_posext.portability import measured, readers
 from hf_posext.commands.check import TABLE_ROWS
 from hf_posext.portability.exporting import TARGETS
 from hf_posext.portability.verdicts import load_config
@@ -57,12 +57,13 @@ MODEL = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, head
 # each engine shows on the plain-RoPE control (vLLM ~1e-5, llama.cpp ~1.3e-4: float32 kernels
 # summing in another order), and hundreds of times below the smallest effect a rope change has on
 # this model. Both are measured on every run and stored with the table (`noise`, `min_effect`);
-# tests/engines/test_engines.py fails when either margin shrinks below 5×.
-THRESHOLD = {"vLLM": 1e-4, "llama.cpp": 2e-3}
-ENGINES = [  # (engine, venv (Makefile pins the release), runner, re-derived reader it stands for)
-    ("vLLM", ".venv-vllm", "_run_vllm.py", "vLLM 0cd5784"),
-    ("vLLM", ".venv-vllm029", "_run_vllm.py", "vLLM 07b12f1"),
-    ("llama.cpp", ".venv-llamacpp", "_run_llamacpp.py", "llama.cpp"),
+# tests/engines/test_engines.py fails when either margin shrinks below 5×. Keyed by the engine's
+# `export --target` / `serve --engine` name (readers.Reader.target).
+THRESHOLD = {"vllm": 1e-4, "llama.cpp": 2e-3}
+ENGINES = [  # (venv (Makefile pins the release), runner, id of the re-derived reader it stands for)
+    (".venv-vllm", "_run_vllm.py", readers.VLLM_0CD5784.id),
+    (".venv-vllm029", "_run_vllm.py", readers.VLLM_07B12F1.id),
+    (".venv-llamacpp", "_run_llamacpp.py", readers.LLAMACPP.id),
 ]
 # Knobs where a method's defaults do nothing at this L: STRING's W = min(128, S) equals
 # S = 0.33·L below L = 388, and d − S + W = d (hf_posext refuses those defaults).
@@ -86,7 +87,7 @@ run_engine = functools.partial(engine_run.run_engine, max_len=int(FACTOR * L))
 
 
 def missing_venvs() -> list[str]:
-    return [venv for _, venv, *_ in ENGINES if not (ROOT / venv / ".installed").exists()]
+    return [venv for venv, *_ in ENGINES if not (ROOT / venv / ".installed").exists()]
 
 
 def cases() -> list[tuple[str, str | None, dict]]:
@@ -268,26 +269,26 @@ def measure(work: Path, venvs: list[str] | None = None) -> dict:
     forms, refs, ids, cells = build(work)
     rows, noise, engines_seen = [], {}, []
     family_noise: dict[str, dict[str, float]] = {f: {} for f in engine_families.FAMILIES}
-    for engine, venv, runner, reader in ENGINES:
+    for venv, runner, reader in ENGINES:
         if venvs and venv not in venvs:
             continue
+        engine = readers.get(reader).target   # "vllm", "llama.cpp"
         version, results = run_engine(venv, runner, forms, ids, work)
         engine_cells = cells
         if engine == "llama.cpp" and GGUF_TARGETS:
             more, flags, more_cells = gguf_exports(cells, work)
             results.update(run_engine(venv, runner, more, ids, work, flags=flags)[1])
             engine_cells = cells + more_cells
-        modes = [("eager", results)] if engine == "vLLM" else [("", results)]
+        modes = [("eager", results)] if engine == "vllm" else [("", results)]
         if venv in COMPILED_VENVS:
             dynamic = {k: p for k, p in forms.items() if p.is_dir() and
                        measured.signature(load_config(p))["rope_type"] == "dynamic"}
             modes.append(("compiled", run_engine(venv, runner, dynamic, ids, work, True)[1]))
-        release = f"{engine} {version}"
-        engines_seen.append(dict(engine=engine, release=version, venv=venv, re_derived=reader))
+        engines_seen.append(dict(reader=reader, release=version, venv=venv))
         for mode, found in modes:
             for cell in engine_cells:
                 row = {k: v for k, v in cell.items() if k != "key"}
-                row.update(engine=engine, release=version, mode=mode)
+                row.update(reader=reader, release=version, mode=mode)
                 if "key" not in cell:
                     if mode != "compiled":
                         rows.append(row)
@@ -308,9 +309,9 @@ def measure(work: Path, venvs: list[str] | None = None) -> dict:
                 if cell["case"] == control:
                     value = max(row["below_L"] or math.inf, row["above_L"] or math.inf)
                     if cell["family"] == LLAMA:
-                        noise[release] = value
+                        noise[reader] = value
                     elif row["verdict"] == "exact":  # else the control's verdict is the fact
-                        family_noise[cell["family"]][release] = value
+                        family_noise[cell["family"]][reader] = value
     effects = {label: (ref[1:] - refs[engine_families.control_of(label)][1:]).abs().max().item()
                for label, ref in refs.items() if engine_families.control_of(label) != label}
     return dict(model=dict(MODEL, vocab="SmolLM2 tokenizer (embedded GGUF)", factor=FACTOR,

@@ -15,11 +15,11 @@ import measure
 import pytest
 
 from hf_posext import ROPE_METHODS
-from hf_posext.portability import measured
+from hf_posext.portability import measured, readers
 from hf_posext.portability.verdicts import check, load_config
 
 pytestmark = pytest.mark.engines
-KEY = ("engine", "release", "mode", "case", "form")
+KEY = ("reader", "release", "mode", "case", "form")
 
 
 @pytest.fixture(scope="session")
@@ -44,12 +44,12 @@ def all_cases() -> list[tuple[str, str | None, dict]]:
 def test_every_engine_ran_every_case(fresh):
     """Every case of the Llama and of each family has a verdict (as saved) in every release; a
     family an engine cannot load here is there as refused, with the engine's own error."""
-    ran = {(c["engine"], c["release"]) for c in fresh["cells"]}
+    ran = {(c["reader"], c["release"]) for c in fresh["cells"]}
     assert len(ran) == len(measure.ENGINES), ran
-    for engine, release in ran:
+    for reader, release in ran:
         cases = {c["case"] for c in fresh["cells"]
-                 if (c["engine"], c["release"]) == (engine, release) and c["form"] == "saved"}
-        assert {label for label, *_ in all_cases()} <= cases, (engine, release)
+                 if (c["reader"], c["release"]) == (reader, release) and c["form"] == "saved"}
+        assert {label for label, *_ in all_cases()} <= cases, (reader, release)
     for cell in fresh["cells"]:
         if cell["verdict"] == "refused":
             assert cell["detail"].split(": ", 1)[-1], cell   # the engine's error, not empty
@@ -58,12 +58,12 @@ def test_every_engine_ran_every_case(fresh):
 def test_noise_and_effects_leave_a_margin(fresh):
     """The threshold sits well above each engine's noise on plain RoPE and well below the
     smallest change any rope method makes to this model's logprobs (so exact means exact)."""
-    noises = [("llama", release, noise) for release, noise in fresh["noise"].items()]
-    noises += [(family, release, noise) for family, by in fresh["family_noise"].items()
-               for release, noise in by.items()]   # the families' controls each engine ran exactly
-    for family, release, noise in noises:
-        threshold = fresh["threshold"][release.split(" ")[0]]
-        assert noise <= threshold / 5, (family, release, noise, threshold)
+    noises = [("llama", reader, noise) for reader, noise in fresh["noise"].items()]
+    noises += [(family, reader, noise) for family, by in fresh["family_noise"].items()
+               for reader, noise in by.items()]   # the families' controls each engine ran exactly
+    for family, reader, noise in noises:
+        threshold = fresh["threshold"][readers.get(reader).target]
+        assert noise <= threshold / 5, (family, reader, noise, threshold)
     rope = [label for label, method, _ in all_cases()
             if method in ROPE_METHODS]
     smallest = min(fresh["effect_vs_plain"][label] for label in rope)
@@ -88,8 +88,8 @@ def test_check_says_what_the_engines_did(fresh):
             continue
         cfg = load_config(path)
         shown = {v.reader: v for v in measured.overlay(cfg, check(path))}
-        release = f"{cell['engine']} {cell['release']}"
-        got = shown.get(measured.column(release))
+        release = f"{cell['reader']} {cell['release']}"
+        got = shown.get(cell["reader"])
         if got is None or got.status != cell["verdict"] or not getattr(got, "measured", False):
             wrong.append((release, cell["case"], cell["form"], cell["verdict"],
                           got and got.cell()))

@@ -63,7 +63,7 @@ def test_same_answers_and_logprobs_on_both_engines(setup):
             patched.load_state_dict(model.state_dict())
             hf_posext.patch(patched, method, measure.FACTOR)
             cell = measure.decide({"logprobs": got, "stage": None, "error": None},
-                                  measure.logprobs(patched, ids), plain, measure.THRESHOLD["vLLM"])
+                                  measure.logprobs(patched, ids), plain, measure.THRESHOLD["vllm"])
             assert cell["verdict"] == "exact", (method, cell)
     finally:
         engine.close()

@@ -85,7 +85,7 @@ def test_serve_commands_run_exactly(served, venv):
         forms[key], argvs[key] = folder, shlex.split(serving.line())
     version, results = measure.run_engine(venv, runner, forms, ids, work, argvs=argvs,
                                           env={"HF_POSEXT_SERVE_COMMANDS": "1"})
-    threshold = measure.THRESHOLD["vLLM" if engine == "vllm" else "llama.cpp"]
+    threshold = measure.THRESHOLD[engine]
     wrong = []
     for n, (label, (_folder, method, _)) in enumerate(cases.items()):
         cell = measure.decide(results[f"job{n}"], refs[method], plain, threshold)
