@@ -41,7 +41,7 @@ def make_out(tmp_path, within_l: bool):
         (tmp_path / name / "done.json").write_text("{}")
     (tmp_path / "docs").mkdir()            # started, not finished: no done.json, not reported
     return Namespace(out=tmp_path, task_list=TASKS, haystack_list=["noise", "hamlet"], sequential=False,
-                     depths="0.25,0.75", trials=3, factor=2.0, eval_document="hamlet", max_trials=None, bar=None)
+                     depths="0.25,0.75", trials=3, factor=2.0, eval_document="hamlet", look=None, bar=None)
 
 
 def table(report: str) -> list[list[str]]:
@@ -109,6 +109,9 @@ def test_each_committed_report_is_its_rows(folder, tmp_path):
     stored = json.loads((folder / done[0] / "done.json").read_text())
     args = Namespace(out=tmp_path, task_list=comma_items(stored.get("tasks", "single_needle")),
                      haystack_list=comma_items(stored.get("haystacks", "noise")),
-                     sequential=stored.get("sequential", False), max_trials=stored.get("max_trials"),
-                     bar=stored.get("bar"), **{k: stored[k] for k in ("depths", "trials", "factor", "eval_document")})
+                     sequential=stored.get("sequential", False), bar=stored.get("bar"),
+                     # a sequential run's done.json: `trials` the trials per look, `max_trials` a cell's most
+                     look=stored["trials"] if stored.get("sequential") else None,
+                     trials=stored.get("max_trials", stored["trials"]),
+                     **{k: stored[k] for k in ("depths", "factor", "eval_document")})
     assert report(args, names, plots=False).read_text() == (folder / "report.md").read_text()
