@@ -76,6 +76,13 @@ def test_a_grid_of_tasks_haystacks_and_seeds(tmp_path):
     assert "| multi_key | hamlet | 16384 | 0.75 | 1 / 3 |" in report
 
 
+def test_a_sequential_grid_says_its_looks_and_most_in_the_flags_words(tmp_path):
+    args = make_out(tmp_path, within_l=False)
+    args.sequential, args.look, args.trials, args.bar = True, 1, 3, 0.9
+    text = report(args, ["free", "mix"], plots=False).read_text()
+    assert "(depths 0.25,0.75, sequential trials: looks of 1 a depth, at most 3, bar 0.9;" in text
+
+
 def test_a_grid_within_the_trained_length_reports_no_past_l_column(tmp_path):
     rows = table(report_of(tmp_path, within_l=True))
     assert len(rows) == 3 and all(r[4] == "—" for r in rows)          # arm, 4k, 8k, change, past L
