@@ -49,14 +49,14 @@ def run_folder(haystack: str, method: str) -> Path:
 
 def run_argv(haystack: str, method: str = "yarn") -> list[str]:
     return ["retrieval", "--tasks", "niah_single", "--methods", method, *KNOBS[method], "--lengths", "32k", "--factor", "4",
-            "--depths", DEPTHS, "--trials", "4", "--max-trials", "20", "--dtype", "float32", "--sequential",
+            "--depths", DEPTHS, "--trials", "20", "--look", "4", "--dtype", "float32", "--sequential",
             "--bar", str(BAR), "--dataset", dataset(haystack), "--budget", BUDGET[haystack], "--no-progress",
             "--out", str(run_folder(haystack, method))]
 
 
 def reference_argv(haystack: str) -> list[str]:
     return ["retrieval", "--tasks", "niah_single", "--methods", "yarn", "--lengths", "8k,32k", "--factor", "4",
-            "--depths", DEPTHS, "--trials", "4", "--max-trials", "20", "--dtype", "float32", "--sequential",
+            "--depths", DEPTHS, "--trials", "20", "--look", "4", "--dtype", "float32", "--sequential",
             "--dataset", dataset(haystack), "--budget", "45m", "--no-progress",
             "--out", str(OUT / f"{haystack}-reference")]
 

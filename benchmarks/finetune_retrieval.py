@@ -17,8 +17,8 @@ Each arm is evaluated on Hamlet, held out of every training run (the recipe chec
                 x --depths x --tasks (single_needle, niah_single: RULER's wording, multi_key:
                 distractors) x --haystacks (RULER's noise, or a document held out of training:
                 --eval-document takes several), greedy, exact match, Wilson 95 % intervals;
-                --trials seeded trials a cell, or --sequential looks of --trials per depth up to
-                --max-trials, stopped once the cell is surely above or below --bar
+                --trials seeded trials a cell, or --sequential looks of --look per depth up to
+                --trials, stopped once the cell is surely above or below --bar
                 (`evaluation.retrieval.schedule.evaluate_sequential`)
 
 --seeds 0,1 trains each fine-tuned arm once per seed (`training.seed`; folders `<arm>` for seed 0,
@@ -46,6 +46,8 @@ from pathlib import Path
 
 from hf_posext.training.arms import (ARMS, added_lengths, check_grid, eval_source, recipe_argv, arm_grid,
                                      run_name, settings)
+from hf_posext.commands.retrieval_plan import refuse_max_trials
+from hf_posext.evaluation.retrieval.sequential import DEFAULT_LOOK
 from hf_posext.training.arms_report import report
 
 HERE = Path(__file__).resolve().parent
@@ -84,7 +86,7 @@ def parse(argv=None) -> argparse.Namespace:
     # the needle is prefilled once per cell (a trial costs ~2/3 of a full prefill; at 0.25 ~9/10)
     p.add_argument("--depths", default="0.5", help="retrieval depths (0 = start of the haystack)")
     p.add_argument("--trials", type=int, default=20,
-                   help="retrieval trials per cell (seeded needles); with --sequential, per look at each depth")
+                   help="retrieval trials per cell (seeded needles); with --sequential, the most, in looks of --look")
     p.add_argument("--tasks", default="single_needle", help="retrieval tasks (single_needle, niah_single, multi_key, ...)")
     p.add_argument("--haystacks", default="noise",
                    help="noise (RULER's) and/or held-out documents named in --eval-document, comma-separated")
@@ -92,7 +94,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--sequential", action="store_true",
                    help="retrieval in looks (evaluation.retrieval.sequential): a cell stops once its "
                         "Clopper-Pearson interval over its depths is wholly above or below --bar")
-    p.add_argument("--max-trials", type=int, default=None, help="with --sequential: the most trials per depth")
+    p.add_argument("--look", type=int, default=None, help=f"with --sequential: the trials at each depth per look (default {DEFAULT_LOOK})")
+    refuse_max_trials(p)
     p.add_argument("--bar", type=float, default=None,
                    help="with --sequential: the accuracy a cell is decided against (default 0.9, the target accuracy)")
     p.add_argument("--smoke", action="store_true",
@@ -172,7 +175,7 @@ def retrieval(args, name: str, model_path: str, folder: Path) -> None:
             grid = arm_grid(args, name.partition("-seed")[0], hay)
             haystack = load_haystack(tokenizer, grid.haystack, max(grid.lengths))
             if args.sequential:
-                evaluate_sequential(model, tokenizer, grid, SequentialRule(args.trials, args.max_trials),
+                evaluate_sequential(model, tokenizer, grid, SequentialRule(args.look, args.trials),
                                     run=run, haystack=haystack, store=store, bar=args.bar)
             else:
                 evaluate_retrieval(model, tokenizer, grid, store=store, progress=True, run=run, haystack=haystack)

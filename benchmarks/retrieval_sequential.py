@@ -18,6 +18,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hf_posext.commands import session  # noqa: E402
+from hf_posext.commands.retrieval_plan import refuse_max_trials  # noqa: E402
 from hf_posext.evaluation.retrieval.blocks import merge_blocks  # noqa: E402
 from hf_posext.evaluation.retrieval.designs import outcomes, replay  # noqa: E402
 from hf_posext.evaluation.retrieval.sequential import (ABOVE, BELOW, UNDECIDED, SequentialRule,  # noqa: E402
@@ -274,8 +276,10 @@ def zones(rows: list[dict], rule: SequentialRule, margin: float, runs: int) -> l
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", type=Path, default=GRID, help="a retrieval.json with per-trial answers and outputs")
-    p.add_argument("--block", type=int, default=4, help="trials per look at each depth (default 4)")
-    p.add_argument("--max-trials", type=int, default=20, help="the most trials a cell runs (default 20)")
+    p.add_argument("--trials", type=int, default=20, help="the most trials a cell runs (default 20)")
+    p.add_argument("--look", type=int, default=4, help="trials per look at each depth (default 4)")
+    refuse_max_trials(p)
+    session.add_renamed_arg(p, "--block", "--look")
     p.add_argument("--confidence", type=float, default=0.95, help="over all looks (default 0.95)")
     p.add_argument("--indifference", type=float, default=0.0,
                    help="half-width of the zone around the bar where either call is accepted (default 0)")
@@ -287,7 +291,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=OUT, help=f"the report (default {OUT.relative_to(ROOT)})")
     args = p.parse_args(argv)
     try:
-        rule = SequentialRule(args.block, args.max_trials, args.confidence, args.indifference, args.boundary)
+        rule = SequentialRule(args.look, args.trials, args.confidence, args.indifference, args.boundary)
     except ValueError as err:
         p.error(str(err))
     rows = read_rows(args.grid)
@@ -302,7 +306,7 @@ def main(argv=None) -> int:
         "(the rows of [its report](retrieval-2x/report.md)). **A replay of the committed per-trial "
         "outcomes, not a rerun**: each row keeps every trial's answer and output, scored again here "
         "(the counts equal the rows'), in seed order, one look of "
-        f"{rule.block} trials at each depth at a time, at most {rule.max_trials} a cell ({rule.looks} looks), "
+        f"{rule.look} trials at each depth at a time, at most {rule.max_trials} a cell ({rule.looks} looks), "
         f"Clopper–Pearson at {rule.confidence:g} over all looks, `rule: {rule.boundary}` (docs/retrieval.md, *Sequential trials*). "
         f"The bar is the unpatched model's committed within-L accuracy minus {args.margin:g}, as the fixed "
         "design's; the reference cells count in full. Where the rule would look again but the folder "

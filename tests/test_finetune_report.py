@@ -41,7 +41,7 @@ def make_out(tmp_path, within_l: bool):
         (tmp_path / name / "done.json").write_text("{}")
     (tmp_path / "docs").mkdir()            # started, not finished: no done.json, not reported
     return Namespace(out=tmp_path, task_list=TASKS, haystack_list=["noise", "hamlet"], sequential=False,
-                     depths="0.25,0.75", trials=3, factor=2.0, eval_document="hamlet", max_trials=None, bar=None)
+                     depths="0.25,0.75", trials=3, factor=2.0, eval_document="hamlet", look=None, bar=None)
 
 
 def table(report: str) -> list[list[str]]:
@@ -74,6 +74,13 @@ def test_a_grid_of_tasks_haystacks_and_seeds(tmp_path):
     assert "single_needle, noise 16k [Wilson 95 %] 0.5;" in spread and "multi_key, hamlet 16k [Wilson 95 %] 0 " in spread
     assert "## docs" not in report and "## mix-seed1" in report
     assert "| multi_key | hamlet | 16384 | 0.75 | 1 / 3 |" in report
+
+
+def test_a_sequential_grid_says_its_looks_and_most_in_the_flags_words(tmp_path):
+    args = make_out(tmp_path, within_l=False)
+    args.sequential, args.look, args.trials, args.bar = True, 1, 3, 0.9
+    text = report(args, ["free", "mix"], plots=False).read_text()
+    assert "(depths 0.25,0.75, sequential trials: looks of 1 a depth, at most 3, bar 0.9;" in text
 
 
 def test_a_grid_within_the_trained_length_reports_no_past_l_column(tmp_path):
@@ -109,6 +116,9 @@ def test_each_committed_report_is_its_rows(folder, tmp_path):
     stored = json.loads((folder / done[0] / "done.json").read_text())
     args = Namespace(out=tmp_path, task_list=comma_items(stored.get("tasks", "single_needle")),
                      haystack_list=comma_items(stored.get("haystacks", "noise")),
-                     sequential=stored.get("sequential", False), max_trials=stored.get("max_trials"),
-                     bar=stored.get("bar"), **{k: stored[k] for k in ("depths", "trials", "factor", "eval_document")})
+                     sequential=stored.get("sequential", False), bar=stored.get("bar"),
+                     # a sequential run's done.json: `trials` the trials per look, `max_trials` a cell's most
+                     look=stored["trials"] if stored.get("sequential") else None,
+                     trials=stored.get("max_trials", stored["trials"]),
+                     **{k: stored[k] for k in ("depths", "factor", "eval_document")})
     assert report(args, names, plots=False).read_text() == (folder / "report.md").read_text()

@@ -102,7 +102,7 @@ def test_the_shipped_retrieval_recipe_is_the_mix_arm_measured(tmp_path):
 
 # the script's defaults, as its --help states them (test_defaults_are_the_best_setting_measured)
 GRID = dict(model="embedded:smollm2-135m", dataset="embedded:shakespeare", eval_document="hamlet", tasks="single_needle",
-            haystacks="noise", seeds="0", sequential=False, max_trials=None, bar=None, trials=20,
+            haystacks="noise", seeds="0", sequential=False, look=None, bar=None, trials=20,
             retrieval_lengths="8192,16384", free_lengths="", depths="0.5")
 
 
@@ -114,8 +114,10 @@ GRID = dict(model="embedded:smollm2-135m", dataset="embedded:shakespeare", eval_
                                        ({"haystacks": "pg19"}, "--haystacks pg19"),
                                        ({"eval_document": "hamlet,nope"}, "--eval-document"),
                                        ({"seeds": "0,0"}, "--seeds"), ({"seeds": "one"}, "--seeds"),
-                                       ({"max_trials": 6}, "--max-trials"), ({"bar": 0.9}, "--bar"),
-                                       ({"sequential": True, "trials": 4, "max_trials": 2}, "--max-trials"),
+                                       ({"look": 6}, "--look is for sequential trials"), ({"bar": 0.9}, "--bar"),
+                                       ({"sequential": True, "trials": 2, "look": 4}, "--look 4 is more than --trials 2"),
+                                       ({"sequential": True, "trials": 2}, "--look 4 (the default) is more than --trials 2"),
+                                       ({"sequential": True, "look": 0}, "--look (trials per look) must be at least 1"),
                                        ({"sequential": True, "bar": 1.5}, "--bar")])
 def test_bad_settings_are_refused_naming_the_flag(over, flag):
     from hf_posext.training.arms import check_grid
@@ -126,12 +128,15 @@ def test_bad_settings_are_refused_naming_the_flag(over, flag):
 
 def test_the_default_grid_passes_and_the_sequential_one_gets_its_defaults():
     from hf_posext.training.arms import check_grid, settings
-    args = Namespace(**{**GRID, "sequential": True, "trials": 4})
+    args = Namespace(**{**GRID, "sequential": True})
     check_grid(args)
-    assert (args.task_list, args.haystack_list, args.seed_list, args.max_trials, args.bar) == (
-        ["single_needle"], ["noise"], [0], 20, 0.9)
+    assert (args.task_list, args.haystack_list, args.seed_list, args.trials, args.look, args.bar) == (
+        ["single_needle"], ["noise"], [0], 20, 4, 0.9)
     stored = settings(Namespace(**vars(args), lengths="4096", factor=2.0), "free")
     assert stored["sequential"] and stored["retrieval_lengths"] == "8192,16384"
+    # done.json keeps its first runs' keys: `trials` the trials per look, `max_trials` a cell's most
+    assert (stored["trials"], stored["max_trials"]) == (4, 20)
+    assert settings(Namespace(**{**vars(args), "sequential": False}, lengths="4096", factor=2.0), "free")["trials"] == 20
 
 
 @pytest.mark.slow
@@ -224,7 +229,7 @@ def test_smoke_of_the_generalization_grid(tmp_path):
     out = tmp_path / "out"
     argv = ["--smoke", "--model", str(assets / "llama"), "--dataset", str(assets / "docs"), "--eval-document", "held",
             "--out", str(out), "--arms", "free,mix", "--seeds", "0,1", "--tasks", "niah_single,multi_key",
-            "--haystacks", "noise,held", "--sequential", "--trials", "1", "--max-trials", "2", "--bar", "0.5",
+            "--haystacks", "noise,held", "--sequential", "--trials", "2", "--look", "1", "--bar", "0.5",
             "--free-lengths", ""]
     # multi_key's prompt does not fit 512 tokens: refused before anything trains
     refused = run_script(argv)

@@ -52,7 +52,7 @@ def cheap(argv: list[str], model: Path, out: Path) -> list[str]:
         argv = _set(argv, "--vllm-python", sys.executable)
         argv = _set(argv, "--factor", "auto") if "--factor" in argv else argv   # vLLM serves s·64 here
     if "--sequential" in argv or "--budget" in argv:   # a length within L (1024 here: `long_checkpoint`) sets the bar
-        argv = _set(_set(_set(argv, "--lengths", "800,1600"), "--max-trials", "2"), "--budget", "2m")
+        argv = _set(_set(_set(argv, "--lengths", "800,1600"), "--look", "2"), "--budget", "2m")   # one look of --trials 2
     else:
         argv = _set(argv, "--lengths", "800")
     argv = _set(argv, "--depths", "1")

@@ -12,7 +12,7 @@ from hf_posext.evaluation.retrieval.sequential import ABOVE, BELOW, SequentialRu
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 L = 1024
-RULE = SequentialRule(block=4, max_trials=8, boundary="bonferroni")   # 2 looks: tail 0.05 / 2 in each
+RULE = SequentialRule(look=4, max_trials=8, boundary="bonferroni")   # 2 looks: tail 0.05 / 2 in each
 
 
 @pytest.fixture(scope="module")

@@ -44,24 +44,28 @@ def stubbed(monkeypatch):
     monkeypatch.setattr(schedule, "answer_cell", stub)   # the sequential looks'
 
 
-@pytest.mark.parametrize("common, trials, max_trials, says", [
+@pytest.mark.parametrize("common, look, trials, says", [
     (["--trials", "4"], 4, 20, "--trials after `--`"),
+    (["--look", "2"], 4, 20, "--look after `--`"),
     (["--out=x"], 4, 20, "--out after `--`"),
-    ([], 3, 8, "not a whole number of looks"),
-    ([], 0, 20, "need 1 <= trials"),
+    ([], 3, 8, "--trials 8 is not a whole number of looks of --look 3"),
+    ([], 0, 20, "need 1 <= look <= trials"),
+    ([], 8, 4, "--trials 4 --look 8: need 1 <= look <= trials"),
     (["--dtype", "auto"], 4, 20, "--dtype auto after `--`"),
     (["--dtype=auto"], 4, 20, "--dtype auto after `--`"),
 ])
-def test_bad_settings_are_refused(common, trials, max_trials, says):
+def test_bad_settings_are_refused(common, look, trials, says):
     with pytest.raises(ValueError, match=says.replace("(", r"\(")):
-        check_designs(common, trials, max_trials)
+        check_designs(common, look, trials)
 
 
 def test_live_run_trials_calls_and_report(tmp_path, stubbed):
     path, out = tiny_checkpoint(tmp_path), tmp_path / "live"
     common = ["--model", str(path), "--lengths", "700,1400", "--methods", "yarn", "--factor", "2",
               "--depths", "0,1", "--margin", "0.4", "--confidence", "0.9", "--boundary", "bonferroni"]
-    commands = design_commands(common, 4, 8, out)
+    commands = design_commands(common, 4, 8, out)   # looks of 4, at most 8 a cell; the fixed design 8
+    assert commands["sequential"][-8:-3] == ["--trials", "8", "--look", "4", "--out"]
+    assert commands["fixed"][-6:-3] == ["--trials", "8", "--out"]
     assert commands["fixed"][:commands["fixed"].index("--trials")] == ["retrieval", *common[:-4]]   # no rule
     for argv in commands.values():   # as the script runs them
         assert cli.main(argv) == 0
@@ -89,19 +93,19 @@ def test_live_run_trials_calls_and_report(tmp_path, stubbed):
 
 def test_against_reports_a_stored_sequential_run(tmp_path, stubbed):
     """A sequential run stored by the CLI, reported against stored fixed rows without running
-    anything; the margin and --max-trials must be the run's own."""
+    anything; the margin and --trials (the run's most) must be the run's own."""
     path = tiny_checkpoint(tmp_path)
     grid = ["--model", str(path), "--lengths", "700,1400", "--methods", "yarn", "--factor", "2", "--depths", "0,1",
             "--margin", "0.4", "--no-plot", "--no-progress"]
     out, fixed = tmp_path / "seq", tmp_path / "fixed"
     # the "committed" rows: 4 trials a depth; the sequential run: looks of 2, at most 8, with a budget of 12 trials then resumed
     assert cli.main(["retrieval", *grid, "--trials", "4", "--out", str(fixed)]) == 0
-    seq = [*grid, "--sequential", "--trials", "2", "--max-trials", "8", "--confidence", "0.9", "--out", str(out / "sequential")]
+    seq = [*grid, "--sequential", "--trials", "8", "--look", "2", "--confidence", "0.9", "--out", str(out / "sequential")]
     assert cli.main(["retrieval", *seq, "--budget", "12"]) == 0
     assert cli.main(["retrieval", *seq, "--resume"]) == 0
     with pytest.raises(ValueError, match="not the margin 0.1: pass `-- --margin 0.4000`"):
         against_report(out, fixed, 8, COMMAND, 0.1)
-    with pytest.raises(ValueError, match="run with --max-trials \\[8\\], not 20"):
+    with pytest.raises(ValueError, match="run with --trials \\[8\\] \\(its most\\), not 20"):
         against_report(out, fixed, 20, COMMAND, 0.4)
     text = against_report(out, fixed, 8, COMMAND, 0.4)
     assert "lengths <= 1024) run in full" in text and "{" not in text
@@ -145,7 +149,7 @@ def test_the_script_runs_both_designs_then_reports_them_against_each_other(tmp_p
     path, out = tiny_checkpoint(tmp_path), tmp_path / "live"
     common = ["--", "--model", str(path), "--lengths", "700,1400", "--methods", "yarn", "--factor", "2",
               "--depths", "0.5", "--dtype", "float32"]
-    live = run_script("--out", str(out), "--trials", "2", "--max-trials", "4", *common)
+    live = run_script("--out", str(out), "--trials", "4", "--look", "2", *common)
     assert live.returncode == 0, live.stderr
     text = (out / "report.md").read_text()
     assert "# Sequential trials against the fixed design, live" in text and "| single_needle | yarn s=2 | 1400 |" in text
@@ -154,9 +158,11 @@ def test_the_script_runs_both_designs_then_reports_them_against_each_other(tmp_p
     assert again.returncode == 2 and "already holds runs" in again.stderr
     own = run_script("--out", str(tmp_path / "other"), *common, "--trials", "4")
     assert own.returncode == 2 and "--trials after `--`" in own.stderr
-    mixed = run_script("--out", str(out), "--against", str(out / "fixed"), "--max-trials", "4")
+    mixed = run_script("--out", str(out), "--against", str(out / "fixed"), "--trials", "4")
     assert mixed.returncode == 2 and "holds a live comparison" in mixed.stderr
     shutil.copytree(out / "sequential", tmp_path / "stored" / "sequential")
-    stored = run_script("--out", str(tmp_path / "stored"), "--against", str(out / "fixed"), "--max-trials", "4")
+    stored = run_script("--out", str(tmp_path / "stored"), "--against", str(out / "fixed"), "--trials", "4")
+    old = run_script("--out", str(tmp_path / "old"), "--trials", "2", "--max-trials", "4", *common)
+    assert old.returncode == 2 and "--max-trials is no longer a flag; use --trials" in old.stderr
     assert stored.returncode == 0, stored.stderr
     assert "# A stored sequential run against stored fixed-design rows" in (tmp_path / "stored" / "report.md").read_text()

@@ -48,7 +48,7 @@ def sequential(model, folder, cache_bytes=0):
     grid = RetrievalGrid(["yarn"], [694], depths=[0.25, 1.0], tasks=["multi_key"], factors=[2.0])
     # bar 0.05: a random model's 0/n never decides in 2 looks, so both questions (none, yarn) run
     # both looks, in turn
-    rule = SequentialRule(block=2, max_trials=4, confidence=0.9)
+    rule = SequentialRule(look=2, max_trials=4, confidence=0.9)
     with ResultsStore(folder, "retrieval") as store:
         state = evaluate_sequential(model, char_tokenizer(), grid, rule, store=store, bar=0.05,
                                     prefix_cache_bytes=cache_bytes, log=lambda s: None)
@@ -94,10 +94,10 @@ def test_resuming_looks_laid_out_for_another_series_is_refused(model, tmp_path):
     grid = RetrievalGrid(["yarn"], [694], depths=[0.25, 1.0], tasks=["multi_key"], factors=[2.0])
     with ResultsStore(tmp_path, "retrieval", resume=True) as store:
         with pytest.raises(ResultsError, match=r"seeds 0,1 are stored laid out for seeds 0,1,2,3; this run lays "
-                                               r"them out for seeds 0,1,2,3,4,5,6,7 .* Resume with the stored run's --max-trials"):
-            evaluate_sequential(model, char_tokenizer(), grid, SequentialRule(block=2, max_trials=8, confidence=0.9),
+                                               r"them out for seeds 0,1,2,3,4,5,6,7 .* Resume with the stored run's --trials"):
+            evaluate_sequential(model, char_tokenizer(), grid, SequentialRule(look=2, max_trials=8, confidence=0.9),
                                 store=store, bar=0.05, log=lambda s: None)
-        state = evaluate_sequential(model, char_tokenizer(), grid, SequentialRule(block=2, max_trials=4, confidence=0.9),
+        state = evaluate_sequential(model, char_tokenizer(), grid, SequentialRule(look=2, max_trials=4, confidence=0.9),
                                     store=store, bar=0.05, log=lambda s: None,
                                     answer_fn=lambda *a, **k: pytest.fail("a stored look was recomputed"))
     assert all(len(q.looks) == 2 for q in state.questions)

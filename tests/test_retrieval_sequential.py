@@ -31,15 +31,15 @@ def test_clopper_pearson_is_scipys_exact_interval(k, n):
 
 
 def test_the_bonferroni_rule_splits_the_error_over_its_looks():
-    rule = SequentialRule(block=4, max_trials=20, confidence=0.95, boundary="bonferroni")
+    rule = SequentialRule(look=4, max_trials=20, confidence=0.95, boundary="bonferroni")
     assert rule.looks == 5 and rule.look_seeds(0, 2) == [4, 5, 6, 7] and rule.look_seeds(10, 5) == [26, 27, 28, 29]
-    assert SequentialRule(block=8, max_trials=20).looks == 3 and SequentialRule(8, 20).look_seeds(0, 3) == [16, 17, 18, 19]
+    assert SequentialRule(look=8, max_trials=20).looks == 3 and SequentialRule(8, 20).look_seeds(0, 3) == [16, 17, 18, 19]
     assert rule.interval(3, 20) == pytest.approx(clopper_pearson(3, 20, 0.05 / 5))
     assert rule.decide(0, 20, 0.3)[0] == BELOW                  # upper bound 1 - 0.01^(1/20) = 0.21
     assert rule.decide(20, 20, 0.79)[0] == ABOVE and rule.decide(20, 20, 0.8)[0] == UNDECIDED   # low 0.01^(1/20) = 0.794
     assert rule.decide(4, 20, 0.3)[0] == UNDECIDED
     assert rule.decide(20, 20, None)[0] == UNDECIDED            # no bar: nothing to decide
-    for bad in (dict(block=0), dict(block=8, max_trials=4), dict(confidence=1.0), dict(max_trials=2.5),
+    for bad in (dict(look=0), dict(look=8, max_trials=4), dict(confidence=1.0), dict(max_trials=2.5),
                 dict(boundary="pocock")):
         with pytest.raises(ValueError):
             SequentialRule(**bad)
@@ -54,7 +54,7 @@ CASES = [([0.35] * 5, 0.30), ([0.25] * 5, 0.30), ([0.95, 0.95], 0.90), ([0.85, 0
 @pytest.mark.parametrize("boundary", ["exact", pytest.param("bonferroni", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("p_depths, bar", CASES)
 def test_wrong_decisions_stay_below_the_stated_rate(p_depths, bar, boundary):
-    rule, runs = SequentialRule(block=4, max_trials=20, confidence=0.90, boundary=boundary), 4000
+    rule, runs = SequentialRule(look=4, max_trials=20, confidence=0.90, boundary=boundary), 4000
     counts, mean_trials = simulate(p_depths, bar, rule, runs, seed=1)
     p = sum(p_depths) / len(p_depths)
     wrong = counts[BELOW] if p >= bar else counts[ABOVE]
@@ -73,8 +73,8 @@ ZONE_CASES = [([0.40] * 5, 0.30), ([0.19] * 5, 0.30), ([1.0, 1.0], 0.90), ([0.79
 
 @pytest.mark.parametrize("p_depths, bar", ZONE_CASES)
 def test_an_indifference_zone_keeps_the_rate_outside_it_and_stops_sooner(p_depths, bar):
-    zone = SequentialRule(block=4, max_trials=20, confidence=0.90, indifference=0.1)
-    plain = SequentialRule(block=4, max_trials=20, confidence=0.90)
+    zone = SequentialRule(look=4, max_trials=20, confidence=0.90, indifference=0.1)
+    plain = SequentialRule(look=4, max_trials=20, confidence=0.90)
     runs = 4000
     counts, mean_trials = simulate(p_depths, bar, zone, runs, seed=3)
     p = sum(p_depths) / len(p_depths)
@@ -87,7 +87,7 @@ def test_an_indifference_zone_keeps_the_rate_outside_it_and_stops_sooner(p_depth
 
 
 def test_inside_the_zone_the_point_estimate_calls_it():
-    rule = SequentialRule(block=400, max_trials=400, confidence=0.95, indifference=0.1, boundary="bonferroni")
+    rule = SequentialRule(look=400, max_trials=400, confidence=0.95, indifference=0.1, boundary="bonferroni")
     # one look, 300/400 = 0.75, bar 0.78: the interval (about [0.71, 0.79]) lies in [0.68, 0.88)
     decision, low, high = rule.decide(300, 400, 0.78)
     assert 0.68 <= low and high < 0.88 and decision == BELOW
@@ -100,7 +100,7 @@ def test_inside_the_zone_the_point_estimate_calls_it():
 
 
 def test_clear_cells_stop_early():
-    rule = SequentialRule(block=4, max_trials=20, confidence=0.95)
+    rule = SequentialRule(look=4, max_trials=20, confidence=0.95)
     counts, mean_trials = simulate([0.0] * 5, 0.3, rule, 500)
     assert counts[BELOW] == 500 and mean_trials == 20           # one look of 4 trials at 5 depths, not 100
     counts, mean_trials = simulate([1.0] * 5, 0.3, rule, 500)
@@ -115,9 +115,9 @@ def test_a_fixed_interval_read_at_every_look_breaks_the_rate():
             return clopper_pearson(k, n, 1 - self.confidence)
 
     runs = 4000
-    counts, _ = simulate([0.5], 0.5, Naive(block=4, max_trials=40, confidence=0.90), runs, seed=2)
+    counts, _ = simulate([0.5], 0.5, Naive(look=4, max_trials=40, confidence=0.90), runs, seed=2)
     assert counts[BELOW] / runs > 0.10 + 3 * (0.10 / runs) ** 0.5
-    counts, _ = simulate([0.5], 0.5, SequentialRule(block=4, max_trials=40, confidence=0.90), runs, seed=2)
+    counts, _ = simulate([0.5], 0.5, SequentialRule(look=4, max_trials=40, confidence=0.90), runs, seed=2)
     assert counts[BELOW] / runs <= 0.10
 
 
@@ -165,7 +165,7 @@ def model():
 
 def run(model, tmp_path, stub, budget=None):
     grid = RetrievalGrid(["yarn"], [700, 1400, 2100], depths=[0.0, 1.0], factors=[2.0], margin=0.4)
-    rule = SequentialRule(block=4, max_trials=8, confidence=0.90)   # 2 looks; 8/8 -> low 0.05^(1/8) = 0.69, 0/8 -> high 0.31
+    rule = SequentialRule(look=4, max_trials=8, confidence=0.90)   # 2 looks; 8/8 -> low 0.05^(1/8) = 0.69, 0/8 -> high 0.31
     with ResultsStore(tmp_path, "retrieval", resume=True) as store:
         return evaluate_sequential(model, char_tokenizer(), grid, rule, store=store, budget=budget,
                                    answer_fn=stub, clock=stub.clock, log=lambda s: None)
@@ -234,10 +234,12 @@ def test_no_length_within_the_trained_one_is_an_error(model, tmp_path):
 # --- the command ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("extra, message", [
-    (["--max-trials", "8"], "--max-trials is for sequential trials; add --sequential"),
+    (["--look", "4"], "--look is for sequential trials; add --sequential"),
     (["--confidence", "0.9"], "--confidence is for sequential trials"),
     (["--sequential", "--confidence", "1.2"], "--confidence must be in [0.5, 1)"),
-    (["--sequential", "--trials", "8", "--max-trials", "4"], "--max-trials 4 is below --trials 8"),
+    (["--sequential", "--trials", "4", "--look", "8"], "--look 8 is more than --trials 4 (a cell's most)"),
+    (["--sequential", "--trials", "2"], "--look 4 (the default) is more than --trials 2"),
+    (["--sequential", "--look", "0"], "--look (trials per look) must be at least 1"),
     (["--indifference", "0.1"], "--indifference is for sequential trials"),
     (["--sequential", "--indifference", "0.5"], "--indifference must be in [0, 0.5)"),
     (["--budget", "30x"], "--budget '30x': give wall time as 30m, 2h or 90s"),
@@ -280,7 +282,7 @@ def test_command_budget_then_resume(tmp_path, capsys, monkeypatch):
     import hf_posext.cli as cli
     path, stub = stubbed_checkpoint(tmp_path, monkeypatch)
     argv = ["retrieval", "--model", str(path), "--lengths", "700,1400", "--methods", "yarn", "--factor", "2",
-            "--depths", "0,1", "--margin", "0.4", "--trials", "4", "--max-trials", "8", "--confidence", "0.9",
+            "--depths", "0,1", "--margin", "0.4", "--trials", "8", "--look", "4", "--confidence", "0.9",
             "--boundary", "bonferroni",   # its bounds in closed form: 0.05^(1/8) = 0.69, 1 - 0.69
             "--out", str(tmp_path / "r"), "--no-progress", "--no-plot"]
     assert cli.main(argv + ["--budget", "24"]) == 0
@@ -306,7 +308,7 @@ def test_after_the_last_look_the_point_estimate_decides_flagged():
 
 def test_replay_stops_where_the_rule_does_and_says_when_the_folder_runs_out():
     from hf_posext.evaluation.retrieval.designs import replay
-    rule = SequentialRule(block=4, max_trials=20, confidence=0.95, boundary="bonferroni")
+    rule = SequentialRule(look=4, max_trials=20, confidence=0.95, boundary="bonferroni")
     none_right = {d: [False] * 20 for d in (0.0, 0.5)}
     assert replay(none_right, rule, 0.9) == dict(decision=BELOW, used=8, more=False, call=(BELOW, False))
     few = {d: [True] * 4 for d in (0.0, 0.25, 0.5, 0.75, 1.0)}             # 20/20, then no more trials
@@ -314,7 +316,7 @@ def test_replay_stops_where_the_rule_does_and_says_when_the_folder_runs_out():
     all_right = {d: [True] * 20 for d in (0.5, 1.0)}                          # 40/40 against 0.9: 44 needed
     assert replay(all_right, rule, 0.9) == dict(decision=UNDECIDED, used=40, more=False, call=(ABOVE, True))
     # the exact levels: 32/32 has P = 0.9^32 = 0.034 at the bar, the crossing's whole chance by then
-    exact = SequentialRule(block=4, max_trials=20, confidence=0.95)
+    exact = SequentialRule(look=4, max_trials=20, confidence=0.95)
     assert replay(all_right, exact, 0.9) == dict(decision=ABOVE, used=32, more=False, call=(ABOVE, False))
 
 
@@ -346,7 +348,7 @@ def test_the_replay_script_writes_its_page(tmp_path):
 
 def test_a_length_after_a_point_estimate_below_gets_no_more_looks():
     from hf_posext.evaluation.retrieval.schedule import Question, SequentialResult, _priority
-    rule = SequentialRule(block=4, max_trials=8, confidence=0.95)
+    rule = SequentialRule(look=4, max_trials=8, confidence=0.95)
     q8 = Question("t", "yarn", "2", 2.0, "", 8192, 1, False, 0, looks=[(3, 4), (4, 4)])     # 7/8, undecided
     q16 = Question("t", "yarn", "2", 2.0, "", 16384, 1, False, 1, looks=[(0, 4)])
     state = SequentialResult([], [q8, q16], {"t": 0.9}, rule)
@@ -364,7 +366,7 @@ def test_a_methods_first_look_is_estimated_at_its_own_pace():
     def question(method, length, seconds, looks=1):
         return Question("single_needle", method, "2", 2.0, "", length, 5, False, 0,
                         looks=[(0, 20)] * looks, seconds=[seconds] * looks)
-    rule = SequentialRule(block=4, max_trials=20, confidence=0.95)
+    rule = SequentialRule(look=4, max_trials=20, confidence=0.95)
     yarn8, dc8, yarn16 = question("yarn", 8192, 72.0), question("dual_chunk", 8192, 115.0), question("yarn", 16384, 238.0)
     dc16 = question("dual_chunk", 16384, 0.0, looks=0)
     state = SequentialResult(rows=[], questions=[yarn8, dc8, yarn16, dc16], bars={}, rule=rule)
@@ -381,7 +383,7 @@ def test_command_with_a_fixed_bar_asks_the_unpatched_model_within_l_only(tmp_pat
     import hf_posext.cli as cli
     path, stub = stubbed_checkpoint(tmp_path, monkeypatch)
     argv = ["retrieval", "--model", str(path), "--lengths", "700,1400", "--methods", "yarn", "--factor", "2",
-            "--depths", "0,1", "--trials", "4", "--max-trials", "8", "--confidence", "0.9",
+            "--depths", "0,1", "--trials", "8", "--look", "4", "--confidence", "0.9",
             "--boundary", "bonferroni", "--sequential", "--bar", "0.5",
             "--out", str(tmp_path / "r"), "--no-progress", "--no-plot"]
     assert cli.main(argv) == 0

@@ -24,7 +24,7 @@ def _wrong_by_enumeration(rule, p_depths, bar):
             q = p_depths[i // per]
             prob *= q if b else 1 - q
         for look in range(1, rule.looks + 1):
-            m = min(look * rule.block, per)
+            m = min(look * rule.look, per)
             k = sum(bits[d * per + t] for d in range(D) for t in range(m))
             decision = rule.decide(k, m * D, bar, D)[0]
             if decision != UNDECIDED:
@@ -39,7 +39,7 @@ def test_exact_levels_are_the_largest_the_looks_allow():
     p-value above c it would be more (c is not needlessly small); c >= alpha / J (Bonferroni)."""
     import itertools
     from scipy.stats import binom
-    rule = SequentialRule(block=2, max_trials=6, confidence=0.9)          # looks at 2, 4, 6 trials
+    rule = SequentialRule(look=2, max_trials=6, confidence=0.9)          # looks at 2, 4, 6 trials
     def pval(k, n, bar, upper):
         return binom.sf(k - 1, n, bar) if upper else binom.cdf(k, n, bar)
 
@@ -65,7 +65,7 @@ def test_the_exact_rule_on_depths_that_differ_enumerated(p_depths, bar):
     """Depths pooled with different accuracies whose mean is the bar (the worst case of their
     mean's side: raising any depth's accuracy only makes `above` likelier) and a shade below it:
     the exact probability of a wrong decision, by enumeration, within the stated alpha."""
-    rule = SequentialRule(block=1, max_trials=6 if len(p_depths) == 2 else 4, confidence=0.8)
+    rule = SequentialRule(look=1, max_trials=6 if len(p_depths) == 2 else 4, confidence=0.8)
     assert _wrong_by_enumeration(rule, p_depths, bar) <= 0.2 + 1e-12
     lower = [max(0.0, q - 0.01) for q in p_depths]                          # mean below: `above` is wrong
     assert _wrong_by_enumeration(rule, lower, bar) <= 0.2 + 1e-12
@@ -76,7 +76,7 @@ def test_the_enumeration_catches_a_rule_without_the_correction():
         def interval(self, k, n, bar=None, depths=None):
             return clopper_pearson(k, n, 1 - self.confidence)
 
-    rule = Naive(block=1, max_trials=6, confidence=0.8)
+    rule = Naive(look=1, max_trials=6, confidence=0.8)
     assert _wrong_by_enumeration(rule, (0.5, 0.5), 0.5) > 0.26 and _wrong_by_enumeration(rule, (0.7, 0.7), 0.7) > 0.27
 
 

@@ -4,8 +4,8 @@
     hf-posext retrieval --lengths 8k,16k --methods yarn,leaky_rerope --tasks single_needle,multi_key
     hf-posext retrieval --dataset embedded:shakespeare --trials 50 --depths 0,0.5,1
 
-Each cell runs --trials seeded trials: accuracy with its Wilson 95 % interval, and each method's
-effective length. Every flag is checked, and the prompts built, before the model loads.
+Each cell runs --trials seeded trials (with --sequential, at most --trials, in looks of --look):
+accuracy with its Wilson 95 % interval, and each method's effective length. Every flag is checked, and the prompts built, before the model loads.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def add_subcommand(sub) -> None:
     g.add_argument("--tasks", default="single_needle",
                    help=f"{', '.join(TASKS)}, or all (default single_needle)")
     session.add_depths_arg(g)
-    session.add_trials_args(g, None, f" (default {DEFAULT_TRIALS}; --sequential: per look)")
+    session.add_trials_args(g, None, f" (default {DEFAULT_TRIALS}; --sequential: the most, in looks of --look)")
     g.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help="effective length: how far below the unpatched model's accuracy within L "
                         f"(default {DEFAULT_MARGIN})")
@@ -41,7 +41,7 @@ def add_subcommand(sub) -> None:
                    help="prefill every trial in full (default: the prefix once per cell)")
     g.add_argument("--dataset", default=NOISE_NAME,
                    help="haystack: noise (RULER's; default), embedded:shakespeare, or any `eval --dataset`")
-    retrieval_plan.add_args(g)
+    retrieval_plan.add_args(p, g)
     session.add_source_args(g)
     retrieval_engine.add_engine_args(p)
     p.set_defaults(run=run, store_name="retrieval")
@@ -50,7 +50,7 @@ def add_subcommand(sub) -> None:
 def retrieval_grid(args, trials: int, tasks: list[str] | None = None,
                    seeds: list[int] | None = None) -> RetrievalGrid:
     """The flags as a validated `RetrievalGrid` (InputError naming the flag); `trials`: the
-    seeds each cell may run (`retrieval_plan.trials_from`)."""
+    seeds each cell may run (`retrieval_plan.plan_from`)."""
     methods, lengths, factors, knobs = session.grid_flags(args)
     depths = session.depths_flag(args)
     if tasks is None:

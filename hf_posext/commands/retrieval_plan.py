@@ -1,8 +1,11 @@
 """`hf-posext retrieval --sequential` and `--budget`: the flags, checked before the model loads,
 and the run (`evaluation.retrieval.schedule`) with its decisions printed under the table.
+`--trials` is a cell's most in both designs (the fixed design runs all of them); `--look` the
+trials at each depth per look of a sequential run (the old `--max-trials` is refused, naming them).
 
     hf-posext retrieval --methods yarn --lengths 8k,16k --budget 30m --out r2x
     hf-posext retrieval --methods yarn --lengths 8k,16k --budget 30m --out r2x --resume
+    hf-posext retrieval --methods yarn --lengths 8k,16k --sequential --trials 40 --look 8
 """
 
 from __future__ import annotations
@@ -15,16 +18,18 @@ from ..evaluation.shared.inputs import InputError, parse_wall_time
 from ..evaluation.retrieval.blocks import merge_blocks
 from ..evaluation.retrieval.schedule import (DEFAULT_PREFIX_CACHE_BYTES, Budget, decisions_table,
                                              evaluate_sequential)
-from ..evaluation.retrieval.sequential import BOUNDARIES, DEFAULT_BLOCK, DEFAULT_CONFIDENCE, SequentialRule
+from ..evaluation.retrieval.sequential import BOUNDARIES, DEFAULT_CONFIDENCE, DEFAULT_LOOK, SequentialRule
 from ..evaluation.retrieval.settings import DEFAULT_TRIALS
 from ..patcher import trained_length
 from . import session
 
-def add_args(g) -> None:
+def add_args(p, g) -> None:
+    """The sequential flags into the group `g`, and the parser `p`'s refusal of the renamed one."""
     g.add_argument("--sequential", action="store_true",
-                   help=f"stop each question once decided (--trials per look, default {DEFAULT_BLOCK})")
-    g.add_argument("--max-trials", type=int, default=None,
-                   help=f"with --sequential: the most trials a cell runs (default {DEFAULT_TRIALS})")
+                   help="stop each question once decided, looking every --look trials a depth, at "
+                        "most --trials a cell")
+    g.add_argument("--look", type=int, default=None,
+                   help=f"with --sequential: the trials at each depth per look (default {DEFAULT_LOOK})")
     g.add_argument("--confidence", type=float, default=None,
                    help=f"with --sequential: the intervals' joint confidence (default {DEFAULT_CONFIDENCE})")
     g.add_argument("--indifference", type=float, default=None,
@@ -38,6 +43,15 @@ def add_args(g) -> None:
     g.add_argument("--budget", default=None,
                    help="sequential trials within a wall time (30m, 2h, 90s) or a number of trials; "
                         "--resume continues")
+    refuse_max_trials(p)
+
+
+def refuse_max_trials(p) -> None:
+    """The old `--max-trials` (a sequential cell's most, when `--trials` was the trials per look)
+    refused in one line naming both new flags: a command copied from an older page fails, not runs
+    with `--trials` meaning something else (the benchmark scripts that take these flags call it too)."""
+    session.add_renamed_arg(p, "--max-trials", "--trials for a cell's most trials (sequential too) "
+                            "and --look for the trials per look, e.g. --trials 20 --look 4")
 
 
 def parse_budget(text: str) -> Budget:
@@ -61,36 +75,39 @@ class Plan(NamedTuple):
 
 
 def plan_from(args) -> tuple[int, Plan | None]:
-    """(the trials a cell may run, the sequential plan or None for the fixed design) from the
-    flags, InputError naming the flag. The grid builds every one of those trials' prompts (checked)
-    before the model loads."""
+    """(the trials a cell may run, `--trials`, the sequential plan or None for the fixed design)
+    from the flags, InputError naming the flag. The grid builds every one of those trials'
+    prompts (checked) before the model loads."""
     sequential = args.sequential or args.budget is not None
+    trials = DEFAULT_TRIALS if args.trials is None else args.trials
     if not sequential:
-        for flag, value in (("--max-trials", args.max_trials), ("--confidence", args.confidence),
+        for flag, value in (("--look", args.look), ("--confidence", args.confidence),
                             ("--indifference", args.indifference), ("--boundary", args.boundary),
                             ("--prefix-cache-gb", args.prefix_cache_gb), ("--bar", args.bar)):
             if value is not None:
                 raise InputError(f"{flag} is for sequential trials; add --sequential (or --budget).")
-        return (DEFAULT_TRIALS if args.trials is None else args.trials), None
+        return trials, None
     budget = parse_budget(args.budget) if args.budget is not None else None
-    block = DEFAULT_BLOCK if args.trials is None else args.trials
-    max_trials = DEFAULT_TRIALS if args.max_trials is None else args.max_trials
-    if block < 1:
-        raise InputError(f"--trials (trials per look) must be at least 1, got {block}.")
+    look = DEFAULT_LOOK if args.look is None else args.look
+    if trials < 1:
+        raise InputError(f"--trials (a cell's most) must be at least 1, got {trials}.")
+    if look < 1:
+        raise InputError(f"--look (trials per look) must be at least 1, got {look}.")
     if args.prefix_cache_gb is not None and not 0 <= args.prefix_cache_gb < float("inf"):
         raise InputError(f"--prefix-cache-gb must be >= 0 (0 keeps one prefix), got {args.prefix_cache_gb}.")
-    if max_trials < block:
-        raise InputError(f"--max-trials {max_trials} is below --trials {block} (the trials per look); "
-                         "raise --max-trials.")
+    if look > trials:
+        default = " (the default)" if args.look is None else ""
+        raise InputError(f"--look {look}{default} is more than --trials {trials} (a cell's most); "
+                         "lower --look or raise --trials.")
     if args.bar is not None and not 0 < args.bar <= 1:
         raise InputError(f"--bar must be an accuracy in (0, 1], got {args.bar}.")
     confidence = DEFAULT_CONFIDENCE if args.confidence is None else args.confidence
     indifference = 0.0 if args.indifference is None else args.indifference
-    try:   # the rule checks its own ranges (block and max_trials are checked above, in flag words)
-        rule = SequentialRule(block, max_trials, confidence, indifference, args.boundary or "exact")
+    try:   # the rule checks its own ranges (look and trials are checked above, in flag words)
+        rule = SequentialRule(look, trials, confidence, indifference, args.boundary or "exact")
     except ValueError as err:   # "confidence must be in ..." -> "--confidence must be in ..."
         raise InputError(f"--{err}") from None
-    return max_trials, Plan(rule, budget, args.bar)
+    return trials, Plan(rule, budget, args.bar)
 
 
 def prefix_cache_bytes(args) -> int:

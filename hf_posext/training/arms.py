@@ -36,15 +36,18 @@ def check_grid(args) -> None:
     if not args.seed_list or len(set(args.seed_list)) != len(args.seed_list) or min(args.seed_list) < 0:
         raise ValueError(f"--seeds {args.seeds!r}: give distinct integers >= 0, e.g. 0,1")
     if not args.sequential:
-        for flag, value in (("--max-trials", args.max_trials), ("--bar", args.bar)):
+        for flag, value in (("--look", args.look), ("--bar", args.bar)):
             if value is not None:
                 raise ValueError(f"{flag} is for sequential trials; add --sequential.")
-    else:
-        args.max_trials = 20 if args.max_trials is None else args.max_trials
+    else:   # --trials is a cell's most, --look the trials a depth per look
+        from ..evaluation.retrieval.sequential import DEFAULT_LOOK
+        given, args.look = args.look, DEFAULT_LOOK if args.look is None else args.look
         args.bar = 0.9 if args.bar is None else args.bar
-        if args.max_trials < args.trials:
-            raise ValueError(f"--max-trials {args.max_trials} is below --trials {args.trials} "
-                             "(the trials per look); raise --max-trials.")
+        if args.look < 1:
+            raise ValueError(f"--look (trials per look) must be at least 1, got {args.look}.")
+        if args.look > args.trials:
+            raise ValueError(f"--look {args.look}{'' if given is not None else ' (the default)'} is more than "
+                             f"--trials {args.trials} (a cell's most); lower --look or raise --trials.")
         if not 0 < args.bar <= 1:
             raise ValueError(f"--bar must be in (0, 1], got {args.bar}.")
     if not args.haystack_list or not args.task_list:
@@ -101,14 +104,16 @@ def check_documents(args) -> None:
 
 def settings(args, arm: str, seed: int = 0) -> dict:
     """What an arm's results depend on (stored in done.json; a mismatch is refused). Settings at
-    their first runs' values are left out, so those runs' done.json still match."""
+    their first runs' values are left out, so those runs' done.json still match; a sequential run
+    keeps its first runs' keys too: `trials` the trials per look (--look), `max_trials` a cell's
+    most (--trials)."""
     keys = ["model", "dataset", "eval_document", "factor", "lengths", "depths", "trials"]
     if arm != "free":
         keys += ["window", "steps", "lr"] + (["share", "min_span"] if arm == "mix" else [])
     extra = {k: getattr(args, k) for k, first in (("tasks", "single_needle"), ("haystacks", "noise"))
              if getattr(args, k) != first}
     if args.sequential:
-        extra.update(sequential=True, max_trials=args.max_trials, bar=args.bar)
+        extra.update(trials=args.look, sequential=True, max_trials=args.trials, bar=args.bar)
     if seed and arm != "free":
         extra["seed"] = seed
     return {**{k: getattr(args, k) for k in keys}, **extra,
@@ -130,9 +135,8 @@ def retrieval_lengths(args, arm: str) -> list[int]:
 def arm_grid(args, arm: str, hay: str = "noise"):
     """The arm's grid on one haystack (`RetrievalGrid` validates lengths, depths, tasks, trials)."""
     from ..evaluation.retrieval.settings import RetrievalGrid
-    trials = args.max_trials if args.sequential else args.trials
     return RetrievalGrid(["none"], retrieval_lengths(args, arm), [float(x) for x in args.depths.split(",")],
-                         tasks=tuple(args.task_list), trials=trials,
+                         tasks=tuple(args.task_list), trials=args.trials,
                          haystack=hay if hay == "noise" else eval_source(args, hay))
 
 

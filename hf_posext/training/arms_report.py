@@ -100,7 +100,7 @@ def seed_spread(names: list[str], values: dict[str, list], head: list[str]) -> l
 def report(args, names: list[str], plots: bool = True) -> Path:
     """report.md and (plots) its two plots in args.out, from the runs `names` that are done;
     `args`: the experiment's settings as `arms.check_grid` leaves them (task_list, haystack_list,
-    depths, trials, sequential, max_trials, bar, factor, eval_document)."""
+    depths, trials, sequential, look, bar, factor, eval_document)."""
     from ..evaluation.shared.results import format_length
     names = [n for n in names if (args.out / n / "done.json").exists()]
     if not names:
@@ -123,7 +123,7 @@ def report(args, names: list[str], plots: bool = True) -> Path:
             if default else
             f"the retrieval suite's tasks {', '.join(args.task_list)} in the haystacks "
             f"{', '.join(args.haystack_list)} (depths {args.depths}, "
-            + (f"sequential trials: looks of {args.trials} a depth, at most {args.max_trials}, bar {args.bar:g}"
+            + (f"sequential trials: looks of {args.look} a depth, at most {args.trials}, bar {args.bar:g}"
                if args.sequential else f"{args.trials} trials a cell") + "; accuracy pooled over the depths)")
     lines = ["# Fine-tuning for the extended context: three arms", "",
              f"Each arm's checkpoint as saved (YaRN s={args.factor:g} in its config), on `{args.eval_document}` "

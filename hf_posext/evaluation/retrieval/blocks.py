@@ -48,7 +48,7 @@ def check_blocks(stored: Sequence[dict], asked: Sequence[dict]) -> None:
     """Refuse asked cells (row-like: CELL_FIELDS and seeds_list) whose seeds overlap a stored
     block of the same cell without being it; the same seeds again is a resume (or a recompute
     that replaces the older row), refused when laid out for other seeds (`layout_seeds`: a
-    sequential look's layout is its whole series', so another --max-trials is another prompt)."""
+    sequential look's layout is its whole series', so another --trials is another prompt)."""
     have: dict[tuple, list[tuple[frozenset[int], str]]] = {}
     for r in stored:
         if "seeds_list" in r:
@@ -61,7 +61,7 @@ def check_blocks(stored: Sequence[dict], asked: Sequence[dict]) -> None:
                     f"{_where(a)}: seeds {seeds_text(sorted(block))} are stored laid out for "
                     f"{_layout(layout, block)}; this run lays them out for "
                     f"{_layout(my_layout, mine)} (a sequential look is laid out as its "
-                    "whole series, --max-trials). Resume with the stored run's --max-trials, or choose another --out.")
+                    "whole series, --trials seeds). Resume with the stored run's --trials, or choose another --out.")
             if block != mine and block & mine:
                 raise ResultsError(
                     f"{_where(a)}: seeds {seeds_text(sorted(block))} are stored; seeds "

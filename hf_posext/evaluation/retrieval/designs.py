@@ -19,7 +19,7 @@ from .tasks import get_task
 
 # `hf-posext retrieval` flags the comparison sets itself, and the rule's flags (the sequential
 # run's only: the fixed design has no rule)
-OWN = ("--trials", "--max-trials", "--sequential", "--budget", "--out", "--seed", "--resume")
+OWN = ("--trials", "--look", "--sequential", "--budget", "--out", "--seed", "--resume")
 RULE = ("--confidence", "--indifference", "--boundary")
 
 
@@ -51,7 +51,7 @@ def replay(trials: dict[float, list[bool]], rule: SequentialRule, bar: float | N
     decision, complete = UNDECIDED, False
     for look in range(1, rule.looks + 1):
         m = len(rule.look_seeds(0, look))
-        start = (look - 1) * rule.block
+        start = (look - 1) * rule.look
         if any(len(t) < start + m for t in trials.values()):
             break
         k += sum(sum(t[start:start + m]) for t in trials.values())
@@ -64,22 +64,22 @@ def replay(trials: dict[float, list[bool]], rule: SequentialRule, bar: float | N
     return dict(decision=decision, used=n, more=more, call=call(decision, k, n, bar, complete))
 
 
-def check_designs(common: list[str], trials: int, max_trials: int) -> None:
+def check_designs(common: list[str], look: int, trials: int) -> None:
     """The comparison's settings (ValueError saying what to change): `common`, the `hf-posext
     retrieval` arguments both runs get, sets none of OWN nor `--dtype auto`; the sequential run's
-    looks of `trials` add up to the fixed design's `max_trials`."""
+    looks of `look` add up to `trials`, its most and the fixed design's every trial."""
     refused = sorted({a.split("=")[0] for a in common if a.split("=")[0] in OWN})
     if refused:
-        raise ValueError(f"{', '.join(refused)} after `--`: the comparison sets it; give --trials / --max-trials / "
+        raise ValueError(f"{', '.join(refused)} after `--`: the comparison sets it; give --trials / --look / "
                          "--resume before `--`")
     spaced = dict(zip(common, common[1:]))   # --dtype X, or --dtype=X
     dtype = spaced.get("--dtype") or next((a.split("=", 1)[1] for a in common if a.startswith("--dtype=")), None)
     if dtype == "auto":   # each run would probe on its own, and a probe under load can choose otherwise
         raise ValueError("--dtype auto after `--`: the two runs must compute alike; give float32 or bfloat16")
-    if not 1 <= trials <= max_trials:
-        raise ValueError(f"--trials {trials} --max-trials {max_trials}: need 1 <= trials <= max-trials")
-    if max_trials % trials:
-        raise ValueError(f"--max-trials {max_trials} is not a whole number of looks of --trials {trials}; "
+    if not 1 <= look <= trials:
+        raise ValueError(f"--trials {trials} --look {look}: need 1 <= look <= trials")
+    if trials % look:
+        raise ValueError(f"--trials {trials} is not a whole number of looks of --look {look}; "
                          "the fixed design would not be the sequential run's full length")
 
 
@@ -96,14 +96,15 @@ def without_rule(common: list[str]) -> list[str]:
     return kept
 
 
-def design_commands(common: list[str], trials: int, max_trials: int, out: Path,
+def design_commands(common: list[str], look: int, trials: int, out: Path,
                     resume: bool = False) -> dict[str, list[str]]:
-    """The two `hf-posext retrieval` command lines, sequential then fixed, into out/sequential and
-    out/fixed (checked by the CLI before any model loads)."""
+    """The two `hf-posext retrieval` command lines, sequential (at most `trials` a cell, in looks
+    of `look`) then fixed (every cell `trials`), into out/sequential and out/fixed (checked by the
+    CLI before any model loads)."""
     tail = ["--no-plot", "--no-progress"] + (["--resume"] if resume else [])
     return {"sequential": ["retrieval", *common, "--sequential", "--trials", str(trials),
-                           "--max-trials", str(max_trials), "--out", str(out / "sequential"), *tail],
-            "fixed": ["retrieval", *without_rule(common), "--trials", str(max_trials),
+                           "--look", str(look), "--out", str(out / "sequential"), *tail],
+            "fixed": ["retrieval", *without_rule(common), "--trials", str(trials),
                       "--out", str(out / "fixed"), *tail]}
 
 
@@ -224,9 +225,9 @@ def fixed_estimate(part: list[dict], full: int) -> float:
 def against_report(out: Path, against: Path, max_trials: int, command: str, margin: float) -> str:
     """A sequential run already stored in OUT/sequential (budgets and resumes as it was run) against
     stored fixed-design rows (`--against`, e.g. the committed grid): the calls side by side, and
-    what the fixed design at --max-trials a depth would run, its time estimated from each
-    question's looks (`fixed_estimate`; a look's trial costs a fixed one's: the live comparison in
-    one run measured +1 %). ValueError when the stored rows do not fit the settings given."""
+    what the fixed design at `max_trials` a depth (`--trials`, the run's most) would run, its time
+    estimated from each question's looks (`fixed_estimate`; a look's trial costs a fixed one's: the
+    live comparison in one run measured +1 %). ValueError when the stored rows do not fit the settings given."""
     seq_rows = read_rows(out / "sequential" / "retrieval.json")
     seq = question_rows(seq_rows)
     fix = {k: v for k, v in question_rows(read_rows(against / "retrieval.json")).items()
@@ -236,7 +237,7 @@ def against_report(out: Path, against: Path, max_trials: int, command: str, marg
     trained = int(seq_rows[0]["trained_length"])
     stored = {int(r["max_trials"]) for r in seq_rows if r.get("max_trials") is not None}
     if stored != {max_trials}:
-        raise ValueError(f"{out / 'sequential'} was run with --max-trials {sorted(stored)}, not "
+        raise ValueError(f"{out / 'sequential'} was run with --trials {sorted(stored)} (its most), not "
                          f"{max_trials}: pass its own, the fixed design it is measured against")
     for task in {k[0] for k in seq}:   # the stored bar is its run's reference minus its --margin
         k, n = reference(seq, task, trained)

@@ -2,9 +2,9 @@
 trials going where a decision is open, within an optional budget.
 
 A *question* is a (task, method, factor, knobs, length): its depth cells, pooled, against the
-bar (reference - margin). A look runs one block of seeds at every depth of a question through
-`evaluate_retrieval` (so each block is one stored row per depth, as `--seed N --trials M` blocks
-are: `blocks.py` merges them, resume reads them back, overlapping seeds are refused). Order:
+bar (reference - margin). A look runs `--look` seeds at every depth of a question through
+`evaluate_retrieval` (so each look is one stored block row per depth, as `--seed N --trials M`
+blocks are: `blocks.py` merges them, resume reads them back, overlapping seeds are refused). Order:
 
 1. the reference questions (the unpatched model at lengths <= L) run every look, first: they
    set the bar (unless a fixed `bar` is given, e.g. a target accuracy: then none is a reference);
@@ -209,8 +209,9 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
                         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
                         log: Callable[[str], None] = lambda s: print(s, flush=True)) -> SequentialResult:
     """Run `grid`'s questions look by look (the module docstring); each block row gains `look`,
-    `max_trials`, `confidence`, `indifference`, `rule` (the boundary), and the question's `decision`, `decision_low`, `decision_high`
-    and `bar` after that look. `clock` and `answer_fn` are injectable (tests: a fake clock the
+    `max_trials` (the cell's most, `--trials`: the column keeps its first name), `confidence`,
+    `indifference`, `rule` (the boundary), and the question's `decision`, `decision_low`,
+    `decision_high` and `bar` after that look. `clock` and `answer_fn` are injectable (tests: a fake clock the
     stub answers advance). bar: a fixed bar in (0, 1] instead of the reference's (e.g. a target
     accuracy such as 0.9): no cell is then a reference and no length <= L is needed.
     Every look is laid out as the question's whole series of seeds (`RetrievalGrid.layout_seeds`:
@@ -315,8 +316,8 @@ def plan_text(state: SequentialResult, budget: Budget | None) -> str:
              for q in state.questions if len(q.looks) < rule.looks]
     cost = (f" (about {sum(c * n for c, n in costs) / 60:.0f} min at the pace of the stored looks)"
             if costs and all(c is not None for c, _ in costs) else "")
-    return (f"sequential: looks of {rule.block} trial(s) at each depth, at most {rule.max_trials} "
-            f"({rule.looks} looks), Clopper–Pearson bounds at {BOUNDARY_TEXT[rule.boundary]}, wrong decisions <= {1 - rule.confidence:.2g} over all looks"
+    return (f"sequential: looks of {rule.look} trial(s) at each depth (--look), at most {rule.max_trials} "
+            f"a depth (--trials; {rule.looks} looks), Clopper–Pearson bounds at {BOUNDARY_TEXT[rule.boundary]}, wrong decisions <= {1 - rule.confidence:.2g} over all looks"
             f"{zone_text(rule)}; "
             f"{len(state.questions)} questions, {done} looks stored; at most {left} trials to run"
             f"{cost}; reference first ({refs}); budget: {budget.text() if budget else 'none'}")

@@ -3,9 +3,9 @@
 The question the grid asks of a (task, method, factor, length) is one comparison: is its
 accuracy p, pooled over the depths (as `stats.effective_length` pools them), at least the bar
 b = reference - margin, or below it? A fixed design runs every cell to `--trials` whatever it
-already shows; here a cell runs in *looks*, one block of `block` trials at each depth per look,
-at most J = ceil(max_trials / block) looks, and stops at the first look whose interval lies
-wholly on one side of the bar.
+already shows; here a cell runs in *looks*, `look` trials at each depth per look (`--look`), at
+most `max_trials` a depth (`--trials`, the cell's most), so at most J = ceil(max_trials / look)
+looks, and stops at the first look whose interval lies wholly on one side of the bar.
 
 The rule (repeated confidence bounds at levels that hold over all the looks; Jennison &
 Turnbull, "Group Sequential Methods with Applications to Clinical Trials", 2000, ch. 9,
@@ -23,11 +23,11 @@ repeated confidence intervals, and ch. 12 / 19.2 for exact discrete boundaries):
   the simplest alpha-spending function, Lan & DeMets 1983, Biometrika 70:659). "exact" (the
   default) takes, for each side, the largest constant level c whose *exact* probability that
   some look's p-value at b is <= c is at most alpha (`exact_tail`): the looks are nested (each
-  adds a block to the same trials), so the union bound is loose, and the walk S_1 <= S_2 <= ...
+  adds a look's trials to the same trials), so the union bound is loose, and the walk S_1 <= S_2 <= ...
   under X ~ Binomial at b is computed by dynamic programming over its counts (`crossing`),
   look by look (a Pocock-type constant nominal level, Pocock 1977, Biometrika 64:191, made exact
-  for the discrete walk). c depends on b, the block, max_trials and the number of depths (the
-  looks' sizes n_j = depths · min(j · block, max_trials)), so it is computed per question
+  for the discrete walk). c depends on b, the look, max_trials and the number of depths (the
+  looks' sizes n_j = depths · min(j · look, max_trials)), so it is computed per question
   (cached). It is never below alpha/J (the union bound is feasible), and any c at most the
   calibrated one is sound.
 - With an indifference zone of half-width delta (`--indifference`; Wald's SPRT and Bechhofer's
@@ -47,7 +47,7 @@ repeated confidence intervals, and ch. 12 / 19.2 for exact discrete boundaries):
   look's Clopper–Pearson test is exact, conservative) or by the exact computation (exact). A
   wrong `below` likewise, the lower-tail event falling with p. The other side's boundary only
   stops some walks earlier, so ignoring it over-counts (non-binding boundaries). (A fixed-n
-  bound read after every block has no such guarantee: at J looks its error grows towards J
+  bound read after every look has no such guarantee: at J looks its error grows towards J
   times the nominal one; Armitage, McPherson & Rowe 1969, and tests/test_retrieval_sequential.py.)
 - Depths pooled: a look runs the same number of trials at every depth, so the pooled count is
   a sum of independent Bernoulli(p_d) whose mean rate is the depth-pooled p. Raising any p_d
@@ -79,7 +79,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 ABOVE, BELOW, UNDECIDED = "above", "below", "undecided"
-DEFAULT_BLOCK = 4
+DEFAULT_LOOK = 4
 DEFAULT_CONFIDENCE = 0.95
 
 
@@ -191,24 +191,25 @@ BOUNDARY_TEXT = {"exact": "levels computed exactly for the looks", "bonferroni":
 
 @dataclass(frozen=True)
 class SequentialRule:
-    """Looks of `block` trials at each depth, up to `max_trials` per depth cell; a decision is
+    """Looks of `look` trials at each depth (`--look`), up to `max_trials` per depth cell (`--trials`,
+    the cell's most); a decision is
     wrong with probability at most 1 - `confidence`, over all looks together (the docstring above).
     `boundary`: "exact" (the levels computed for the looks, the default) or "bonferroni" (alpha/J)."""
 
-    block: int = DEFAULT_BLOCK
+    look: int = DEFAULT_LOOK
     max_trials: int = 20
     confidence: float = DEFAULT_CONFIDENCE
     indifference: float = 0.0
     boundary: str = "exact"
 
     def __post_init__(self) -> None:
-        for name in ("block", "max_trials"):
+        for name in ("look", "max_trials"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}.")
-        if self.block > self.max_trials:
-            raise ValueError(f"a look of {self.block} trials is more than max_trials={self.max_trials}; "
-                             "give a block <= max_trials.")
+        if self.look > self.max_trials:
+            raise ValueError(f"a look of {self.look} trials is more than max_trials={self.max_trials} (the "
+                             "cell's most); give a look <= max_trials.")
         if not (0.5 <= self.confidence < 1.0):
             raise ValueError(f"confidence must be in [0.5, 1), e.g. 0.95; got {self.confidence}.")
         if isinstance(self.indifference, bool) or not 0.0 <= self.indifference < 0.5:
@@ -219,19 +220,19 @@ class SequentialRule:
 
     @property
     def looks(self) -> int:
-        """J, the most looks a cell takes (the last one shorter when block does not divide)."""
-        return -(-self.max_trials // self.block)
+        """J, the most looks a cell takes (the last one shorter when look does not divide max_trials)."""
+        return -(-self.max_trials // self.look)
 
-    def look_seeds(self, seed: int, look: int) -> list[int]:
-        """The seeds of look `look` (1-based) at each depth: consecutive blocks from `seed`."""
-        if not 1 <= look <= self.looks:
-            raise ValueError(f"look {look} is outside 1..{self.looks}")
-        start = (look - 1) * self.block
-        return list(range(seed + start, seed + min(start + self.block, self.max_trials)))
+    def look_seeds(self, seed: int, j: int) -> list[int]:
+        """The seeds of look j (1-based) at each depth: consecutive runs of `look` seeds from `seed`."""
+        if not 1 <= j <= self.looks:
+            raise ValueError(f"look {j} is outside 1..{self.looks}")
+        start = (j - 1) * self.look
+        return list(range(seed + start, seed + min(start + self.look, self.max_trials)))
 
     def sizes(self, depths: int) -> tuple[int, ...]:
         """The trials of a question of `depths` depths after each look."""
-        return tuple(depths * min(j * self.block, self.max_trials) for j in range(1, self.looks + 1))
+        return tuple(depths * min(j * self.look, self.max_trials) for j in range(1, self.looks + 1))
 
     def tails(self, bar: float | None, depths: int | None) -> tuple[float, float]:
         """(tail of the lower bound, tail of the upper bound): alpha / J each (bonferroni), or the
