@@ -52,6 +52,9 @@ def test_the_fixed_design_is_unchanged():
      "--look 8 is more than --trials 4 (a cell's most); lower --look or raise --trials."),
     (["--budget", "10", "--trials", "3"], "--look 4 (the default) is more than --trials 3"),
     (["--sequential", "--trials", "0"], "--trials (a cell's most) must be at least 1, got 0."),
+    # the old spelling's `--sequential --trials 4` (looks of 4 up to 20) would now be one look
+    (["--sequential", "--trials", "4"], "--trials 4 with --look 4 is one look: a sequential run needs two or more"),
+    (["--budget", "30m", "--trials", "8", "--look", "8"], "raise --trials (a cell's most, e.g. 20) or drop --sequential"),
 ])
 def test_bad_look_settings_name_the_flag(flags, message):
     with pytest.raises(InputError) as error:

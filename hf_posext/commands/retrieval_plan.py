@@ -99,6 +99,9 @@ def plan_from(args) -> tuple[int, Plan | None]:
         default = " (the default)" if args.look is None else ""
         raise InputError(f"--look {look}{default} is more than --trials {trials} (a cell's most); "
                          "lower --look or raise --trials.")
+    if look == trials:   # one look is the fixed design; and `--sequential --trials 4` once meant looks of 4
+        raise InputError(f"--trials {trials} with --look {look} is one look: a sequential run needs two or "
+                         f"more; raise --trials (a cell's most, e.g. {DEFAULT_TRIALS}) or drop --sequential.")
     if args.bar is not None and not 0 < args.bar <= 1:
         raise InputError(f"--bar must be an accuracy in (0, 1], got {args.bar}.")
     confidence = DEFAULT_CONFIDENCE if args.confidence is None else args.confidence
