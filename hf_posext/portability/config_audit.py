@@ -74,7 +74,7 @@ def problems(cfg: dict[str, Any]) -> list[str]:
             try:
                 view = SimpleNamespace(**{portable.BLOCK: cfg[portable.BLOCK]},
                                        max_position_embeddings=cfg["max_position_embeddings"])
-                portable.logical_rope(view, {**rope}, engines.rotary_dim(cfg, rope))
+                portable.logical_rope(view, {**rope}, engines.read_rotary_dim(cfg, rope))
             except (ValueError, TypeError, KeyError) as err:
                 out.append(f"error: for {' and '.join(who)}: {err}")
     return out

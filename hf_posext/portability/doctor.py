@@ -58,7 +58,7 @@ def _slowest(d: int, used: float, meant: float) -> str:
 def _theta(cfg: dict[str, Any]) -> list[Finding]:
     """`cfg`: as config.json states it (no class defaults filled in)."""
     stated = _stated_thetas(cfg)
-    d = engines.rotary_dim(with_class_defaults(cfg), engines.v5_rope(cfg))
+    d = engines.read_rotary_dim(with_class_defaults(cfg), engines.v5_rope(cfg))
     family = _num(class_defaults(cfg.get("model_type")).get("rope_theta")) if "model_type" in cfg else None
     if not stated and family not in (None, FALLBACK_THETA):
         return []   # the model class carries its family's θ (Gemma 3: 1e6), which its readers load
@@ -108,7 +108,7 @@ def _v5_only(cfg: dict[str, Any]) -> list[Finding]:
     rope = engines.v5_rope(cfg)
     if rope["rope_type"] == "default" and _num(rope["rope_theta"]) == FALLBACK_THETA:
         return []
-    d = engines.rotary_dim(cfg, rope)
+    d = engines.read_rotary_dim(cfg, rope)
     scaling = v4_scaling({k: v for k, v in rope.items() if k != "type"})
     return [Finding(
         "v5-only", "warning", "only transformers 5's rope_parameters: readers of the 4.x layout "
@@ -181,7 +181,7 @@ def _original(cfg: dict[str, Any]) -> list[Finding]:
     if rope["rope_type"] != "yarn" or "original_max_position_embeddings" in rope \
             or "original_max_position_embeddings" in cfg or not s or M is None:
         return []
-    d, base = engines.rotary_dim(cfg, rope), float(rope["rope_theta"])
+    d, base = engines.read_rotary_dim(cfg, rope), float(rope["rope_theta"])
     meant, as_is = (engines.yarn_inv_freq(d, base, s, round(L), 32, 1) for L in (M / s, M))
     err = ((as_is - meant).abs() / meant).max().item()
     refuse = [r.name for r in (VLLM_07B12F1, VLLM_0CD5784, TGI, LLAMACPP) if r.id not in _readings(cfg)]

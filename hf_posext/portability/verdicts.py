@@ -148,7 +148,7 @@ def meaning(cfg: dict[str, Any]) -> Meaning:
 
 def _rope_meaning(cfg: dict[str, Any]) -> Meaning:
     rope = engines.v5_rope(cfg)
-    dim, max_pos = engines.rotary_dim(cfg, rope), cfg["max_position_embeddings"]
+    dim, max_pos = engines.read_rotary_dim(cfg, rope), cfg["max_position_embeddings"]
     if rope["rope_type"] in ("llama3", "longrope"):
         # transformers' own types, whatever wrote them: a method saved as longrope (CoPE, any
         # static method on Phi-3, `search`) is read by each engine's longrope code, which the
