@@ -114,7 +114,7 @@ def _v5_only(cfg: dict[str, Any]) -> list[Finding]:
         "v5-only", "warning", "only transformers 5's rope_parameters: readers of the 4.x layout "
         "(rope_scaling + top-level rope_theta) run plain RoPE with θ 10000 (moot where "
         "transformers 4.x has no such model type)", (TRANSFORMERS_4.name, TGI.name),
-        f"they run plain RoPE, θ {FALLBACK_THETA:g} instead of {config_audit._describe(rope)} "
+        f"they run plain RoPE, θ {FALLBACK_THETA:g} instead of {config_audit.describe_rope(rope)} "
         f"({_slowest(d, FALLBACK_THETA, float(rope['rope_theta']))})",
         f"add \"rope_theta\": {_g(rope['rope_theta'])}"
         + (f" and \"rope_scaling\": {json.dumps(scaling)}" if scaling else "")
@@ -134,7 +134,7 @@ def _layouts(cfg: dict[str, Any], as_stated: dict[str, Any]) -> list[Finding]:
     return [Finding(
         "layouts-disagree", "error", "rope_scaling and rope_parameters say different things, so "
         "readers run different ropes", tuple(w for _, ws in groups.values() for w in ws),
-        "; ".join(f"{' and '.join(ws)} read {config_audit._describe(r)}" for r, ws in groups.values()),
+        "; ".join(f"{' and '.join(ws)} read {config_audit.describe_rope(r)}" for r, ws in groups.values()),
         "make both say the same; transformers 5.x, vLLM and SGLang run rope_scaling, so e.g. set "
         f"\"rope_parameters\": {json.dumps({k: v for k, v in five.items() if k != 'type'})} "
         "(or delete one of the two blocks)")]
@@ -350,7 +350,7 @@ def diagnose(raw: dict[str, Any]) -> list[Finding]:
     stated = merged(raw)
     cfg = with_class_defaults(stated)
     return _theta(stated) + _layouts(cfg, stated) + _lengths(cfg) + _original(cfg) + _yarn_scale(cfg) \
-        + _yarn_frequencies(cfg) + _static(cfg) + _nested(raw) + family_doctor.diagnose(stated, cfg)
+        + _yarn_frequencies(cfg) + _static(cfg) + _nested(raw) + family_doctor.diagnose_family(stated, cfg)
 
 
 def raw_config(path) -> dict[str, Any]:

@@ -65,7 +65,7 @@ def mscale(s: float, coefficient: float = 1.0) -> float:
     return 1.0 if s <= 1 else 0.1 * coefficient * math.log(s) + 1.0
 
 
-def dynamic_ntk(d: int, base: float, s: float, L: int) -> Freqs:
+def dynamic_ntk_freqs(d: int, base: float, s: float, L: int) -> Freqs:
     """transformers' `dynamic` (and TGI's): b·((s·l/L) − (s−1))^(d/(d−2)) at l = max(l, L)."""
     def freqs(seq_len):
         l = L if seq_len is None else max(seq_len, L)
@@ -136,7 +136,7 @@ def transformers_reading(rope: dict[str, Any], d: int, max_pos: int) -> Reading:
     if kind == "linear":
         return Reading(static(plain(d, base) / rope["factor"]))
     if kind == "dynamic":
-        return Reading(dynamic_ntk(d, base, rope["factor"], max_pos))
+        return Reading(dynamic_ntk_freqs(d, base, rope["factor"], max_pos))
     if kind == "yarn":
         s, L = rope["factor"], rope.get("original_max_position_embeddings") or max_pos
         scale = rope.get("attention_factor")
@@ -269,7 +269,7 @@ def tgi(cfg: dict[str, Any]) -> Reading:
         return Reading(static(plain(d, base)),
                        note="TGI's static() ignores linear's factor" if kind == "linear" else "")
     if kind == "dynamic":
-        return Reading(dynamic_ntk(d, base, rope["factor"], cfg["max_position_embeddings"]))
+        return Reading(dynamic_ntk_freqs(d, base, rope["factor"], cfg["max_position_embeddings"]))
     if kind == "yarn":
         s = rope["factor"]
         scale = mscale(s, rope.get("mscale", 1.0)) / mscale(s, rope.get("mscale_all_dim", 0.0))

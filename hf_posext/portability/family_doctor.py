@@ -314,7 +314,7 @@ def _nope(cfg: dict[str, Any]) -> list[Finding]:
         "(transformers, vLLM)")]
 
 
-def diagnose(stated: dict[str, Any], cfg: dict[str, Any]) -> list[Finding]:
+def diagnose_family(stated: dict[str, Any], cfg: dict[str, Any]) -> list[Finding]:
     """The family findings for a config.json: `stated` as it says it (a multimodal text_config
     merged in), `cfg` with the class defaults transformers fills in (doctor.diagnose)."""
     return _per_layer(stated, cfg) + _mla(cfg) + _truncate(cfg) + _longrope(cfg) + _nope(cfg)

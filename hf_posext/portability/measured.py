@@ -240,7 +240,7 @@ def family_verdicts(model_type: str) -> str:
     return f"YaRN s = 4: {', '.join(said)}{more}"
 
 
-def summary(data: dict[str, Any]) -> str:
+def format_measurements(data: dict[str, Any]) -> str:
     """One line per measured cell, for the measuring command's output."""
     release = {e["reader"]: f"{readers.get(e['reader']).engine} {e['release']}" for e in data["engines"]}
     noise = {release[reader]: value for reader, value in data["noise"].items()}

@@ -241,7 +241,7 @@ def check(model_or_path, ids=None) -> list[Verdict]:
     return [verdict(r, cfg, target) for r in ids or readers.IDS]
 
 
-def report(model_or_path, view=None) -> str:
+def check_report(model_or_path, view=None) -> str:
     """The text `hf-posext check` prints: the meaning, contradictions in config.json, one
     verdict per reader, then warnings (config_audit). `view(cfg, verdicts)` may replace verdicts
     (the CLI passes `measured.overlay`: measured engine releases in place of their
