@@ -19,7 +19,7 @@ def bucket_ratios(row: dict, base: dict) -> list[float]:
             zip(row["bucket_nll"], row["bucket_tokens"], base["bucket_nll"], base["bucket_tokens"])]
 
 
-def plot_ratios(curves: list[tuple[str, str, int, dict]], base: dict, path: Path, title: str) -> Path:
+def plot_bucket_ratios(curves: list[tuple[str, str, int, dict]], base: dict, path: Path, title: str) -> Path:
     """curves: (label, line style, colour index, row). Every curve on a log scale, then (linear)
     the ones within ZOOM of the baseline at every bucket, so the methods near 1 stay readable
     beside the ones that blow up past L."""

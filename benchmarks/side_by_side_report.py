@@ -265,17 +265,17 @@ def search_lines(page: Path, setup: Setup) -> list[str]:
 
 
 def plot(ev: Eval, path: Path, setup: Setup) -> Path | None:
-    """side_by_side_plot.plot_ratios of every row read (rope-only dashed, the unpatched dotted)."""
+    """side_by_side_plot.plot_bucket_ratios of every row read (rope-only dashed, the unpatched dotted)."""
     if ev.base is None or "bucket_nll" not in ev.base:
         return None
-    from side_by_side_plot import plot_ratios
+    from side_by_side_plot import plot_bucket_ratios
     curves = []
     for i, line in enumerate(setup.lines()):
         if "bucket_nll" in ev.rows.get(line.label, {}):
             rope_only = line.portable.startswith("yes") and not line.unpatched
             curves.append((line.label + ("" if rope_only or line.unpatched else " (attention-level)"),
                            ":" if line.unpatched else "--" if rope_only else "-", i, ev.rows[line.label]))
-    return None if not curves else plot_ratios(curves, ev.base, path, f"{_name(setup.held_out)}, first {setup.target} tokens, "
+    return None if not curves else plot_bucket_ratios(curves, ev.base, path, f"{_name(setup.held_out)}, first {setup.target} tokens, "
                                               f"{ev.base.get('dtype', '')}")
 
 

@@ -140,7 +140,7 @@ def _passthrough_rope(method: str, factor, target, trained: int, base: dict, par
 
 
 @dataclass(frozen=True)
-class Plan:
+class PatchPlan:
     """What `patch` writes: the rope dict (in its portable saved form), max_position_embeddings,
     the method's spec for the `config.hf_posext` block (None for plain RoPE and transformers'
     own llama3/longrope) and the attention-level method (hf_posext/attention), if any."""
@@ -153,7 +153,7 @@ class Plan:
 
 def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
          params: dict[str, Any] | None = None, *, dim: int, saved_trained: int | None = None,
-         model_type: str | None = None) -> Plan:
+         model_type: str | None = None) -> PatchPlan:
     """What `patch` would write, from the model's original rope dict and max_position_embeddings.
     Pure: touches no model, raises on any bad argument, so `from_pretrained` can run it on the
     config before loading weights. `model_type` picks the saved form (`LONGROPE_ONLY`)."""
@@ -176,17 +176,17 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
                           "to undo a patch use hf_posext.unpatch(model).")
     if method is None:
         s = _attention_factor(factor, target, trained)
-        return Plan(dict(base), round(trained * s), None, attn_spec, theta)
+        return PatchPlan(dict(base), round(trained * s), None, attn_spec, theta)
     if isinstance(method, str) and method.lower() in PASSTHROUGH_TYPES:
         new_rope = _passthrough_rope(method.lower(), factor, target, trained, base, params, dim)
         L = new_rope[NATIVE_TRAINED_KEY]
-        return Plan(new_rope, target or round(L * new_rope.get("factor", 1.0)), None, attn_spec, theta)
+        return PatchPlan(new_rope, target or round(L * new_rope.get("factor", 1.0)), None, attn_spec, theta)
     spec = _build_spec(method, factor, target, trained, params)
     L = spec.trained_length
     if spec.factor == 1.0:
         # s = 1 is no extension: write plain RoPE. (Every static formula reduces to it; the
         # dynamic rules would still grow with length, which is an extension of its own.)
-        return Plan(dict(base), L, None, attn_spec, theta)
+        return PatchPlan(dict(base), L, None, attn_spec, theta)
     longrope_only = model_type in LONGROPE_ONLY
     if longrope_only and spec.is_dynamic:
         raise ValueError(f"{spec.method!r} cannot extend model_type {model_type!r}: "
@@ -199,8 +199,8 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
     if spec.is_dynamic and not spec.finetuned:
         # transformers' dynamic update reads max_position_embeddings as the length up to
         # which the construction-time frequencies hold: L here, s·L in fine-tuned mode.
-        return Plan(new_rope, L, spec, attn_spec, theta)
-    return Plan(new_rope, target or round(L * spec.factor), spec, attn_spec, theta)
+        return PatchPlan(new_rope, L, spec, attn_spec, theta)
+    return PatchPlan(new_rope, target or round(L * spec.factor), spec, attn_spec, theta)
 
 
 def _from_attention_config(config, factor, target, params, trained: int):
@@ -216,7 +216,7 @@ def _from_attention_config(config, factor, target, params, trained: int):
     return config.method, None, config.target_length, knobs
 
 
-def plan_for_config(config, method, factor=None, target=None, params=None) -> Plan:
+def plan_for_config(config, method, factor=None, target=None, params=None) -> PatchPlan:
     """`plan` for an unpatched (text) config, e.g. a checkpoint's before its weights load."""
     return plan(_logical_rope(config), config.max_position_embeddings, method, factor, target,
                 params, dim=rotary_dim(config),
@@ -224,7 +224,7 @@ def plan_for_config(config, method, factor=None, target=None, params=None) -> Pl
                 model_type=getattr(config, "model_type", None))
 
 
-def apply_to_config(config, new: Plan, raw_config: dict[str, Any]) -> None:
+def apply_to_config(config, new: PatchPlan, raw_config: dict[str, Any]) -> None:
     """Write a plan into a (text) config and run transformers' validation on it. `raw_config`
     holds the attributes the config had before hf_posext touched it."""
     fill_head_dim(config)

@@ -95,8 +95,8 @@ def test_cli_refuses_a_bad_command(argv, says, capsys):
 def test_check_says_string_is_lost_in_every_engine(assets):
     """A report, not a refusal: the engines read no attention method (rerope, dual_chunk and the
     others: test_check_config)."""
-    from hf_posext.portability.verdicts import report
-    engines = [line for line in report(str(assets / "string")).splitlines()
+    from hf_posext.portability.verdicts import check_report
+    engines = [line for line in check_report(str(assets / "string")).splitlines()
                if line.strip().split(" ")[0] in ("vLLM", "SGLang", "TGI", "llama.cpp")]
     assert len(engines) >= 4 and all(" lost" in line and "'string' is lost" in line for line in engines), engines
 

@@ -269,7 +269,7 @@ def test_results_folder_never_writes_through_a_planted_link(tmp_path):
 # ------------------------------------------------------------------ the recipe
 def test_recipe_output_dir_naming_a_file_fails_before_loading(assets, tmp_path, monkeypatch):
     import hf_posext.training.recipe as recipe
-    monkeypatch.setattr(recipe, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    monkeypatch.setattr(recipe, "load_recipe_model", lambda *a, **k: pytest.fail("the model loaded first"))
     target = tmp_path / "a_file"
     target.write_text("x")
     for out in (target, target / "run"):
@@ -279,7 +279,7 @@ def test_recipe_output_dir_naming_a_file_fails_before_loading(assets, tmp_path, 
 
 def test_recipe_resume_with_damaged_config_names_the_file(assets, tmp_path, monkeypatch):
     import hf_posext.training.recipe as recipe
-    monkeypatch.setattr(recipe, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    monkeypatch.setattr(recipe, "load_recipe_model", lambda *a, **k: pytest.fail("the model loaded first"))
     out = tmp_path / "run"
     (out / "checkpoints" / "checkpoint_0").mkdir(parents=True)
     (out / "config.json").write_text('{"model": ')

@@ -20,7 +20,7 @@ from transformers import AutoConfig
 import hf_posext
 from hf_posext.portability import measured
 from hf_posext.portability.exporting import export
-from hf_posext.portability.verdicts import check, report
+from hf_posext.portability.verdicts import check, check_report
 from hf_posext.rope.compat import IS_V5, get_rope_parameters
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,7 +56,7 @@ def test_attention_methods_are_lost_in_every_engine(tmp_path, method, knobs):
     for reader in ENGINES + ("transformers-4",):
         assert got[reader].status == "lost", got[reader]
     assert got["transformers-5"].status == "refused"
-    assert "attention method" in report(path)
+    assert "attention method" in check_report(path)
     for target in ("vllm", "sglang", "tgi", "llama.cpp", "transformers", "gguf"):
         with pytest.raises(ValueError, match="export refused: .*attention-level method"):
             export(path, tmp_path / f"out-{target}", target)
@@ -96,7 +96,7 @@ def test_layouts_that_disagree_are_reported_per_reader(tmp_path):
     path = edit(saved(tmp_path, "linear"), hf_posext=None,
                 rope_parameters={"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
                 rope_scaling={"rope_type": "linear", "factor": 2.0})
-    text = report(path)
+    text = check_report(path)
     assert "error: the rope layouts disagree" in text and "factor 8" in text and "factor 2" in text
     assert get_rope_parameters(AutoConfig.from_pretrained(path))["factor"] == 2.0  # 5.x and 4.x
     got = {v.reader: v for v in check(path)}
@@ -114,9 +114,9 @@ def test_a_longrope_whose_versions_switch_sets_at_different_lengths_is_an_error(
     short, long = [1.0] * 8, [1.0 + 0.5 * i for i in range(8)]
     path = saved(tmp_path, "longrope", short_factor=short, long_factor=long, attention_factor=1.0)
     assert json.loads((path / "config.json").read_text())["original_max_position_embeddings"] == TRAINED
-    assert "longrope switches" not in report(path)
+    assert "longrope switches" not in check_report(path)
     edit(path, original_max_position_embeddings=None)
-    text = report(path)
+    text = check_report(path)
     assert (f"switches from short_factor to long_factor above {TRAINED} tokens in transformers 5.x"
             in text and f"but above {int(S * TRAINED)} in 4.x" in text)
     config = AutoConfig.from_pretrained(path)
@@ -124,13 +124,13 @@ def test_a_longrope_whose_versions_switch_sets_at_different_lengths_is_an_error(
     used = (1.0 / (inv_freq.double() * 10_000.0 ** (torch.arange(0, 16, 2).double() / 16))).tolist()
     assert used == pytest.approx(long if IS_V5 else short, rel=1e-5)
     edit(path, original_max_position_embeddings=TRAINED)
-    text = report(path, view=measured.overlay)   # as `hf-posext check` prints it
+    text = check_report(path, view=measured.overlay)   # as `hf-posext check` prints it
     # vLLM runs long_factor below L too (benchmarks/results/engine_short_factors.md): the one-set
     # measurement is not shown for two sets, and the warning says what differs
     assert "warning: two longrope factor sets" in text and "(measured)" in text
     assert "exact" not in text.split("vLLM 0.32.0 (measured)")[1].splitlines()[0]
     edit(path, rope_parameters={"short_factor": long}, rope_scaling={"short_factor": long})
-    text = report(path)
+    text = check_report(path)
     assert "longrope switches" not in text and "two longrope factor sets" not in text  # one set
 
 
@@ -138,7 +138,7 @@ def test_a_block_edited_against_the_rope_config_is_an_error(tmp_path):
     """check reports what hf_posext's own loader refuses (the block says 4, the rope 2)."""
     path = edit(saved(tmp_path, "yarn", weights=True), rope_scaling={"factor": 2.0},
                 rope_parameters={"factor": 2.0})
-    text = report(path)
+    text = check_report(path)
     assert "error: for" in text and "config.hf_posext describes 'yarn' (factor 4)" in text
     with pytest.raises(ValueError, match=r"config.hf_posext describes 'yarn' \(factor 4\)"):
         hf_posext.from_pretrained(path)
@@ -148,7 +148,7 @@ def test_a_nan_factor_is_an_error_not_a_verdict(tmp_path, run_cli):
     path = edit(saved(tmp_path, "linear"), hf_posext=None,
                 rope_parameters={"factor": float("nan")}, rope_scaling={"factor": float("nan")})
     with pytest.raises(ValueError, match="non-finite values in config.json: rope_parameters.factor"):
-        report(path)
+        check_report(path)
     code, _, err = run_cli(["check", path])
     assert code != 0 and len(err.strip().splitlines()) == 1, err
     assert "non-finite" in err
@@ -171,7 +171,7 @@ def vllm_max_model_len(cfg):
 def test_context_length_each_engine_derives(tmp_path, method):
     path = saved(tmp_path, method)
     cfg = json.loads((path / "config.json").read_text())
-    line = next(line for line in report(path).splitlines() if "context length" in line)
+    line = next(line for line in check_report(path).splitlines() if "context length" in line)
     target = int(S * TRAINED)
     assert f"targets {target} tokens" in line
     assert f"vLLM (max_model_len) {vllm_max_model_len(cfg)}" in line
@@ -191,7 +191,7 @@ def test_rope_base_bound_warning(tmp_path):
         model = hf_posext.patch(tiny_model("llama", max_position_embeddings=2048, rope_theta=base),
                                 method, factor=S)
         model.config.save_pretrained(tmp_path / f"{method}{base}")
-        text = report(tmp_path / f"{method}{base}")
+        text = check_report(tmp_path / f"{method}{base}")
         assert ("arXiv 2405.14591" in text) == warned, text
         if warned:
             raised = base * S ** (16 / 14)
@@ -219,7 +219,7 @@ def test_check_and_export_never_unpickle_or_import_the_checkpoint(tmp_path):
     (path / "pytorch_model.bin").write_bytes(pickle.dumps(Evil(str(marker))))
     edit(path, auto_map={"AutoModelForCausalLM": "evil.Model"})
     (path / "evil.py").write_text(MARKER.format(str(marker)))
-    text = report(path)
+    text = check_report(path)
     assert "pytorch_model.bin are pickles" in text and "auto_map" in text
     export(path, tmp_path / "out", "vllm")
     assert not marker.exists()

@@ -19,7 +19,7 @@ from hf_posext.rope import methods
 from conftest import TRAINED, tiny_model
 from hf_posext.portability.exporting import export
 from hf_posext.portability.serving import command
-from hf_posext.portability.verdicts import check, load_config, report
+from hf_posext.portability.verdicts import check, check_report, load_config
 from hf_posext.rope.compat import IS_V5, get_rope_parameters
 from hf_posext.rope.registry import compute
 
@@ -153,7 +153,7 @@ def test_save_and_reload_without_hf_posext_imports(tmp_path):
 def test_check_export_and_serve_treat_it_as_its_longrope(tmp_path):
     model = hf_posext.patch(tiny_model("llama"), "cope", 4.0)
     model.save_pretrained(tmp_path / "cope")
-    said = report(tmp_path / "cope")
+    said = check_report(tmp_path / "cope")
     assert "cope (factor 4.0) saved as transformers' own longrope" in said
     verdicts = {v.reader: v.status for v in check(tmp_path / "cope")}
     assert verdicts["transformers-5"] == verdicts["transformers-4"] == "exact"

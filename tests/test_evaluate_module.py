@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from _evalkit import char_tokenizer, tiny_model
 from hf_posext.errors import ConfigError
 from hf_posext.evaluation.integrations import MODULE
-from hf_posext.evaluation.integrations.texts import check_inputs, evaluate_texts
+from hf_posext.evaluation.integrations.texts import check_text_inputs, evaluate_texts
 
 pytest.importorskip("evaluate")
 
@@ -98,7 +98,7 @@ def test_bad_arguments_are_one_error_before_anything_loads(kwargs, message):
                 dtype="float32", max_docs=None)
     args.update(kwargs)
     with pytest.raises(ConfigError, match=message):
-        check_inputs(**args)
+        check_text_inputs(**args)
 
 
 def test_texts_too_short_fail_before_the_model_loads(tmp_path, monkeypatch):

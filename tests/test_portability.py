@@ -273,11 +273,11 @@ def test_check_page_table_is_what_check_prints():
     """The method × reader table of docs/check.md is the output of `hf-posext check --table`."""
     from pathlib import Path
 
-    from hf_posext.commands.check import table
+    from hf_posext.commands.check import method_reader_table
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "check.md").read_text()
     block = page.split("<!-- portability-table")[1].split("<!-- /portability-table -->")[0]
-    assert table() == block.split("-->", 1)[1].strip()
+    assert method_reader_table() == block.split("-->", 1)[1].strip()
 
 
 def test_longrope_export_for_vllm_writes_the_scale_vllm_reads(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from _recipekit import RECIPES, load_finetune, make_assets, recipe_argv as _argv
-from hf_posext.training.recipe_config import build_parser, config_from_dict, parse_args
+from hf_posext.training.recipe_config import build_recipe_parser, config_from_dict, parse_args
 
 finetune = load_finetune()
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -35,7 +35,7 @@ def test_a_flag_is_never_an_abbreviation_of_another():
 def test_negative_numbers_are_values_without_equals(value, expected):
     """`--training.weight_decay -1e-3` used to fail ('expected one argument') unless written with '='."""
     cfg = config_from_dict({})
-    parser_value = build_parser().parse_args(["--training.weight_decay", value])
+    parser_value = build_recipe_parser().parse_args(["--training.weight_decay", value])
     assert parser_value.training.weight_decay == pytest.approx(expected)
     assert cfg.training.weight_decay == 0.0
     with pytest.raises(ValueError, match=r"training.learning_rate must be a finite number > 0, got -0.001"):

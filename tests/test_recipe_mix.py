@@ -290,7 +290,7 @@ def test_bad_mix_inputs_fail_in_one_line_before_the_model_loads(assets, tmp_path
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the error")
 
-    monkeypatch.setattr(recipe, "load_model", no_model)
+    monkeypatch.setattr(recipe, "load_recipe_model", no_model)
     out = tmp_path / "bad"
     with pytest.raises(ValueError, match=match) as err:
         finetune.main(recipe_argv(assets, out, data__synthetic__share=over.pop("data__synthetic__share", "0.5"),

@@ -118,7 +118,7 @@ def test_bad_haystacks_fail_in_one_line_before_the_model_loads(assets, tmp_path,
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the error")
 
-    monkeypatch.setattr(recipe, "load_model", no_model)
+    monkeypatch.setattr(recipe, "load_recipe_model", no_model)
     hays = f"[training, {assets / 'docs'}]" if hays == "HELD" else hays
     with pytest.raises(ValueError, match=match) as err:
         finetune.main(recipe_argv(assets, tmp_path / "bad", data__synthetic__share="0.5", training__seq_len="128",

@@ -25,7 +25,7 @@ import hf_posext
 from conftest import TRAINED, tiny_model
 from hf_posext import cli
 from hf_posext.portability.serving import ServeRefused, command
-from hf_posext.portability.verdicts import check, report
+from hf_posext.portability.verdicts import check, check_report
 
 S = 4.0
 T = int(S * TRAINED)
@@ -183,7 +183,7 @@ def test_cli_prints_the_command(tmp_path, capsys):
 
 
 def test_check_names_each_engines_length_flag(tmp_path):
-    line = next(x for x in report(saved(tmp_path, "linear")).splitlines() if "context length" in x)
+    line = next(x for x in check_report(saved(tmp_path, "linear")).splitlines() if "context length" in x)
     for flag in ("--max-model-len", "--context-length", "-c", "--max-total-tokens"):
         assert f"{flag} {T}" in line
     assert "accept prompts past the target" in line   # vLLM, SGLang derive s²·L for linear

@@ -22,7 +22,7 @@ from ..portability.engines import NotApplicable
 from ..portability.exporting import TARGETS, export
 from ..portability.gguf_doctor import compare, read_metadata
 from ..portability.gguf_export import flags_text, rope_keys
-from ..portability.verdicts import check, load_config, meaning, report
+from ..portability.verdicts import check, check_report, load_config, meaning
 from ..rope.config import RopeExtensionConfig
 from ..rope.longrope import LONGROPE_SEED, longrope_knobs
 from ..rope.units import ROPE_METHODS
@@ -77,7 +77,7 @@ def run_check(args: argparse.Namespace) -> int:
     found = 0
     for path in args.paths:
         try:
-            print(report(path, view=measured.overlay))
+            print(check_report(path, view=measured.overlay))
             try:
                 findings = doctor.diagnose(doctor.raw_config(path))
             except (TypeError, ValueError, KeyError) as err:   # e.g. a rope dict that is a list
@@ -96,7 +96,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(doctor.text(findings))
         found += len(findings)
     if args.table:
-        print(table())
+        print(method_reader_table())
     return 1 if args.strict and found else 0
 
 
@@ -164,7 +164,7 @@ def _cell(shown, reader: str, row: str, path: Path, scratch: Path) -> str:
     return text
 
 
-def table() -> str:
+def method_reader_table() -> str:
     """The method × reader table of docs/check.md (markdown): measured engine releases as measured
     (hf_posext/portability/measured_engines.json), the others re-derived."""
     lines = []

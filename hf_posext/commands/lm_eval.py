@@ -40,7 +40,7 @@ def add_subcommand(sub) -> None:
     p.set_defaults(run=run)
 
 
-def prepare(ns) -> None:
+def complete_lm_eval_args(ns) -> None:
     """lm-eval's parsed `run` arguments, completed and checked before any model loads: `--model`
     defaults to `hf-posext`; its model_args (method, factor, knobs) are checked; a GGUF's
     tokenizer is passed as `tokenizer=<folder>` unless one is given (RULER's task builders load
@@ -100,7 +100,7 @@ def run(args) -> int:
     if routed is not None:
         return routed
     # lm-eval's own command line (lm_eval.__main__.cli_evaluate, 0.4.13), parsed here so that
-    # `prepare` sees its arguments as lm-eval reads them (`--model_args a=1,b=2` or `a=1 b=2`)
+    # `complete_lm_eval_args` sees its arguments as lm-eval reads them (`--model_args a=1,b=2` or `a=1 b=2`)
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
 
@@ -110,6 +110,6 @@ def run(args) -> int:
         parser = HarnessCLI()
         parsed = parser.parse_args()
     if getattr(parsed, "command", None) == "run":
-        prepare(parsed)
+        complete_lm_eval_args(parsed)
     parser.execute(parsed)
     return 0

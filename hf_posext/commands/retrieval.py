@@ -101,7 +101,7 @@ def run(args) -> int:
     engine, _ = retrieval_engine.engine_from_args(args, grid) or (None, None)
     grid, spec, tokenizer, haystack = prepare(args, grid, ranks)
     if plan is not None:
-        return retrieval_plan.run(args, spec, grid, plan, tokenizer, haystack, ranks, report)
+        return retrieval_plan.run(args, spec, grid, plan, tokenizer, haystack, ranks, print_report)
     try:
         store, rows = session.evaluate_in_store(args, spec, args.store_name, ranks, lambda model, view, progress, info: (
             evaluate_retrieval(model, tokenizer, grid, haystack=haystack, store=view, ranks=ranks,
@@ -114,11 +114,11 @@ def run(args) -> int:
         # every block of trials of this run's series (any seeds), each cell's blocks as one row
         rows = merge_blocks(session.folder_rows(store.rows, rows,
                                                 key=functools.partial(session.series_of, seeds=False)))
-        report(args, grid, store, rows)
+        print_report(args, grid, store, rows)
     return 0
 
 
-def report(args, grid: RetrievalGrid, store, rows: list[dict]) -> None:
+def print_report(args, grid: RetrievalGrid, store, rows: list[dict]) -> None:
     on = f" on vLLM {rows[0]['engine_version']}" if rows[0].get("engine") == "vllm" else ""
     caption = f"{args.model} ({rows[0]['dtype']}{on}), {rows[0]['dataset']} haystack, {trials_text(rows)}"
     print(f"retrieval accuracy — {caption}")

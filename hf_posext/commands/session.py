@@ -254,7 +254,7 @@ def method_flags(args) -> tuple[str | None, float | None, dict]:
     return method, factor, {**parsed.get("*", {}), **parsed.get(method, {})}
 
 
-def check_inputs(args, ranks, methods, lengths, factors, knobs) -> tuple:
+def check_run_inputs(args, ranks, methods, lengths, factors, knobs) -> tuple:
     """Device, model and every cell on the model's config (L matters to the attention methods'
     knobs); returns the cells `--methods all` leaves out (`check_cells`)."""
     config = check_model(args, read_default=any(map(is_attention_method, methods)))
@@ -328,9 +328,9 @@ def folder_rows(stored: list[dict], rows: list[dict], key=series_of) -> list[dic
 
 
 def without_unfit(grid, args, ranks):
-    """`grid` (a PerplexityGrid or RetrievalGrid) after `check_inputs`, less the cells
+    """`grid` (a PerplexityGrid or RetrievalGrid) after `check_run_inputs`, less the cells
     `--methods all` leaves out."""
-    return dataclasses.replace(grid, skip=check_inputs(args, ranks, grid.methods, grid.lengths,
+    return dataclasses.replace(grid, skip=check_run_inputs(args, ranks, grid.methods, grid.lengths,
                                                        grid.factors, grid.knobs or {}))
 
 

@@ -54,7 +54,7 @@ class TextSource:
     label: str = field(init=False, default="")
 
     def __post_init__(self):
-        self.label = describe(self)
+        self.label = describe_source(self)
 
 
 def is_embedded(dataset: str | None) -> bool:
@@ -80,7 +80,7 @@ def embedded_plays(dataset: str | None) -> list[Path]:
     return chosen
 
 
-def describe(source: TextSource) -> str:
+def describe_source(source: TextSource) -> str:
     if source.dataset == EMBEDDED_CODE:
         return f"{EMBEDDED_CODE} (Python {sys.version_info.major}.{sys.version_info.minor})"
     if is_embedded(source.dataset):

@@ -37,7 +37,7 @@ def pieces(tokenizer, fmt: Format, key: str, value: str) -> tuple[list[int], lis
             _encode(tokenizer, fmt.answer.format(value=value)))
 
 
-def draw(rng: random.Random, fmt: Format, text: str) -> tuple[str, str]:
+def draw_fact(rng: random.Random, fmt: Format, text: str) -> tuple[str, str]:
     """(key, value) for `fmt` from the window's `text`."""
     # A word touching either end of the window may be cut by the packing: not used.
     words = sorted({m.group() for m in KEY_WORD.finditer(text) if 0 < m.start() and m.end() < len(text)})

@@ -14,7 +14,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from . import measured
 from .serving import ENGINES, command
-from .verdicts import report
+from .verdicts import check_report
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def card_text(out: Path, ext: Extension) -> ModelCard:
         "`hf-posext check` on this folder (measured in vLLM and llama.cpp, re-derived from the "
         "source of the others):",
         "",
-        "```", report(str(out), view=measured.overlay), "```",
+        "```", check_report(str(out), view=measured.overlay), "```",
     ]
     if ext.figures:
         body += ["", "## Measured", "", "| task | on | metric | value | |", "|---|---|---|---|---|"]

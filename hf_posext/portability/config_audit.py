@@ -36,7 +36,7 @@ MAX_LENGTH_FLAG = {"vLLM": "--max-model-len", "SGLang": "--context-length", "lla
 BOUND_COEFFICIENT, BOUND_EXPONENT = 0.0424, 1.628
 
 
-def _describe(rope: dict[str, Any]) -> str:
+def describe_rope(rope: dict[str, Any]) -> str:
     keys = ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool)
                      else f"{k} {v}" for k, v in sorted(rope.items()) if k != "rope_type")
     return f"{rope.get('rope_type')} ({keys})"
@@ -64,7 +64,7 @@ def problems(cfg: dict[str, Any]) -> list[str]:
         readings.setdefault(repr(sorted(rope.items(), key=str)), (rope, []))[1].append(who)
     if len(readings) > 1:
         out.append("error: the rope layouts disagree, so readers run different ropes: "
-                   + "; ".join(f"{' and '.join(who)} read {_describe(rope)}"
+                   + "; ".join(f"{' and '.join(who)} read {describe_rope(rope)}"
                                for rope, who in readings.values())
                    + ". Make rope_parameters and rope_scaling (+ rope_theta) say the same")
     if not bad:
@@ -74,7 +74,7 @@ def problems(cfg: dict[str, Any]) -> list[str]:
             try:
                 view = SimpleNamespace(**{portable.BLOCK: cfg[portable.BLOCK]},
                                        max_position_embeddings=cfg["max_position_embeddings"])
-                portable.logical_rope(view, {**rope}, engines.rotary_dim(cfg, rope))
+                portable.logical_rope(view, {**rope}, engines.read_rotary_dim(cfg, rope))
             except (ValueError, TypeError, KeyError) as err:
                 out.append(f"error: for {' and '.join(who)}: {err}")
     return out

@@ -58,7 +58,7 @@ def _slowest(d: int, used: float, meant: float) -> str:
 def _theta(cfg: dict[str, Any]) -> list[Finding]:
     """`cfg`: as config.json states it (no class defaults filled in)."""
     stated = _stated_thetas(cfg)
-    d = engines.rotary_dim(with_class_defaults(cfg), engines.v5_rope(cfg))
+    d = engines.read_rotary_dim(with_class_defaults(cfg), engines.v5_rope(cfg))
     family = _num(class_defaults(cfg.get("model_type")).get("rope_theta")) if "model_type" in cfg else None
     if not stated and family not in (None, FALLBACK_THETA):
         return []   # the model class carries its family's θ (Gemma 3: 1e6), which its readers load
@@ -108,13 +108,13 @@ def _v5_only(cfg: dict[str, Any]) -> list[Finding]:
     rope = engines.v5_rope(cfg)
     if rope["rope_type"] == "default" and _num(rope["rope_theta"]) == FALLBACK_THETA:
         return []
-    d = engines.rotary_dim(cfg, rope)
+    d = engines.read_rotary_dim(cfg, rope)
     scaling = v4_scaling({k: v for k, v in rope.items() if k != "type"})
     return [Finding(
         "v5-only", "warning", "only transformers 5's rope_parameters: readers of the 4.x layout "
         "(rope_scaling + top-level rope_theta) run plain RoPE with θ 10000 (moot where "
         "transformers 4.x has no such model type)", (TRANSFORMERS_4.name, TGI.name),
-        f"they run plain RoPE, θ {FALLBACK_THETA:g} instead of {config_audit._describe(rope)} "
+        f"they run plain RoPE, θ {FALLBACK_THETA:g} instead of {config_audit.describe_rope(rope)} "
         f"({_slowest(d, FALLBACK_THETA, float(rope['rope_theta']))})",
         f"add \"rope_theta\": {_g(rope['rope_theta'])}"
         + (f" and \"rope_scaling\": {json.dumps(scaling)}" if scaling else "")
@@ -134,7 +134,7 @@ def _layouts(cfg: dict[str, Any], as_stated: dict[str, Any]) -> list[Finding]:
     return [Finding(
         "layouts-disagree", "error", "rope_scaling and rope_parameters say different things, so "
         "readers run different ropes", tuple(w for _, ws in groups.values() for w in ws),
-        "; ".join(f"{' and '.join(ws)} read {config_audit._describe(r)}" for r, ws in groups.values()),
+        "; ".join(f"{' and '.join(ws)} read {config_audit.describe_rope(r)}" for r, ws in groups.values()),
         "make both say the same; transformers 5.x, vLLM and SGLang run rope_scaling, so e.g. set "
         f"\"rope_parameters\": {json.dumps({k: v for k, v in five.items() if k != 'type'})} "
         "(or delete one of the two blocks)")]
@@ -181,7 +181,7 @@ def _original(cfg: dict[str, Any]) -> list[Finding]:
     if rope["rope_type"] != "yarn" or "original_max_position_embeddings" in rope \
             or "original_max_position_embeddings" in cfg or not s or M is None:
         return []
-    d, base = engines.rotary_dim(cfg, rope), float(rope["rope_theta"])
+    d, base = engines.read_rotary_dim(cfg, rope), float(rope["rope_theta"])
     meant, as_is = (engines.yarn_inv_freq(d, base, s, round(L), 32, 1) for L in (M / s, M))
     err = ((as_is - meant).abs() / meant).max().item()
     refuse = [r.name for r in (VLLM_07B12F1, VLLM_0CD5784, TGI, LLAMACPP) if r.id not in _readings(cfg)]
@@ -350,7 +350,7 @@ def diagnose(raw: dict[str, Any]) -> list[Finding]:
     stated = merged(raw)
     cfg = with_class_defaults(stated)
     return _theta(stated) + _layouts(cfg, stated) + _lengths(cfg) + _original(cfg) + _yarn_scale(cfg) \
-        + _yarn_frequencies(cfg) + _static(cfg) + _nested(raw) + family_doctor.diagnose(stated, cfg)
+        + _yarn_frequencies(cfg) + _static(cfg) + _nested(raw) + family_doctor.diagnose_family(stated, cfg)
 
 
 def raw_config(path) -> dict[str, Any]:

@@ -66,7 +66,7 @@ def why_not(cfg: dict[str, Any], target) -> str | None:
     return None
 
 
-def block(cfg: dict[str, Any], target) -> dict[str, Any]:
+def dca_block(cfg: dict[str, Any], target) -> dict[str, Any]:
     """The `dual_chunk_attention_config` SGLang runs as hf_posext's dual_chunk (ValueError: why
     not): chunk_size = ours, local_size = our local_window, original_max_position_embeddings =
     the served length (max_position_embeddings), so the backend's length scaling stays 1."""
@@ -81,7 +81,7 @@ def block(cfg: dict[str, Any], target) -> dict[str, Any]:
 
 def sglang_config(cfg: dict[str, Any], target) -> dict[str, Any]:
     """`cfg` with the block SGLang reads (export --target sglang)."""
-    return {**cfg, CONFIG_KEY: block(cfg, target)}
+    return {**cfg, CONFIG_KEY: dca_block(cfg, target)}
 
 
 def sglang_reading(cfg: dict[str, Any], target) -> tuple[str, str]:
@@ -94,7 +94,7 @@ def sglang_reading(cfg: dict[str, Any], target) -> tuple[str, str]:
     reason = why_not(cfg, target)
     if reason:
         return "different", reason
-    want = block(cfg, target)
+    want = dca_block(cfg, target)
     L_served = int(cfg["max_position_embeddings"])
     chunk, local = given.get("chunk_size", 8192), given.get("local_size", 1024)
     orig = given.get("original_max_position_embeddings", 0)

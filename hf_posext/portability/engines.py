@@ -65,7 +65,7 @@ def mscale(s: float, coefficient: float = 1.0) -> float:
     return 1.0 if s <= 1 else 0.1 * coefficient * math.log(s) + 1.0
 
 
-def dynamic_ntk(d: int, base: float, s: float, L: int) -> Freqs:
+def dynamic_ntk_freqs(d: int, base: float, s: float, L: int) -> Freqs:
     """transformers' `dynamic` (and TGI's): b·((s·l/L) − (s−1))^(d/(d−2)) at l = max(l, L)."""
     def freqs(seq_len):
         l = L if seq_len is None else max(seq_len, L)
@@ -79,7 +79,7 @@ def static(inv_freq: torch.Tensor, scale: float = 1.0) -> Freqs:
 
 # ---- reading a config.json --------------------------------------------------------------------
 
-def rotary_dim(cfg: dict[str, Any], rope: dict[str, Any]) -> int:
+def read_rotary_dim(cfg: dict[str, Any], rope: dict[str, Any]) -> int:
     """head_dim × partial_rotary_factor: from the reader's rope dict, else the top-level key,
     else 5.x's rope dict. The last is for readers of the 4.x layout (transformers 4.57, TGI)
     on a config 5.x saved, where the factor lives in `rope_parameters` only: they take their
@@ -136,7 +136,7 @@ def transformers_reading(rope: dict[str, Any], d: int, max_pos: int) -> Reading:
     if kind == "linear":
         return Reading(static(plain(d, base) / rope["factor"]))
     if kind == "dynamic":
-        return Reading(dynamic_ntk(d, base, rope["factor"], max_pos))
+        return Reading(dynamic_ntk_freqs(d, base, rope["factor"], max_pos))
     if kind == "yarn":
         s, L = rope["factor"], rope.get("original_max_position_embeddings") or max_pos
         scale = rope.get("attention_factor")
@@ -154,12 +154,12 @@ def transformers_reading(rope: dict[str, Any], d: int, max_pos: int) -> Reading:
 
 def transformers_v5(cfg: dict[str, Any]) -> Reading:
     rope = v5_rope(cfg)
-    return transformers_reading(rope, rotary_dim(cfg, rope), cfg["max_position_embeddings"])
+    return transformers_reading(rope, read_rotary_dim(cfg, rope), cfg["max_position_embeddings"])
 
 
 def transformers_v4(cfg: dict[str, Any]) -> Reading:
     rope = v4_rope(cfg)
-    return transformers_reading(rope, rotary_dim(cfg, rope), cfg["max_position_embeddings"])
+    return transformers_reading(rope, read_rotary_dim(cfg, rope), cfg["max_position_embeddings"])
 
 
 def _vllm(cfg: dict[str, Any], current: bool) -> Reading:
@@ -171,7 +171,7 @@ def _vllm(cfg: dict[str, Any], current: bool) -> Reading:
     0cd5784 passes beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor, truncate and
     computes the scale as transformers does (attn_factor no longer read)."""
     rope = v5_rope(cfg)
-    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
+    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), read_rotary_dim(cfg, rope)
     max_pos = cfg["max_position_embeddings"]
     if kind == "default":
         return Reading(static(plain(d, base)))
@@ -234,7 +234,7 @@ def sglang(cfg: dict[str, Any]) -> Reading:
     yarn's scale is get_mscale(s, mscale)/get_mscale(s, mscale_all_dim) when both are given
     (else 0.1·ln s + 1), times attn_factor; `attention_factor` is not read."""
     rope = v5_rope(cfg)
-    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
+    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), read_rotary_dim(cfg, rope)
     if kind == "default":
         return Reading(static(plain(d, base)))
     if kind == "linear":
@@ -264,12 +264,12 @@ def tgi(cfg: dict[str, Any]) -> Reading:
     beta_fast=32, beta_slow=1, attn_factor=1 and takes the scale from mscale (1.0) /
     mscale_all_dim (0.0); `dynamic` recomputes transformers' formula at the sequence length."""
     rope = v4_rope(cfg)
-    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
+    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), read_rotary_dim(cfg, rope)
     if kind in ("default", "linear"):
         return Reading(static(plain(d, base)),
                        note="TGI's static() ignores linear's factor" if kind == "linear" else "")
     if kind == "dynamic":
-        return Reading(dynamic_ntk(d, base, rope["factor"], cfg["max_position_embeddings"]))
+        return Reading(dynamic_ntk_freqs(d, base, rope["factor"], cfg["max_position_embeddings"]))
     if kind == "yarn":
         s = rope["factor"]
         scale = mscale(s, rope.get("mscale", 1.0)) / mscale(s, rope.get("mscale_all_dim", 0.0))
@@ -293,7 +293,7 @@ def llama_cpp(cfg: dict[str, Any]) -> Reading:
     says. Correction dims always floor/ceil'd. (`gguf_reading` is the runtime on a GGUF
     `hf_posext.export --target gguf` wrote, which does carry `attn_factor`.)"""
     rope = converter_rope(cfg)
-    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), rotary_dim(cfg, rope)
+    kind, base, d = rope["rope_type"], float(rope["rope_theta"]), read_rotary_dim(cfg, rope)
     s = rope.get("factor")
     if "PhiForCausalLM" in (cfg.get("architectures") or ()) and kind != "default":
         # conversion/phi.py `Phi2Model.set_gguf_parameters` writes its own keys and never calls

@@ -80,7 +80,7 @@ def _sliding_off(cfg: dict[str, Any], rope: dict[str, Any], theta: float) -> str
     were trained with (transformers' own formulas, engines.transformers_reading)."""
     rope = {**{k: v for k, v in rope.items() if k != "type"}, "rope_theta": theta,
             "rope_type": rope.get("rope_type", rope.get("type"))}
-    d = engines.rotary_dim(cfg, rope)
+    d = engines.read_rotary_dim(cfg, rope)
     window = f"{cfg['sliding_window']}-token window" if cfg.get("sliding_window") else "window"
     where = f"inside their {window}, which never leaves the trained range"
     try:
@@ -232,7 +232,7 @@ def _truncate(cfg: dict[str, Any]) -> list[Finding]:
     if rope["rope_type"] != "yarn" or rope.get("truncate", True) is not False \
             or str(cfg.get("model_type")) in OWN_YARN or not _num(rope.get("factor")):
         return []
-    d, base, s = engines.rotary_dim(cfg, rope), float(rope["rope_theta"]), float(rope["factor"])
+    d, base, s = engines.read_rotary_dim(cfg, rope), float(rope["rope_theta"]), float(rope["factor"])
     L = rope.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
     bf, bs = rope.get("beta_fast") or 32, rope.get("beta_slow") or 1
     exact, rounded = (engines.yarn_inv_freq(d, base, s, L, bf, bs, t) for t in (False, True))
@@ -252,7 +252,7 @@ def _longrope(cfg: dict[str, Any]) -> list[Finding]:
     rope = engines.v5_rope(cfg)
     if rope["rope_type"] not in ("longrope", "su"):
         return []
-    d = engines.rotary_dim(cfg, rope)
+    d = engines.read_rotary_dim(cfg, rope)
     bad = {k: len(v) for k in ("long_factor", "short_factor")
            if isinstance(v := rope.get(k), list) and len(v) != d // 2}
     if not bad:
@@ -314,7 +314,7 @@ def _nope(cfg: dict[str, Any]) -> list[Finding]:
         "(transformers, vLLM)")]
 
 
-def diagnose(stated: dict[str, Any], cfg: dict[str, Any]) -> list[Finding]:
+def diagnose_family(stated: dict[str, Any], cfg: dict[str, Any]) -> list[Finding]:
     """The family findings for a config.json: `stated` as it says it (a multimodal text_config
     merged in), `cfg` with the class defaults transformers fills in (doctor.diagnose)."""
     return _per_layer(stated, cfg) + _mla(cfg) + _truncate(cfg) + _longrope(cfg) + _nope(cfg)

@@ -35,7 +35,7 @@ def load() -> dict[str, Any]:
     return json.loads(PATH.read_text()) if PATH.exists() else {"engines": [], "cells": []}
 
 
-def trained_length(cfg: dict[str, Any]) -> int:
+def config_trained_length(cfg: dict[str, Any]) -> int:
     rope_block, attention_block = (cfg.get(b) or {} for b in BLOCKS)
     # the rope block says trained_length; one written before it had that name, transformers' key
     return int(rope_block.get(TRAINED_LENGTH_NAME) or rope_block.get(NATIVE_TRAINED_KEY)
@@ -50,7 +50,7 @@ def signature(cfg: dict[str, Any]) -> dict[str, Any]:
     (vLLM sizes its cos/sin table from it)."""
     rope = engines.v5_rope(cfg)
     return {"rope_type": rope["rope_type"], "keys": sorted(k for k in rope if k != "rope_theta"),
-            "max_position": f"{cfg['max_position_embeddings'] / trained_length(cfg):g}·L"}
+            "max_position": f"{cfg['max_position_embeddings'] / config_trained_length(cfg):g}·L"}
 
 
 def case_of(cfg: dict[str, Any]) -> tuple[str | None, tuple[str, ...]] | None:
@@ -64,7 +64,7 @@ def case_of(cfg: dict[str, Any]) -> tuple[str | None, tuple[str, ...]] | None:
                 return data["method"], ()
             try:
                 default = RopeExtensionConfig(method=data["method"], factor=data.get("factor", 2.0),
-                                              trained_length=trained_length(cfg))
+                                              trained_length=config_trained_length(cfg))
             except (ValueError, TypeError):
                 return None
             return data["method"], tuple(sorted(k for k, v in knobs.items()
@@ -240,7 +240,7 @@ def family_verdicts(model_type: str) -> str:
     return f"YaRN s = 4: {', '.join(said)}{more}"
 
 
-def summary(data: dict[str, Any]) -> str:
+def format_measurements(data: dict[str, Any]) -> str:
     """One line per measured cell, for the measuring command's output."""
     release = {e["reader"]: f"{readers.get(e['reader']).engine} {e['release']}" for e in data["engines"]}
     noise = {release[reader]: value for reader, value in data["noise"].items()}

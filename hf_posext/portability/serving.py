@@ -97,7 +97,7 @@ def _extended(cfg: dict[str, Any], method: str, factor: float, knobs: dict[str, 
     rope = engines.v5_rope(cfg)
     extra = {k: v for k, v in rope.items() if k == "partial_rotary_factor"}
     saved = portable.saved_rope(spec, {"rope_type": "default", "rope_theta": float(rope["rope_theta"]),
-                                       **extra}, engines.rotary_dim(cfg, rope))
+                                       **extra}, engines.read_rotary_dim(cfg, rope))
     # patch keeps max_position_embeddings = L for the dynamic methods (docs/portability.md §1)
     length = L if spec.is_dynamic else round(L * factor)
     return {**cfg, "rope_parameters": saved, "rope_scaling": v4_scaling(saved),

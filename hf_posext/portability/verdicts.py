@@ -148,7 +148,7 @@ def meaning(cfg: dict[str, Any]) -> Meaning:
 
 def _rope_meaning(cfg: dict[str, Any]) -> Meaning:
     rope = engines.v5_rope(cfg)
-    dim, max_pos = engines.rotary_dim(cfg, rope), cfg["max_position_embeddings"]
+    dim, max_pos = engines.read_rotary_dim(cfg, rope), cfg["max_position_embeddings"]
     if rope["rope_type"] in ("llama3", "longrope"):
         # transformers' own types, whatever wrote them: a method saved as longrope (CoPE, any
         # static method on Phi-3, `search`) is read by each engine's longrope code, which the
@@ -241,7 +241,7 @@ def check(model_or_path, ids=None) -> list[Verdict]:
     return [verdict(r, cfg, target) for r in ids or readers.IDS]
 
 
-def report(model_or_path, view=None) -> str:
+def check_report(model_or_path, view=None) -> str:
     """The text `hf-posext check` prints: the meaning, contradictions in config.json, one
     verdict per reader, then warnings (config_audit). `view(cfg, verdicts)` may replace verdicts
     (the CLI passes `measured.overlay`: measured engine releases in place of their

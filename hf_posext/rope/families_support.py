@@ -13,7 +13,7 @@ from .compat import GLOBAL_LAYER_TYPE, IS_V5
 from .families import Family
 
 
-def refusal(fam: Family) -> str | None:
+def refusal_from_code(fam: Family) -> str | None:
     """Why hf_posext cannot extend a found family's rope exactly (None: it can)."""
     if not fam.shared:
         return (f"its rotary class {', '.join(fam.rotary_classes)} does not build its frequencies "

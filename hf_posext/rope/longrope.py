@@ -45,7 +45,7 @@ def factors_of(inv_freq: torch.Tensor, dim: int, base: float) -> list[float]:
     return (1.0 / (inv_freq.double().cpu() * rope_powers(dim, base).double())).tolist()
 
 
-def method_factors(spec: RopeExtensionConfig, dim: int, base: float) -> tuple[list[float], float]:
+def rescale_factors(spec: RopeExtensionConfig, dim: int, base: float) -> tuple[list[float], float]:
     """A static method's longrope factors and cos/sin scale: the unit's closed form where it has
     one (CoPE: 1/w_i, a frozen component written as `units.FROZEN_FACTOR`), else `factors_of`
     its frequencies."""
@@ -81,7 +81,7 @@ def longrope_form(spec: RopeExtensionConfig, dim: int, base: float, **extra: Any
     if spec.trained_length is None:
         raise ValueError("the longrope form needs trained_length (the trained "
                          "length L); pass it or let hf_posext.patch read it from the model.")
-    factors, scale = method_factors(spec, dim, base)
+    factors, scale = rescale_factors(spec, dim, base)
     return longrope_dict(factors, scale, base, spec.trained_length, spec.factor,
                          **extra)
 

@@ -48,7 +48,7 @@ LONGROPE_REFUSED_V4: dict[str, str] = {} if IS_V5 else {
 LOCAL_ROTARY: dict[str, tuple[str, ...]] = {"gemma3_text": ("rotary_emb_local",)}
 # RoPE families found with the shared rotary pattern that hf_posext cannot extend exactly, and
 # why (each checked against transformers' own modules; the found table's other refusals are
-# computed from the code by `families_support.refusal`).
+# computed from the code by `families_support.refusal_from_code`).
 EXPLICIT_REFUSALS: dict[str, str] = {
     "ministral3": ("its rope dict also carries `llama_4_scaling_beta`, and its attention scales the "
                    "queries by 1 + beta·log(1 + floor(position / original_max_position_embeddings)) "
@@ -100,7 +100,7 @@ def refusal(model_type: str | None) -> str | None:
         return None
     if not IS_V5:
         return "hf_posext tests this family on transformers 5.x only; upgrade transformers"
-    return families_support.refusal(fam)
+    return families_support.refusal_from_code(fam)
 
 
 def _found(model_type: object) -> bool:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.facts import draw, pieces
+from ..data.facts import draw_fact, pieces
 from ..evaluation.perplexity.loss import decoder_and_head
 from ..patcher import patch, unpatch
 from ..rope.compat import rotary_dim
@@ -97,7 +97,7 @@ def probe_document(doc: np.ndarray, tokenizer, target: int, seed: int) -> tuple[
     facts, tail, answers = [], [], []
     keys: set[str] = set()
     while len(facts) < NEEDLES:
-        key, value = draw(rng, WORDING, text)
+        key, value = draw_fact(rng, WORDING, text)
         if key.lower() in keys:
             key = f"{key}{len(facts)}"
         keys.add(key.lower())

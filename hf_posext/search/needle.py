@@ -7,7 +7,7 @@ paper's description.
 
 Each needle document is a tuning document's first T tokens (T: the target length) with a fact
 written at a depth d of the document and, at its end, a question about it and the answer, built
-with the machinery of the recipe's synthetic examples (data/facts.py: `pieces`, `draw`) in a
+with the machinery of the recipe's synthetic examples (data/facts.py: `pieces`, `draw_fact`) in a
 wording neither it nor the retrieval suite uses (a test checks). With a proxy length P < T (the
 search's cost cut, objective.proxy_chunks) the model reads two pieces at their true positions:
 P/2 tokens holding the fact, and the last P/2 ending with the question and answer, so the fact
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..evaluation.perplexity.loss import IGNORE_INDEX
-from ..data.facts import Format, draw, pieces
+from ..data.facts import Format, draw_fact, pieces
 from .objective import masked_nll
 
 OBJECTIVES = ("perplexity", "needle")
@@ -50,7 +50,7 @@ def build(doc: np.ndarray, tokenizer, target: int, proxy: int, depth: float,
     """The needle document of `doc` (>= target tokens) at `depth` in [0, 1], read as the whole
     target (proxy >= target) or as two proxy/2 pieces (the fact's, the last)."""
     stream = [int(t) for t in doc[:target]]
-    key, value = draw(rng, WORDING, tokenizer.decode(stream, skip_special_tokens=True))
+    key, value = draw_fact(rng, WORDING, tokenizer.decode(stream, skip_special_tokens=True))
     fact, question, answer = pieces(tokenizer, WORDING, key, value)
     proxy = min(proxy, target)
     half = proxy // 2

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from ..rope.config import RopeExtensionConfig
-from ..rope.longrope import method_factors
+from ..rope.longrope import rescale_factors
 from ..rope.registry import rotary_modules
 from ..rope.units import STATIC_METHODS
 
@@ -84,7 +84,7 @@ def seed_candidates(dim: int, base: float, trained: int,
     out = {}
     for method in SEED_METHODS:
         try:
-            out[method] = method_factors(RopeExtensionConfig(method, factor, trained), dim, base)
+            out[method] = rescale_factors(RopeExtensionConfig(method, factor, trained), dim, base)
         except ValueError:   # cope on a model none of whose components it clips: plain RoPE,
             continue         # which is no seed (the search's own start is plain RoPE's factors)
 

@@ -12,7 +12,7 @@ from ..rope.compat import text_config
 from .pose import PoseCollator
 
 
-def load_model(mc, extend: bool = True):
+def load_recipe_model(mc, extend: bool = True):
     """The model of a ModelConfig `mc`, extended with its method and factor (or not, for the
     unpatched baseline)."""
     kwargs = {"dtype": getattr(torch, mc.dtype)}

@@ -22,7 +22,7 @@ from . import data as datalib
 from .accel import make_accelerator, resume_path
 from .checkpoint import load_checkpoint, verify_checkpoint
 from .loop import TrainState, train_loop
-from .model import build_collator, check_window_fits_target, load_model, prepare_for_training, special_id
+from .model import build_collator, check_window_fits_target, load_recipe_model, prepare_for_training, special_id
 from .optim import build_optimizer, build_scheduler
 from .outputs import append_log, plot_loss, save_final, write_log
 from .packing import packed_sequences
@@ -128,7 +128,7 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
     data = prepare_data(cfg, tokenizer, accelerator, log)
     if cfg.pose.enabled:   # the model's config only: still before the weights load
         check_window_fits_target(cfg)
-    model = load_model(cfg.model)
+    model = load_recipe_model(cfg.model)
     collator = build_collator(cfg, model, log)
     model = prepare_for_training(model, cfg)
     optimizer = build_optimizer(model.parameters(), t.learning_rate, tuple(t.adam_betas), t.weight_decay)

@@ -135,7 +135,7 @@ _SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "training": Training
 _NEGATIVE_NUMBER = re.compile(r"^-\.?\d")
 
 
-def build_parser():
+def build_recipe_parser():
     """The recipe's command line: `--config FILE`, every dataclass field as `--section.key`,
     `--output_dir` and `--resume [CHECKPOINT]`."""
     from jsonargparse import ActionConfigFile, ArgumentParser
@@ -216,7 +216,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RecipeConfig, str | N
     import sys
     argv = list(argv) if argv is not None else sys.argv[1:]
     _check_config_files(argv)
-    parser = build_parser()
+    parser = build_recipe_parser()
     try:
         ns = parser.parse_args(argv)
     except (ArgumentError, TypeError, ValueError) as err:
@@ -229,7 +229,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RecipeConfig, str | N
 def config_from_dict(raw: dict) -> RecipeConfig:
     """A RecipeConfig from a dict shaped like the YAML (unknown sections or keys raise)."""
     from jsonargparse import ArgumentError
-    parser = build_parser()
+    parser = build_recipe_parser()
     try:
         ns = parser.parse_object(dict(raw or {}))
     except (ArgumentError, TypeError, ValueError) as err:

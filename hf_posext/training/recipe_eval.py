@@ -24,7 +24,7 @@ from ..evaluation import PerplexityGrid, ResultsStore, RunInfo, evaluate_perplex
 from ..evaluation.shared.results import plot_perplexity
 from ..evaluation.shared.distributed import Ranks
 from ..evaluation.shared.identity import checkpoint_fingerprint, loaded_fingerprint, source_fingerprint
-from .model import load_model
+from .model import load_recipe_model
 
 SERIES = {"base": "unpatched base (plain RoPE)", "free": "{m} s={s:g}, training-free",
           "tuned": "{m} s={s:g}, fine-tuned ({steps} steps)"}
@@ -65,7 +65,7 @@ def evaluate_recipe(cfg, final_dir: Path, eval_ids, doc_names, out: Path, steps:
     labelled = []
     with ResultsStore(out, "results", resume=True) as store:
         if cfg.eval.compare_base:   # one model: cells `none` (unpatched) and `method` at s (patched)
-            base = load_model(cfg.model, extend=False).eval()
+            base = load_recipe_model(cfg.model, extend=False).eval()
             rows = evaluate_perplexity(
                 base, eval_ids, grid, store=store, run=RunInfo(
                     model_name=cfg.model.name, dataset=cfg.data.source,

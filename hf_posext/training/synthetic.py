@@ -31,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from ..data.facts import Format, draw, pieces
+from ..data.facts import Format, draw_fact, pieces
 from ..errors import ConfigError
 from ..evaluation.shared.data import tokenizer_fingerprint
 
@@ -68,7 +68,7 @@ def build_example(window_ids: Sequence[int], tokenizer, format_name: str, rng: r
     W/16 tokens, document text, the question, the answer. Returns input_ids and the span columns
     (fact_start, fact_end, question_start, answer_start: token indices)."""
     window, fmt = len(window_ids), FORMATS[format_name]
-    key, value = draw(rng, fmt, tokenizer.decode(list(window_ids), skip_special_tokens=True))
+    key, value = draw_fact(rng, fmt, tokenizer.decode(list(window_ids), skip_special_tokens=True))
     fact, question, answer = pieces(tokenizer, fmt, key, value)
     room = window - len(fact) - len(question) - len(answer)      # document tokens kept
     if room < max(num_chunks - 1, 0):

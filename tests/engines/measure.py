@@ -355,7 +355,7 @@ def main() -> None:
         data = measure(work, args.venv)
     if args.write:
         write(data)
-    print(measured.summary(data))
+    print(measured.format_measurements(data))
 
 
 if __name__ == "__main__":

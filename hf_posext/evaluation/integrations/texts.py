@@ -29,7 +29,7 @@ COLUMNS = ("method", "factor", "length", "protocol", "knobs", "perplexity", "tok
            "bits_per_byte", "ratio_to_sliding", "ratio_to_sliding_beyond_L", "ratio_to_unpatched")
 
 
-def check_inputs(texts: Any, lengths: Any, methods: Any, factors: Any, knobs: Any,
+def check_text_inputs(texts: Any, lengths: Any, methods: Any, factors: Any, knobs: Any,
                  dtype: str, max_docs: Any) -> PerplexityGrid:
     """The grid these arguments ask for; ConfigError naming the argument otherwise."""
     if isinstance(texts, str) or not isinstance(texts, Sequence) or not texts \
@@ -72,7 +72,7 @@ def evaluate_texts(texts: Sequence[str], model: str, lengths: Sequence[int],
     """Perplexity of `texts` under `model` (a local folder, a Hub id, or the embedded default)
     for each method in `methods` (the unpatched model always included) at each length, with the
     sliding-window baseline beyond the trained length and its ratios (docs/evaluation.md)."""
-    grid = check_inputs(texts, lengths, methods, factors, knobs, dtype, max_docs)
+    grid = check_text_inputs(texts, lengths, methods, factors, knobs, dtype, max_docs)
     tokenizer = load_tokenizer(model, gguf_file)
     try:
         docs = select_documents(texts, TokenCache(tokenizer), grid.tokens_needed(), max_docs)
