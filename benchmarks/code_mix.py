@@ -1,0 +1,127 @@
+"""Does the retrieval recipe carry to source code when its mix holds code? RULER's single needle
+(`niah_single`, RULER's wording) at 16k inside torch's `_refs/__init__.py` (a file no arm trained
+on), for three arms on the embedded SmolLM2-135M (trained at 8,192), YaRN s = 2:
+
+    code    the retrieval recipe (recipes/cpu-smollm2-retrieval.yaml) with half its synthetic
+            examples built in Python's standard library code (`data.synthetic.haystacks`)
+    prose   the recipe as shipped (synthetic examples in the plays' text only)
+    free    training-free YaRN s = 2 (and the unpatched model beside it)
+
+    python benchmarks/code_mix.py train code      # ~15 min of training on 2 cores (prose likewise)
+    python benchmarks/code_mix.py ask code        # the needle grid on the arm's checkpoint (free: none)
+    python benchmarks/code_mix.py report          # -> results/retrieval_code_mix.md
+
+Checkpoints go to --runs (default runs/code-mix, git-ignored); the retrieval rows to
+results/retrieval-code-mix/<arm>/ (a rerun resumes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "results" / "retrieval-code-mix"
+PAGE = HERE / "results" / "retrieval_code_mix.md"
+RECIPE = "recipes/cpu-smollm2-retrieval.yaml"
+ARMS = {"code": ["--data.synthetic.haystacks", "[training, embedded:python-stdlib]"],
+        "prose": ["--eval.enabled", "false"], "free": None}   # the code arm's own evaluation: perplexity on Hamlet
+GRID = ["--tasks", "niah_single", "--lengths", "16k", "--depths", "0.1,0.5,0.9", "--trials", "4",
+        "--dtype", "float32", "--no-progress"]
+
+
+def code_path() -> str:
+    import torch
+    return str(Path(torch.__file__).parent / "_refs" / "__init__.py")
+
+
+def train_argv(arm: str, runs: Path) -> list[str]:
+    return ["accelerate", "launch", "--cpu", "--num_processes", "1", "recipes/finetune.py", "--config", RECIPE,
+            *(ARMS[arm] or []), "--output_dir", str(runs / arm)]
+
+
+def ask_argv(arm: str, runs: Path) -> list[str]:
+    model = ["--methods", "yarn", "--factor", "2"] if arm == "free" else \
+        ["--model", str(runs / arm / "final"), "--methods", "none"]
+    return ["hf-posext", "retrieval", *model, *GRID, "--dataset", code_path(), "--out", str(OUT / arm)]
+
+
+def shown(argv: list[str]) -> str:
+    return shlex.join(argv).replace(code_path(), "$TORCH/_refs/__init__.py").replace(str(HERE.parent) + "/", "")
+
+
+def run(argv: list[str]) -> None:
+    if argv[0] == "hf-posext":
+        argv = [sys.executable, "-m", "hf_posext.cli", *argv[1:]] + (
+            ["--resume"] if (Path(argv[-1]) / "retrieval.json").exists() else [])
+    print("+ " + " ".join(argv), flush=True)
+    subprocess.run(argv, check=True, cwd=HERE.parent)
+
+
+def write_page(runs: Path) -> Path:
+    from hf_posext.evaluation import read_rows
+    from hf_posext.evaluation.retrieval.stats import score_trial, wilson
+    lines = ["| arm | method as evaluated | niah_single in code at 16k (Wilson 95 %) | by depth | answers that missed | wall time |",
+             "|---|---|---|---|---|---|"]
+    commands = []
+    for arm in ARMS:
+        path = OUT / arm / "retrieval.json"
+        if not path.exists():
+            lines.append(f"| {arm} | not run | | | | |")
+            continue
+        if ARMS[arm] is not None:
+            commands.append(shown(train_argv(arm, runs)))
+        commands.append(shown(ask_argv(arm, runs)))
+        rows = sorted(read_rows(path), key=lambda r: (r["method"], float(r["depth"])))
+        for method in dict.fromkeys(r["method"] for r in rows):
+            cells = [r for r in rows if r["method"] == method]
+            k, n = sum(int(r["correct"]) for r in cells), sum(int(r["trials"]) for r in cells)
+            low, high = wilson(k, n)
+            depths = " · ".join(f"{float(r['depth']):g}: {r['correct']}/{r['trials']}" for r in cells)
+            missed = sorted({" ".join(o.split())[:24] for r in cells for o, a in zip(r["outputs"], r["answers"])
+                             if score_trial(o, a, False) < 1})   # the suite's own scoring
+            name = {"none": "as saved" if ARMS[arm] is not None else "unpatched", "yarn": "YaRN s = 2"}[method]
+            minutes = sum(float(r["seconds"]) for r in cells) / 60
+            lines.append(f"| {arm} | {name} | {k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}] | {depths} | "
+                         f"{'; '.join(f'`{m}`' for m in missed[:4]) or '—'} | {minutes:.0f} min |")
+    text = ["# Retrieval in code: the recipe's mix with and without code", "",
+            "Made by `python benchmarks/code_mix.py report` from the rows of the commands below (the embedded "
+            "SmolLM2-135M, trained at 8,192 tokens; float32, 2 CPU cores; RULER's `niah_single` wording, four "
+            "needles a depth; the haystack is torch's `_refs/__init__.py`, which no arm trained on; the code arm's "
+            "examples were built in Python's standard library). `answers that missed`: the start of each wrong "
+            "answer.", "", *lines, "", "Commands (`$TORCH` is the installed torch package's folder; "
+            "`runs/` a folder of your choosing):", "", "```bash", *commands, "```", ""]
+    old = PAGE.read_text() if PAGE.exists() else ""
+    kept = old[old.index(READING):] if READING in old else f"{READING}\n\n(to be written from the rows above)\n"
+    PAGE.write_text("\n".join(text) + kept)
+    return PAGE
+
+
+READING = "## Reading it"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", choices=("train", "ask", "report"))
+    p.add_argument("arm", nargs="?", choices=tuple(ARMS))
+    p.add_argument("--runs", type=Path, default=Path("runs/code-mix"), help="the checkpoints' folder")
+    args = p.parse_args()
+    if args.step != "report" and args.arm is None:
+        p.error(f"{args.step} needs an arm: {', '.join(ARMS)}")
+    if args.step == "train":
+        if ARMS[args.arm] is None:
+            p.error("the free arm is not trained: `ask free` evaluates it")
+        run(train_argv(args.arm, args.runs))
+    elif args.step == "ask":
+        if ARMS[args.arm] is not None and not (args.runs / args.arm / "final").is_dir():
+            p.error(f"{args.runs / args.arm / 'final'} does not exist: run `train {args.arm}` first")
+        run(ask_argv(args.arm, args.runs))
+    else:
+        print(f"wrote {write_page(args.runs)}")
+
+
+if __name__ == "__main__":
+    main()
