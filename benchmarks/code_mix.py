@@ -9,6 +9,7 @@ on), for three arms on the embedded SmolLM2-135M (trained at 8,192), YaRN s = 2:
 
     python benchmarks/code_mix.py train code      # ~15 min of training on 2 cores (prose likewise)
     python benchmarks/code_mix.py ask code        # the needle grid on the arm's checkpoint (free: none)
+    python benchmarks/code_mix.py noise code      # the same checkpoint in RULER's noise (prose)
     python benchmarks/code_mix.py report          # -> results/retrieval_code_mix.md
 
 Checkpoints go to --runs (default runs/code-mix, git-ignored); the retrieval rows to
@@ -49,6 +50,17 @@ def ask_argv(arm: str, runs: Path) -> list[str]:
     return ["hf-posext", "retrieval", *model, *GRID, "--dataset", code_path(), "--out", str(OUT / arm)]
 
 
+# the shipped recipe's own check (docs/finetuning_measurements.md, "What was tried"): RULER's noise,
+# five depths, two needles each, so an arm's figure in prose reads beside the six seeds' 59/60
+NOISE_GRID = ["--tasks", "niah_single", "--lengths", "16k", "--depths", "0,0.25,0.5,0.75,1", "--trials", "2",
+              "--dtype", "float32", "--no-progress", "--dataset", "noise"]
+
+
+def noise_argv(arm: str, runs: Path) -> list[str]:
+    return ["hf-posext", "retrieval", "--model", str(runs / arm / "final"), "--methods", "none", *NOISE_GRID,
+            "--out", str(OUT / f"{arm}-noise")]
+
+
 def shown(argv: list[str]) -> str:
     return shlex.join(argv).replace(code_path(), "$TORCH/_refs/__init__.py").replace(str(HERE.parent) + "/", "")
 
@@ -64,17 +76,20 @@ def run(argv: list[str]) -> None:
 def write_page(runs: Path) -> Path:
     from hf_posext.evaluation import read_rows
     from hf_posext.evaluation.retrieval.stats import score_trial, wilson
-    lines = ["| arm | method as evaluated | niah_single in code at 16k (Wilson 95 %) | by depth | answers that missed | wall time |",
+    lines = ["| arm | method as evaluated | niah_single at 16k (Wilson 95 %) | by depth | answers that missed | wall time |",
              "|---|---|---|---|---|---|"]
     commands = []
-    for arm in ARMS:
-        path = OUT / arm / "retrieval.json"
+    steps = [(arm, OUT / arm, ask_argv) for arm in ARMS] + [(f"{arm} (noise)", OUT / f"{arm}-noise", noise_argv)
+                                                            for arm in ARMS if ARMS[arm] is not None]
+    for label, folder, argv_of in steps:
+        arm = label.split()[0]
+        path = folder / "retrieval.json"
         if not path.exists():
-            lines.append(f"| {arm} | not run | | | | |")
+            lines.append(f"| {label} | not run | | | | |")
             continue
-        if ARMS[arm] is not None:
+        if ARMS[arm] is not None and argv_of is ask_argv:
             commands.append(shown(train_argv(arm, runs)))
-        commands.append(shown(ask_argv(arm, runs)))
+        commands.append(shown(argv_of(arm, runs)))
         rows = sorted(read_rows(path), key=lambda r: (r["method"], float(r["depth"])))
         for method in dict.fromkeys(r["method"] for r in rows):
             cells = [r for r in rows if r["method"] == method]
@@ -85,12 +100,13 @@ def write_page(runs: Path) -> Path:
                              if score_trial(o, a, False) < 1})   # the suite's own scoring
             name = {"none": "as saved" if ARMS[arm] is not None else "unpatched", "yarn": "YaRN s = 2"}[method]
             minutes = sum(float(r["seconds"]) for r in cells) / 60
-            lines.append(f"| {arm} | {name} | {k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}] | {depths} | "
+            lines.append(f"| {label} | {name} | {k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}] | {depths} | "
                          f"{'; '.join(f'`{m}`' for m in missed[:4]) or '—'} | {minutes:.0f} min |")
     text = ["# Retrieval in code: the recipe's mix with and without code", "",
             "Made by `python benchmarks/code_mix.py report` from the rows of the commands below (the embedded "
             "SmolLM2-135M, trained at 8,192 tokens; float32, 2 CPU cores; RULER's `niah_single` wording, four "
-            "needles a depth; the haystack is torch's `_refs/__init__.py`, which no arm trained on; the code arm's "
+            "needles a depth; the haystack is torch's `_refs/__init__.py`, which no arm trained on (the `(noise)` rows: "
+            "RULER's noise, two needles at each of five depths); the code arm's "
             "examples were built in Python's standard library). `answers that missed`: the start of each wrong "
             "answer.", "", *lines, "", "Commands (`$TORCH` is the installed torch package's folder; "
             "`runs/` a folder of your choosing):", "", "```bash", *commands, "```", ""]
@@ -105,7 +121,7 @@ READING = "## Reading it"
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=("train", "ask", "report"))
+    p.add_argument("step", choices=("train", "ask", "noise", "report"))
     p.add_argument("arm", nargs="?", choices=tuple(ARMS))
     p.add_argument("--runs", type=Path, default=Path("runs/code-mix"), help="the checkpoints' folder")
     args = p.parse_args()
@@ -115,10 +131,12 @@ def main() -> None:
         if ARMS[args.arm] is None:
             p.error("the free arm is not trained: `ask free` evaluates it")
         run(train_argv(args.arm, args.runs))
-    elif args.step == "ask":
+    elif args.step in ("ask", "noise"):
         if ARMS[args.arm] is not None and not (args.runs / args.arm / "final").is_dir():
             p.error(f"{args.runs / args.arm / 'final'} does not exist: run `train {args.arm}` first")
-        run(ask_argv(args.arm, args.runs))
+        if args.step == "noise" and ARMS[args.arm] is None:
+            p.error("`noise` asks a fine-tuned arm (code, prose); YaRN's figure in noise is on the retrieval page")
+        run((ask_argv if args.step == "ask" else noise_argv)(args.arm, args.runs))
     else:
         print(f"wrote {write_page(args.runs)}")
 
