@@ -75,6 +75,7 @@ def run(argv: list[str]) -> None:
 
 def write_page(runs: Path) -> Path:
     from hf_posext.evaluation import read_rows
+    from hf_posext.evaluation.shared.summary import write_page_keeping_reading
     from hf_posext.evaluation.retrieval.stats import score_trial, wilson
     lines = ["| arm | method as evaluated | niah_single at 16k (Wilson 95 %) | by depth | answers that missed | wall time |",
              "|---|---|---|---|---|---|"]
@@ -110,13 +111,8 @@ def write_page(runs: Path) -> Path:
             "examples were built in Python's standard library). `answers that missed`: the start of each wrong "
             "answer.", "", *lines, "", "Commands (`$TORCH` is the installed torch package's folder; "
             "`runs/` a folder of your choosing):", "", "```bash", *commands, "```", ""]
-    old = PAGE.read_text() if PAGE.exists() else ""
-    kept = old[old.index(READING):] if READING in old else f"{READING}\n\n(to be written from the rows above)\n"
-    PAGE.write_text("\n".join(text) + kept)
-    return PAGE
+    return write_page_keeping_reading(PAGE, text)
 
-
-READING = "## Reading it"
 
 
 def main() -> None:

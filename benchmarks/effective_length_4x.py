@@ -116,6 +116,7 @@ def line(label: str, method: str, length: int, cells: list[dict], folder: Path) 
 
 def write_page() -> Path:
     """results/effective_length_4x.md from the stored rows of every step that ran."""
+    from hf_posext.evaluation.shared.summary import write_page_keeping_reading
     head = ["| haystack | method | length | niah_single (Wilson 95 %) | by depth | sequential call | "
             "target (>= 0.9, lower bound >= 0.7) | wall time |", "|---|---|---|---|---|---|---|---|"]
     lines, commands, missing = [], [], []
@@ -141,14 +142,8 @@ def write_page() -> Path:
     if missing:
         text += [f"Not run in this round: {', '.join(missing)}.", ""]
     text += ["Commands (`$TORCH` is the installed torch package's folder):", "", "```bash", *commands, "```", ""]
-    # the reading below the table is written by hand: a page that has one keeps it
-    old = PAGE.read_text() if PAGE.exists() else ""
-    kept = old[old.index(READING):] if READING in old else f"{READING}\n\n(to be written from the rows above)\n"
-    PAGE.write_text("\n".join(text) + kept)
-    return PAGE
+    return write_page_keeping_reading(PAGE, text)
 
-
-READING = "## Reading it"
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """What a person reads first in a run folder: `summary.md` (the table, the effective length, the
 plots' names) and `summary.json` (the same, for scripts), written by `hf-posext eval`,
 `hf-posext retrieval` and `hf-posext extend --eval` from the stored rows; and `compare`, which
-puts several folders' summaries side by side (`hf-posext compare DIR DIR ...`).
+puts several folders' summaries side by side (`hf-posext compare DIR DIR ...`). And a results
+page regenerated from rows under a reading written by hand (`write_page_keeping_reading`).
 
 summary.json:
     {"schema": 1, "caption": str, "plots": [file names],
@@ -87,3 +88,17 @@ def read_summary(folder: str | Path) -> dict:
     if data.get("schema") != SCHEMA:
         raise ValueError(f"{path}: summary schema {data.get('schema')!r}, this hf_posext reads {SCHEMA}.")
     return data
+
+
+READING = "## Reading it"
+
+
+def write_page_keeping_reading(path: Path, generated: Sequence[str]) -> Path:
+    """`path` rewritten as the `generated` lines (the table and commands, made from rows) followed by
+    the page's own `## Reading it` section, written by hand and kept across regenerations (a
+    placeholder when the page has none yet)."""
+    old = path.read_text() if path.exists() else ""
+    kept = old[old.index(READING):] if READING in old else f"{READING}\n\n(to be written from the rows above)\n"
+    path.write_text("\n".join(generated) + kept)
+    return path
+
