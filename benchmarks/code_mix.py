@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from effective_length_4x import code_path   # the same held-out code file as the 4x runs
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "retrieval-code-mix"
 PAGE = HERE / "results" / "retrieval_code_mix.md"
@@ -32,11 +34,6 @@ ARMS = {"code": ["--data.synthetic.haystacks", "[training, embedded:python-stdli
         "prose": ["--eval.enabled", "false"], "free": None}   # the code arm's own evaluation: perplexity on Hamlet
 GRID = ["--tasks", "niah_single", "--lengths", "16k", "--depths", "0.1,0.5,0.9", "--trials", "4",
         "--dtype", "float32", "--no-progress"]
-
-
-def code_path() -> str:
-    import torch
-    return str(Path(torch.__file__).parent / "_refs" / "__init__.py")
 
 
 def train_argv(arm: str, runs: Path) -> list[str]:

@@ -118,6 +118,7 @@ GRID = dict(model="embedded:smollm2-135m", dataset="embedded:shakespeare", eval_
                                        ({"sequential": True, "trials": 2, "look": 4}, "--look 4 is more than --trials 2"),
                                        ({"sequential": True, "trials": 2}, "--look 4 (the default) is more than --trials 2"),
                                        ({"sequential": True, "look": 0}, "--look (trials per look) must be at least 1"),
+                                       ({"sequential": True, "trials": 4}, "--trials 4 with --look 4 is one look"),
                                        ({"sequential": True, "bar": 1.5}, "--bar")])
 def test_bad_settings_are_refused_naming_the_flag(over, flag):
     from hf_posext.training.arms import check_grid

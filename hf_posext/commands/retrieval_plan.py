@@ -18,7 +18,8 @@ from ..evaluation.shared.inputs import InputError, parse_wall_time
 from ..evaluation.retrieval.blocks import merge_blocks
 from ..evaluation.retrieval.schedule import (DEFAULT_PREFIX_CACHE_BYTES, Budget, decisions_table,
                                              evaluate_sequential)
-from ..evaluation.retrieval.sequential import BOUNDARIES, DEFAULT_CONFIDENCE, DEFAULT_LOOK, SequentialRule
+from ..evaluation.retrieval.sequential import (BOUNDARIES, DEFAULT_CONFIDENCE, DEFAULT_LOOK, SequentialRule,
+                                               look_for)
 from ..evaluation.retrieval.settings import DEFAULT_TRIALS
 from ..patcher import trained_length
 from . import session
@@ -88,20 +89,12 @@ def plan_from(args) -> tuple[int, Plan | None]:
                 raise InputError(f"{flag} is for sequential trials; add --sequential (or --budget).")
         return trials, None
     budget = parse_budget(args.budget) if args.budget is not None else None
-    look = DEFAULT_LOOK if args.look is None else args.look
-    if trials < 1:
-        raise InputError(f"--trials (a cell's most) must be at least 1, got {trials}.")
-    if look < 1:
-        raise InputError(f"--look (trials per look) must be at least 1, got {look}.")
+    try:
+        look = look_for(args.look, trials)
+    except ValueError as err:
+        raise InputError(str(err)) from None
     if args.prefix_cache_gb is not None and not 0 <= args.prefix_cache_gb < float("inf"):
         raise InputError(f"--prefix-cache-gb must be >= 0 (0 keeps one prefix), got {args.prefix_cache_gb}.")
-    if look > trials:
-        default = " (the default)" if args.look is None else ""
-        raise InputError(f"--look {look}{default} is more than --trials {trials} (a cell's most); "
-                         "lower --look or raise --trials.")
-    if look == trials:   # one look is the fixed design; and `--sequential --trials 4` once meant looks of 4
-        raise InputError(f"--trials {trials} with --look {look} is one look: a sequential run needs two or "
-                         f"more; raise --trials (a cell's most, e.g. {DEFAULT_TRIALS}) or drop --sequential.")
     if args.bar is not None and not 0 < args.bar <= 1:
         raise InputError(f"--bar must be an accuracy in (0, 1], got {args.bar}.")
     confidence = DEFAULT_CONFIDENCE if args.confidence is None else args.confidence

@@ -40,14 +40,9 @@ def check_grid(args) -> None:
             if value is not None:
                 raise ValueError(f"{flag} is for sequential trials; add --sequential.")
     else:   # --trials is a cell's most, --look the trials a depth per look
-        from ..evaluation.retrieval.sequential import DEFAULT_LOOK
-        given, args.look = args.look, DEFAULT_LOOK if args.look is None else args.look
+        from ..evaluation.retrieval.sequential import look_for
+        args.look = look_for(args.look, args.trials)
         args.bar = 0.9 if args.bar is None else args.bar
-        if args.look < 1:
-            raise ValueError(f"--look (trials per look) must be at least 1, got {args.look}.")
-        if args.look > args.trials:
-            raise ValueError(f"--look {args.look}{'' if given is not None else ' (the default)'} is more than "
-                             f"--trials {args.trials} (a cell's most); lower --look or raise --trials.")
         if not 0 < args.bar <= 1:
             raise ValueError(f"--bar must be in (0, 1], got {args.bar}.")
     if not args.haystack_list or not args.task_list:

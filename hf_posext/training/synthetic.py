@@ -18,7 +18,8 @@ document text. Naming other sources (source code: `embedded:python-stdlib`) make
 one of the listed haystacks, and for another source a packed window of it replaces the window's
 text. A model asked for a number inside code tends to answer in the code's idiom (a quoted name
 from the file) rather than the number; examples whose filler is code are what teach it otherwise
-(docs/finetuning.md). With the default list the draws, and so the mix, are unchanged.
+(docs/finetuning_measurements.md, "Retrieval in code"). With the default list the draws, and so
+the mix, are unchanged.
 Formats are this module's own wording: never the evaluation's needles (passkey's "The pass key
 is ...", RULER's "One of the special magic numbers for ... is: ...", "VAR X = Y"), which a test
 checks.

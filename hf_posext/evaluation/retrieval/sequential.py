@@ -78,9 +78,30 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from .settings import DEFAULT_TRIALS
+
 ABOVE, BELOW, UNDECIDED = "above", "below", "undecided"
 DEFAULT_LOOK = 4
 DEFAULT_CONFIDENCE = 0.95
+
+
+def look_for(look: int | None, trials: int) -> int:
+    """The trials per look (`--look`, DEFAULT_LOOK when None) of a sequential run of at most
+    `trials` a cell (`--trials`), checked in the flags' words (ValueError): the one check of the
+    CLI's and the fine-tuning experiment's sequential flags. One look is refused: it is the fixed
+    design, and `--sequential --trials 4` once meant looks of 4 (up to 20)."""
+    n = DEFAULT_LOOK if look is None else look
+    if trials < 1:
+        raise ValueError(f"--trials (a cell's most) must be at least 1, got {trials}.")
+    if n < 1:
+        raise ValueError(f"--look (trials per look) must be at least 1, got {n}.")
+    if n > trials:
+        raise ValueError(f"--look {n}{' (the default)' if look is None else ''} is more than --trials {trials} "
+                         "(a cell's most); lower --look or raise --trials.")
+    if n == trials:
+        raise ValueError(f"--trials {trials} with --look {n} is one look: a sequential run needs two or more; "
+                         f"raise --trials (a cell's most, e.g. {DEFAULT_TRIALS}) or drop --sequential.")
+    return n
 
 
 def _log_pmf(i: int, n: int, p: float) -> float:

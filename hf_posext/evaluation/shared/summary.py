@@ -101,4 +101,3 @@ def write_page_keeping_reading(path: Path, generated: Sequence[str]) -> Path:
     kept = old[old.index(READING):] if READING in old else f"{READING}\n\n(to be written from the rows above)\n"
     path.write_text("\n".join(generated) + kept)
     return path
-
