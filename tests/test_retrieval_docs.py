@@ -51,12 +51,15 @@ def cheap(argv: list[str], model: Path, out: Path) -> list[str]:
     if "--engine" in argv:   # the stand-in vLLM (tests/fake_vllm, test_doc_command_runs)
         argv = _set(argv, "--vllm-python", sys.executable)
         argv = _set(argv, "--factor", "auto") if "--factor" in argv else argv   # vLLM serves s·64 here
+    trials = "2"
     if "--sequential" in argv or "--budget" in argv:   # a length within L (1024 here: `long_checkpoint`) sets the bar
-        argv = _set(_set(_set(argv, "--lengths", "800,1600"), "--look", "2"), "--budget", "2m")   # one look of --trials 2
+        # two looks of 2 trials: the fewest a sequential run takes (a one-look run is refused)
+        argv = _set(_set(_set(argv, "--lengths", "800,1600"), "--look", "2"), "--budget", "2m")
+        trials = "4"
     else:
         argv = _set(argv, "--lengths", "800")
     argv = _set(argv, "--depths", "1")
-    argv = _set(argv, "--trials", "2")
+    argv = _set(argv, "--trials", trials)
     return argv + ["--model", str(model), "--out", str(out), "--no-progress", "--no-plot"]
 
 
