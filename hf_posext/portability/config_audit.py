@@ -28,10 +28,32 @@ from ..rope.units import UNITS
 LAYOUTS = (("transformers 5.x, vLLM, SGLang (rope_scaling first)", engines.v5_rope),
             ("transformers 4.x, TGI (rope_scaling + rope_theta only)", engines.v4_rope),
             ("llama.cpp's converter (rope_parameters first)", engines.converter_rope))
-# Each engine's flag for its maximum length (vLLM `vllm serve`, SGLang `sglang.launch_server`,
-# llama.cpp `llama-server` (its slot context defaults to the trained one), TGI's launcher)
-MAX_LENGTH_FLAG = {"vLLM": "--max-model-len", "SGLang": "--context-length", "llama.cpp": "-c",
-                   "TGI": "--max-total-tokens"}
+# Each serving target (the `serve --engine` / `export --target` names) -> its printed name, the
+# setting its context length is derived into, and the flag that sets it (vLLM `vllm serve`, SGLang
+# `sglang.launch_server`, llama.cpp `llama-server` (its slot context defaults to the trained one),
+# TGI's launcher; transformers enforces no length).
+LENGTH_SETTING = {"transformers": ("transformers", "max_position_embeddings", None),
+                  "vllm": ("vLLM", "max_model_len", "--max-model-len"),
+                  "sglang": ("SGLang", "context_length", "--context-length"),
+                  "llama.cpp": ("llama.cpp", "n_ctx_train", "-c"),
+                  "tgi": ("TGI", None, "--max-total-tokens")}
+MAX_LENGTH_FLAG = {target: flag for target, (_, _, flag) in LENGTH_SETTING.items() if flag}
+
+
+def engine_name(target: str) -> str:
+    return LENGTH_SETTING[target][0]
+
+
+def length_label(target: str) -> str:
+    """How a derived length is printed: "vLLM (max_model_len)"."""
+    name, key, _ = LENGTH_SETTING[target]
+    return f"{name} ({key})"
+
+
+def serve_flags(length: int, targets=None) -> str:
+    """ "vLLM --max-model-len 16384, SGLang --context-length 16384, ..." (every engine by default)."""
+    return ", ".join(f"{engine_name(t)} {flag} {length}" for t, flag in MAX_LENGTH_FLAG.items()
+                     if targets is None or t in targets)
 # arXiv 2405.14591, eq. (the fitted lower bound of the base for a context length T)
 BOUND_COEFFICIENT, BOUND_EXPONENT = 0.0424, 1.628
 
@@ -121,7 +143,8 @@ def _two_sets_in_engines(cfg: dict[str, Any]) -> list[str]:
 
 
 def derived_lengths(cfg: dict[str, Any]) -> dict[str, int]:
-    """The context length each engine derives from config.json (before any user override)."""
+    """The context length each engine derives from config.json (before any user override), keyed
+    by serving target ("transformers", "vllm", "sglang", "llama.cpp"); `length_label` prints one."""
     M = cfg.get("max_position_embeddings")
     if not isinstance(M, (int, float)):
         return {}
@@ -147,8 +170,7 @@ def derived_lengths(cfg: dict[str, Any]) -> dict[str, int]:
     sglang = first * (factor if scaled and "original_max_position_embeddings" not in v5 else 1)
     # llama.cpp's converter writes context_length = max_position_embeddings (n_ctx_train); the
     # runtime's default n_ctx (0) is n_ctx_train.
-    return {"transformers (max_position_embeddings)": int(M), "vLLM (max_model_len)": int(vllm),
-            "SGLang (context_length)": int(sglang), "llama.cpp (n_ctx_train)": int(M)}
+    return {"transformers": int(M), "vllm": int(vllm), "sglang": int(sglang), "llama.cpp": int(M)}
 
 
 def base_bound(target_length: int) -> float:
@@ -171,19 +193,18 @@ def warnings(cfg: dict[str, Any], target, folder: Path | None = None) -> list[st
     lengths = derived_lengths(cfg)
     if T and lengths:
         # transformers enforces no length: only the engines' limits can be "not the target"
-        off = {k: v for k, v in lengths.items() if v != T and not k.startswith("transformers")}
-        short = [k.split(" (")[0] for k, v in off.items() if v < T]
-        long = [k.split(" (")[0] for k, v in off.items() if v > T]
+        off = {k: v for k, v in lengths.items() if v != T and k != "transformers"}
+        short = [engine_name(k) for k, v in off.items() if v < T]
+        long = [engine_name(k) for k, v in off.items() if v > T]
         said = ([f"{', '.join(short)} stop{'s' if len(short) == 1 else ''} at the derived "
                  "length unless told"] if short else []) \
             + ([f"{', '.join(long)} accept{'s' if len(long) == 1 else ''} prompts past the target"]
                if long else [])
         out.append(f"context length: the extension targets {T} tokens (s·L); engines derive "
-                   + ", ".join(f"{k} {v}" for k, v in lengths.items())
-                   + (f" — not the target in {', '.join(k.split(' (')[0] for k in off)} "
+                   + ", ".join(f"{length_label(k)} {v}" for k, v in lengths.items())
+                   + (f" — not the target in {', '.join(engine_name(k) for k in off)} "
                       f"({'; '.join(said)})" if off else "")
-                   + f". Serve {T} with " + ", ".join(f"{engine} {flag} {T}" for engine, flag
-                                                       in MAX_LENGTH_FLAG.items())
+                   + f". Serve {T} with " + serve_flags(T)
                    + " (hf-posext serve PATH --engine E prints the whole command)")
     if T and target is not None:
         base = _effective_base(cfg, target, T)

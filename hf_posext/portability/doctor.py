@@ -146,7 +146,7 @@ def _lengths(cfg: dict[str, Any]) -> list[Finding]:
     M = _num(cfg.get("max_position_embeddings"))
     L = _num(rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings"))
     derived = config_audit.derived_lengths(cfg)
-    said = ", ".join(f"{k} {v}" for k, v in derived.items())
+    said = ", ".join(f"{config_audit.length_label(k)} {v}" for k, v in derived.items())
     if kind not in ("linear", "yarn") or not s or s <= 1 or M is None:
         return []
     if L is not None and M != round(s * L):
@@ -155,22 +155,21 @@ def _lengths(cfg: dict[str, Any]) -> list[Finding]:
             "factor-length", "warning", f"factor {s:g} × original_max_position_embeddings {L:g} = "
             f"{T}, but max_position_embeddings is {M:g}: the engines each derive their own limit "
             "(transformers 5.24 only warns; transformers #38224)",
-            tuple(k.split(" (")[0] for k, v in derived.items()
-                  if v != T and not k.startswith("transformers")) or ("transformers",),
+            tuple(config_audit.engine_name(k) for k, v in derived.items()
+                  if v != T and k != "transformers") or ("transformers",),
             f"{said} (target {T})",
             f"set \"max_position_embeddings\": {T} (then every engine derives {T}), or serve "
-            "with " + ", ".join(f"{e} {f} {T}" for e, f in config_audit.MAX_LENGTH_FLAG.items()))]
+            "with " + config_audit.serve_flags(T))]
     T = round(M) if L is None else round(s * L)
-    off = {k: v for k, v in derived.items() if v != T and not k.startswith("transformers")}
+    off = {k: v for k, v in derived.items() if v != T and k != "transformers"}
     if not off:
         return []
     return [Finding(
         "engine-length", "warning", f"the config declares {T} tokens, but "
-        + ", ".join(f"{k} derives {v} ({v / T:g}×)" for k, v in off.items())
+        + ", ".join(f"{config_audit.length_label(k)} derives {v} ({v / T:g}×)" for k, v in off.items())
         + " (vllm #56446: the factor applied to an already extended length)",
-        tuple(k.split(" (")[0] for k in off), said,
-        f"serve {T} explicitly: " + ", ".join(f"{e} {f} {T}" for e, f in config_audit.MAX_LENGTH_FLAG.items()
-                                              if any(k.startswith(e) for k in off))
+        tuple(config_audit.engine_name(k) for k in off), said,
+        f"serve {T} explicitly: " + config_audit.serve_flags(T, off)
         + (f"; or add \"original_max_position_embeddings\": {round(M / s)} to the rope dict"
            if L is None and kind == "yarn" else ""))]
 

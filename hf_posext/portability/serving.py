@@ -50,7 +50,6 @@ from ..rope.compat import v4_scaling
 from ..rope.config import RopeExtensionConfig
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "tgi")
-_LENGTH = {"vllm": "vLLM (max_model_len)", "sglang": "SGLang (context_length)"}
 # llama.cpp's run-time flags for the GGUF rope keys (common/arg.cpp), and llama_cpp.Llama's names
 FLAGS = {"rope.scaling.type": "--rope-scaling", "rope.scaling.factor": "--rope-scale",
          "rope.freq_base": "--rope-freq-base", "rope.scaling.original_context_length": "--yarn-orig-ctx",
@@ -205,7 +204,7 @@ def _config_engine(cfg, wanted, target, engine: str) -> tuple[dict[str, Any], in
     # the override route sets what patch saves (max_position_embeddings = s·L but for dynamic
     # methods); any route sets it when the engine would derive less than the length served
     if wanted["max_position_embeddings"] != cfg["max_position_embeddings"] or \
-            config_audit.derived_lengths(seen)[_LENGTH[engine]] < length:
+            config_audit.derived_lengths(seen)[engine] < length:
         length_key = max(length, wanted["max_position_embeddings"])
         overrides["max_position_embeddings"] = length_key
         seen["max_position_embeddings"] = length_key
