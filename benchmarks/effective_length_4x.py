@@ -1,7 +1,8 @@
-"""Effective length at 4x, training-free: RULER's single needle (`niah_single`, RULER's wording)
+"""Effective length at 4x: RULER's single needle (`niah_single`, RULER's wording)
 at 32k on the embedded SmolLM2-135M (trained at 8,192), training-free: YaRN s = 4, DPE with its
 committed 32k detection (results/dpe/dpe-32k-bf16.json) and Self-Extend as the side-by-side runs
-them, in three haystacks no method or recipe was tuned on: RULER's noise, a held-out play (Hamlet: neither the searches nor the
+them; fine-tuned: the 4x retrieval recipe's checkpoint (recipes/cpu-smollm2-retrieval-4x.yaml,
+asked with `--methods none`: its saved config carries YaRN s = 4); in three haystacks no method or recipe was tuned on: RULER's noise, a held-out play (Hamlet: neither the searches nor the
 recipe's training saw it) and source code (torch's `_refs/__init__.py`, fixed by the torch pin).
 Five depths, sequential looks of 4 needles a depth up to 20, each cell decided against a fixed
 bar of 0.7 (the target's lower Wilson bound) within a wall-time budget; and, in the code haystack,
@@ -9,10 +10,13 @@ the unpatched model within L (8k) as the reference a method's accuracy is read a
 
     python benchmarks/effective_length_4x.py run noise       # then hamlet, code (each resumable)
     python benchmarks/effective_length_4x.py run noise --method dpe   # or self_extend
+    python benchmarks/effective_length_4x.py run noise --method finetuned   # after training the 4x recipe
     python benchmarks/effective_length_4x.py reference code  # the unpatched model at 8k in code
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
 
 Each step is one `hf-posext retrieval` command (printed); a rerun resumes the stored looks.
+`--budget 3h` gives one invocation more wall time than the haystack's default (a 32k cell of four
+trials takes about an hour for DPE on 2 busy cores, more than the default budget).
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ PAGE = HERE / "results" / "effective_length_4x.md"
 BAR, DEPTHS, BUDGET = 0.7, "0,0.25,0.5,0.75,1", {"noise": "40m", "hamlet": "40m", "code": "30m"}
 # the attention-level methods' knobs: DPE's detected scales, Self-Extend's window (side_by_side.py)
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
-         "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"]}
+         "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"], "finetuned": []}
+# the 4x recipe's checkpoint (its output_dir's `final`, relative to the repository as the recipe's
+# command writes it); its config carries the extension, so it is asked with no method on top
+FINETUNED = "runs/cpu-smollm2-retrieval-4x/final"
 LABELS = {"noise": "RULER's noise", "hamlet": "Hamlet (held out)",
           "code": "source code (torch/_refs/__init__.py, torch 2.13.0)"}
 
@@ -47,11 +54,13 @@ def run_folder(haystack: str, method: str) -> Path:
     return OUT / (haystack if method == "yarn" else f"{haystack}-{method}")
 
 
-def run_argv(haystack: str, method: str = "yarn") -> list[str]:
-    return ["retrieval", "--tasks", "niah_single", "--methods", method, *KNOBS[method], "--lengths", "32k", "--factor", "4",
+def run_argv(haystack: str, method: str = "yarn", budget: str | None = None) -> list[str]:
+    tuned = method == "finetuned"
+    model = ["--model", FINETUNED, "--methods", "none"] if tuned else ["--methods", method, *KNOBS[method]]
+    return ["retrieval", "--tasks", "niah_single", *model, "--lengths", "32k", *([] if tuned else ["--factor", "4"]),
             "--depths", DEPTHS, "--trials", "20", "--look", "4", "--dtype", "float32", "--sequential",
-            "--bar", str(BAR), "--dataset", dataset(haystack), "--budget", BUDGET[haystack], "--no-progress",
-            "--out", str(run_folder(haystack, method))]
+            "--bar", str(BAR), "--dataset", dataset(haystack), "--budget", budget or BUDGET[haystack],
+            "--no-progress", "--out", str(run_folder(haystack, method))]
 
 
 def reference_argv(haystack: str) -> list[str]:
@@ -64,7 +73,8 @@ def reference_argv(haystack: str) -> list[str]:
 def cli(argv: list[str], folder: Path) -> None:
     argv = argv + (["--resume"] if (folder / "retrieval.json").exists() else [])
     print("+ hf-posext " + " ".join(argv), flush=True)
-    subprocess.run([sys.executable, "-m", "hf_posext.cli", *argv], check=True)
+    # from the repository: the fine-tuned checkpoint's path is relative to it, as the recipe writes it
+    subprocess.run([sys.executable, "-m", "hf_posext.cli", *argv], check=True, cwd=HERE.parent)
 
 
 def shown(argv: list[str]) -> str:
@@ -96,6 +106,7 @@ def latest_decision(folder: Path, method: str, length: int) -> tuple[str, str]:
 
 
 def line(label: str, method: str, length: int, cells: list[dict], folder: Path) -> str:
+    """One table row; a row of the fine-tuned folder is named by its recipe (its method is none)."""
     from hf_posext.evaluation.retrieval.stats import wilson
     k, n = sum(int(r["correct"]) for r in cells), sum(int(r["trials"]) for r in cells)
     low, high = wilson(k, n)
@@ -108,7 +119,8 @@ def line(label: str, method: str, length: int, cells: list[dict], folder: Path) 
     if length > 8192 and len(cells) < wanted:   # a run stopped inside its first look: no verdict yet
         met = f"open: {len(cells)} of {wanted} depths ran"
     minutes = sum(float(r["seconds"]) for r in cells) / 60
-    name = ("unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}" if method == "yarn"
+    name = ("fine-tuned: 4x retrieval recipe, seed 0" if folder.name.endswith("-finetuned") else
+            "unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}" if method == "yarn"
             else method)
     return (f"| {label} | {name} | {length // 1024}k | {k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}] | {depths} | "
             f"{decision} {bounds} | {met if length > 8192 else '(within L)'} | {minutes:.0f} min |")
@@ -121,12 +133,12 @@ def write_page() -> Path:
             "target (>= 0.9, lower bound >= 0.7) | wall time |", "|---|---|---|---|---|---|---|---|"]
     lines, commands, missing = [], [], []
     for haystack, label in LABELS.items():
-        steps = [(run_folder(haystack, m), run_argv(haystack, m)) for m in KNOBS]
-        steps.append((OUT / f"{haystack}-reference", reference_argv(haystack)))
-        for folder, argv in steps:
+        steps = [(m, run_folder(haystack, m), run_argv(haystack, m)) for m in KNOBS]
+        steps.append(("reference", OUT / f"{haystack}-reference", reference_argv(haystack)))
+        for step, folder, argv in steps:
             questions = question_rows(folder)
-            if not questions and folder != OUT / f"{haystack}-reference":
-                missing.append(f"{label}: {argv[argv.index('--methods') + 1]}")
+            if not questions and step != "reference":
+                missing.append(f"{label}: {step}")
             for (method, length), cells in sorted(questions.items(), key=lambda q: (q[0][1], q[0][0])):
                 lines.append(line(label, method, length, cells, folder))
             if questions:
@@ -150,12 +162,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=("run", "reference", "report"))
     p.add_argument("haystack", nargs="?", choices=tuple(LABELS))
-    p.add_argument("--method", choices=tuple(KNOBS), default="yarn", help="the method `run` measures")
+    p.add_argument("--method", choices=tuple(KNOBS), default="yarn",
+                   help=f"the method `run` measures (finetuned: the checkpoint at {FINETUNED})")
+    p.add_argument("--budget", help="this invocation's wall time, e.g. 3h (default: the haystack's, "
+                   + ", ".join(f"{h} {b}" for h, b in BUDGET.items()) + ")")
     args = p.parse_args()
     if args.step != "report" and args.haystack is None:
         p.error(f"{args.step} needs a haystack: {', '.join(LABELS)}")
     if args.step == "run":
-        cli(run_argv(args.haystack, args.method), run_folder(args.haystack, args.method))
+        if args.method == "finetuned" and not (HERE.parent / FINETUNED).is_dir():
+            p.error(f"no checkpoint at {FINETUNED}: train it first with `accelerate launch --cpu "
+                    "--num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml`")
+        cli(run_argv(args.haystack, args.method, args.budget), run_folder(args.haystack, args.method))
     elif args.step == "reference":
         cli(reference_argv(args.haystack), OUT / f"{args.haystack}-reference")
     else:
