@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .attention.interface import CONFIG_KEY as ATTENTION_BLOCK
+from .attention.interface import CONFIG_KEY as ATTENTION_ENTRY
 from .rope.compat import get_rope_parameters, text_config
-from .portability.portable import BLOCK
+from .portability.portable import ENTRY
 
 EXTENDED_BASE = "extended_base"
 
@@ -32,10 +32,10 @@ EXTENDED_BASE = "extended_base"
 def is_extended(config) -> bool:
     """True when a (text) config carries an extension: a rope type other than plain RoPE, or
     plain RoPE that is the portable form of one (`ntk` saved as a raised theta, with the
-    `hf_posext` block), or an attention-level method's block."""
+    `hf_posext` entry), or an attention-level method's entry."""
     if get_rope_parameters(config).get("rope_type", "default") != "default":
         return True
-    return getattr(config, BLOCK, None) is not None or getattr(config, ATTENTION_BLOCK, None) is not None
+    return getattr(config, ENTRY, None) is not None or getattr(config, ATTENTION_ENTRY, None) is not None
 
 
 def save_adapter(peft_model, adapter_dir, base_dir=None, **save_kwargs) -> Path:

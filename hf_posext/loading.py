@@ -24,7 +24,7 @@ from .rope.config import PASSTHROUGH_TYPES, RopeExtensionConfig, method_of_rope_
 from .rope.knobs import NATIVE_TRAINED_KEY, RENAMED, TARGET_LENGTH, TRAINED_LENGTH
 from .errors import ConfigError, refuse_renamed
 from .patcher import apply_to_config, patch, plan_for_config
-from .portability.portable import BLOCK, logical_rope
+from .portability.portable import ENTRY, logical_rope
 from .rope.registry import (SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES, WHERE_LISTED,
                             check_supported, rotary_modules)
 
@@ -66,7 +66,7 @@ def check_config_early(name_or_path, hf_kwargs: dict[str, Any]):
         raise ValueError(f"{name_or_path}: unknown rope_type {rope_type!r} in its config.")
     _check_saved_rope(name_or_path, config)
     if "attn_implementation" not in hf_kwargs:
-        attention.check_block(name_or_path, config)
+        attention.check_entry(name_or_path, config)
     return config
 
 
@@ -74,7 +74,7 @@ def _check_saved_rope(name_or_path, config) -> None:
     """A hand-edited config fails here, naming the key, instead of loading and giving non-finite
     logits later: a non-finite rope number, the two layouts of a local config.json disagreeing
     (transformers reads one, other engines the other), or a rope edited against the hf_posext
-    block (portable.logical_rope raises)."""
+    entry (portable.logical_rope raises)."""
     rope = get_rope_parameters(config)
     for key, value in rope.items():
         numbers = value if isinstance(value, list) else [value]
@@ -104,10 +104,10 @@ def _check_saved_rope(name_or_path, config) -> None:
                                       f"rope_parameters[{key!r}]={b[key]!r}; make both the same "
                                       "(transformers 5 reads rope_parameters, 4.x rope_scaling).")
     decoder = text_config(config)
-    if getattr(decoder, BLOCK, None) is not None:
-        try:  # a block edited against the rope config (or the reverse)
+    if getattr(decoder, ENTRY, None) is not None:
+        try:  # an entry edited against the rope config (or the reverse)
             logical_rope(decoder, get_rope_parameters(decoder), rotary_dim(decoder))
-        except ValueError as err:   # name the file the block came from, as the checks above do
+        except ValueError as err:   # name the file the entry came from, as the checks above do
             raise ConfigError(f"{raw_path if raw_path.is_file() else name_or_path}: {err}") from None
 
 
@@ -159,7 +159,7 @@ def from_pretrained(name_or_path, method: str | RopeExtensionConfig | None = Non
         patch(model, method, factor, target_length=target, **knobs)
     else:  # loaded as saved
         config = text_config(model.config)
-        if getattr(config, BLOCK, None) is not None:
+        if getattr(config, ENTRY, None) is not None:
             # transformers 5.x keeps only rope_parameters after loading: restore the 4.x pair so
             # that re-saving writes both layouts again (docs/portability.md, "Both layouts")
             write_both_layouts(config, get_rope_parameters(config))

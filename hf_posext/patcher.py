@@ -37,7 +37,7 @@ from .rope.registry import LONGROPE_ONLY, LONGROPE_REFUSED_V4, check_supported, 
 
 _STATE_ATTR = "_hf_posext_state"
 _RAW_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings", "head_dim",
-             NATIVE_TRAINED_KEY, "rope_local_base_freq", portable.BLOCK,
+             NATIVE_TRAINED_KEY, "rope_local_base_freq", portable.ENTRY,
              *attention.RAW_KEYS)
 
 
@@ -142,7 +142,7 @@ def _passthrough_rope(method: str, factor, target, trained: int, base: dict, par
 @dataclass(frozen=True)
 class PatchPlan:
     """What `patch` writes: the rope dict (in its portable saved form), max_position_embeddings,
-    the method's spec for the `config.hf_posext` block (None for plain RoPE and transformers'
+    the method's spec for the `config.hf_posext` entry (None for plain RoPE and transformers'
     own llama3/longrope) and the attention-level method (hf_posext/attention), if any."""
     rope: dict[str, Any]
     max_position_embeddings: int
@@ -237,7 +237,7 @@ def apply_to_config(config, new: PatchPlan, raw_config: dict[str, Any]) -> None:
         # every longrope, both versions switch at L.
         config.original_max_position_embeddings = new.rope[NATIVE_TRAINED_KEY]
     set_rope_parameters(config, new.rope)
-    portable.set_block(config, new.spec, new.rope_theta)
+    portable.set_entry(config, new.spec, new.rope_theta)
     if new.attention is not None:
         model_type = getattr(config, "model_type", None)
         why = attention_refusal(families.family(model_type) if isinstance(model_type, str) else None,
@@ -367,7 +367,7 @@ def trained_length(model: Any) -> int:  # a model, or anything with its .config 
     rope = state.rope if state else _logical_rope(config)
     max_pos = state.max_position_embeddings if state else config.max_position_embeddings
     saved = attention.saved_trained_length(state.raw_config if state else config.__dict__)
-    if saved:  # an attention method keeps plain RoPE and records L in its block
+    if saved:  # an attention method keeps plain RoPE and records L in its entry
         return saved
     if rope.get("rope_type") in PASSTHROUGH_TYPES:
         return int(rope.get(NATIVE_TRAINED_KEY) or max_pos)
@@ -376,7 +376,7 @@ def trained_length(model: Any) -> int:  # a model, or anything with its .config 
 
 def _logical_rope(config) -> dict[str, Any]:
     """The rope as hf_posext reads it: a portable save (e.g. `ntk` as plain RoPE with the raised
-    theta) is seen through its `config.hf_posext` block as the method on the original theta."""
+    theta) is seen through its `config.hf_posext` entry as the method on the original theta."""
     return portable.logical_rope(config, get_rope_parameters(config), rotary_dim(config))
 
 

@@ -93,14 +93,14 @@ def test_explicit_attn_implementation_wins(tmp_path, tokens):
 
 
 def test_auto_knob_round_trips_with_its_target(tmp_path, tokens):
-    """The saved block keeps leak="auto" and target_length, so a reload fits the same k."""
+    """The saved entry keeps leak="auto" and target_length, so a reload fits the same k."""
     model = tiny_model("llama", attn_implementation="sdpa")
     hf_posext.patch(model, "leaky_rerope", 2.5, window=24, leak="auto")
     with torch.no_grad():
         want = model(tokens).logits
     model.save_pretrained(tmp_path)
-    block = json.loads((tmp_path / "config.json").read_text())["hf_posext_attention"]
-    assert block["leak"] == "auto" and block["target_length"] == round(2.5 * TRAINED)
+    entry = json.loads((tmp_path / "config.json").read_text())["hf_posext_attention"]
+    assert entry["leak"] == "auto" and entry["target_length"] == round(2.5 * TRAINED)
     again = hf_posext.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         torch.testing.assert_close(again(tokens).logits, want, rtol=1e-6, atol=1e-6)

@@ -296,15 +296,15 @@ def _set_both(key, value):
 
 @pytest.mark.parametrize("case,match", [
     ("scaling_only", r"rope_scaling\['factor'\]=8.0 disagrees with rope_parameters\['factor'\]=4.0; make both"),
-    ("both_vs_block", r"config.hf_posext describes 'yarn' \(factor 4\).*Delete config.hf_posext"),
-    ("nan_no_block", r"rope factor=nan is not finite; restore"),
+    ("both_vs_entry", r"config.hf_posext describes 'yarn' \(factor 4\).*Delete config.hf_posext"),
+    ("nan_no_entry", r"rope factor=nan is not finite; restore"),
     ("bad_original", r"original_max_position_embeddings=-4: trained_length must be a positive integer"),
 ])
 def test_hand_edited_config_fails_on_load_naming_the_key(tmp_path, case, match):
     import math
     edits = {"scaling_only": lambda c: c["rope_scaling"].update(factor=8.0),
-             "both_vs_block": _set_both("factor", 8.0),
-             "nan_no_block": lambda c: (c.pop("hf_posext"), _set_both("rope_type", "linear")(c),
+             "both_vs_entry": _set_both("factor", 8.0),
+             "nan_no_entry": lambda c: (c.pop("hf_posext"), _set_both("rope_type", "linear")(c),
                                         _set_both("factor", math.nan)(c)),
              "bad_original": _set_both("original_max_position_embeddings", -4)}
     folder = _edited_copy(tmp_path, edits[case])

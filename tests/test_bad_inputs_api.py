@@ -132,10 +132,10 @@ def _both(key, value):
     return edit
 
 
-# the other edits (one layout, against the block, no block, a bad L): test_bad_inputs
+# the other edits (one layout, against the entry, no entry, a bad L): test_bad_inputs
 EDITS = {"nan-factor": (_both("factor", math.nan), "factor=nan is not finite"),
          "inf-rope-theta": (_both("rope_theta", math.inf), "rope_theta=inf is not finite"),
-         "damaged-block": (lambda c: c.update(hf_posext={"method": "yarn"}), "is not a block hf_posext wrote"),
+         "damaged-entry": (lambda c: c.update(hf_posext={"method": "yarn"}), "is not an entry hf_posext wrote"),
          "unknown-rope-type": (_both("rope_type", "warp"), "unknown rope_type 'warp'"),
          "gpt2-model-type": (lambda c: c.update(model_type="gpt2"), "'gpt2' uses RoPE but is not supported")}
 

@@ -150,14 +150,14 @@ def test_trained_length_of_a_name_is_a_type_error():
 
 
 # ------------------------------------------------------------------ damaged checkpoints
-def test_deleted_attention_block_is_refused_at_load(tmp_path):
-    folder = _saved(tmp_path, "noblock", "rerope", lambda c: c.pop("hf_posext_attention"), factor=2)
-    refused(lambda: hf_posext.from_pretrained(str(folder)), "no 'hf_posext_attention' block",
+def test_deleted_attention_entry_is_refused_at_load(tmp_path):
+    folder = _saved(tmp_path, "noentry", "rerope", lambda c: c.pop("hf_posext_attention"), factor=2)
+    refused(lambda: hf_posext.from_pretrained(str(folder)), "no 'hf_posext_attention' entry",
             "attn_implementation='sdpa'")
 
 
-def test_deleted_attention_block_loads_with_plain_attention_when_asked(tmp_path):
-    folder = _saved(tmp_path, "noblock", "rerope", lambda c: c.pop("hf_posext_attention"), factor=2)
+def test_deleted_attention_entry_loads_with_plain_attention_when_asked(tmp_path):
+    folder = _saved(tmp_path, "noentry", "rerope", lambda c: c.pop("hf_posext_attention"), factor=2)
     model = hf_posext.from_pretrained(str(folder), attn_implementation="sdpa")
     assert model.config._attn_implementation == "sdpa"
 

@@ -1,5 +1,5 @@
 """`hf-posext check` reads the whole config.json: attention-level
-methods are "lost" where they are, contradictions between the layouts / the block / non-finite
+methods are "lost" where they are, contradictions between the layouts / the entry / non-finite
 values are reported, and the context length and RoPE-base warnings follow their sources.
 
 References: transformers itself (what it loads, in a process without hf_posext), the engines'
@@ -91,7 +91,7 @@ def test_transformers_without_hf_posext_does_what_check_says(tmp_path):
 
 
 def test_layouts_that_disagree_are_reported_per_reader(tmp_path):
-    """factor 8 in rope_parameters, 2 in rope_scaling, no block: transformers 5.x reads
+    """factor 8 in rope_parameters, 2 in rope_scaling, no entry: transformers 5.x reads
     rope_scaling (asked of transformers itself), llama.cpp's converter rope_parameters."""
     path = edit(saved(tmp_path, "linear"), hf_posext=None,
                 rope_parameters={"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
@@ -134,8 +134,8 @@ def test_a_longrope_whose_versions_switch_sets_at_different_lengths_is_an_error(
     assert "longrope switches" not in text and "two longrope factor sets" not in text  # one set
 
 
-def test_a_block_edited_against_the_rope_config_is_an_error(tmp_path):
-    """check reports what hf_posext's own loader refuses (the block says 4, the rope 2)."""
+def test_an_entry_edited_against_the_rope_config_is_an_error(tmp_path):
+    """check reports what hf_posext's own loader refuses (the entry says 4, the rope 2)."""
     path = edit(saved(tmp_path, "yarn", weights=True), rope_scaling={"factor": 2.0},
                 rope_parameters={"factor": 2.0})
     text = check_report(path)

@@ -132,7 +132,7 @@ def test_nothing_to_clip_is_an_error_and_leaves_the_model_alone():
 
 def test_save_and_reload_without_hf_posext_imports(tmp_path):
     """The saved form is transformers' longrope: plain `from_pretrained` (the type needs no
-    registration) runs the same logits; the hf_posext block reads back as CoPE."""
+    registration) runs the same logits; the hf_posext entry reads back as CoPE."""
     model = hf_posext.patch(tiny_model("llama"), "cope", 2.0, hard_clip=True)
     model.save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())

@@ -11,7 +11,7 @@ builds `.venv` first, so it always exists then, while `.venv-tf4` does not exist
 Both directions, every method, Llama and Mistral: save here / load there, and save there / load
 here, each load in a fresh process. Every method but `dynamic_yarn` must load with plain
 transformers (hf_posext never imported); `dynamic_yarn` is hf_posext's own type and loads after
-`import hf_posext`. Then, with hf_posext imported, the block in config.json must still give the
+`import hf_posext`. Then, with hf_posext imported, the entry in config.json must still give the
 trained length, and re-patching a saved `ntk` must start from the original theta.
 """
 

@@ -101,7 +101,7 @@ def sglang_context_length(cfg):
 
 
 def test_factor_length_says_what_each_engine_derives_and_the_fix_removes_it():
-    """Qwen2.5 with its model card's YaRN block: vLLM derives s·L, SGLang and llama.cpp stop at
+    """Qwen2.5 with its model card's YaRN entry: vLLM derives s·L, SGLang and llama.cpp stop at
     max_position_embeddings; the fix (max_position_embeddings = s·L) makes them agree."""
     raw = doctor.raw_config(fixture("qwen2.5-7b-instruct-yarn"))
     finding = found(raw)["factor-length"]
@@ -225,8 +225,8 @@ def test_nested_rope_is_ignored_by_transformers(tmp_path):
 
 
 def test_qwen_vl_yarn_at_the_top_level_never_reaches_the_decoder(tmp_path):
-    """Qwen2.5-VL saved with its text_config, the card's YaRN block added at the top level: the
-    running transformers either refuses the wrapper (5.24 validates the block against a
+    """Qwen2.5-VL saved with its text_config, the card's YaRN entry added at the top level: the
+    running transformers either refuses the wrapper (5.24 validates the entry against a
     max_position_embeddings only text_config has) or builds the decoder without it."""
     raw = doctor.raw_config(fixture("broken-nested-yarn-top-level"))
     try:
@@ -255,7 +255,7 @@ def test_per_layer_type_rope_parameters_are_one_layout(tmp_path):
 
 
 def test_static_scaling_is_named_only_where_it_was_added():
-    """Qwen's card block (max_position_embeddings < s·L) and hf_posext's own extensions; not
+    """Qwen's card entry (max_position_embeddings < s·L) and hf_posext's own extensions; not
     configs trained with the scaling (gpt-oss, DeepSeek-V3: max_position_embeddings = s·L)."""
     assert "static-short" in found("qwen3-8b-yarn")
     for name in ("gpt-oss-20b", "deepseek-v3", "llama-3.1-8b"):
@@ -292,7 +292,7 @@ def write_gguf(path: Path, meta: dict) -> Path:
 
 
 def test_gguf_with_yarn_baked_in(tmp_path, run_cli):
-    """llama.cpp #13331: a GGUF converted while the YaRN block was in config.json keeps it. Read
+    """llama.cpp #13331: a GGUF converted while the YaRN entry was in config.json keeps it. Read
     from a GGUF file (written here with the gguf package) and from gguf-dump --json output."""
     from hf_posext.portability.gguf_doctor import read_metadata
 
@@ -305,7 +305,7 @@ def test_gguf_with_yarn_baked_in(tmp_path, run_cli):
     assert code == 1, err
     assert "[gguf-mismatch]" in out and "rope.scaling.type: GGUF 'yarn', config 'none'" in out
     assert "--rope-scaling none" in out
-    # the config it came from (with the YaRN block) matches the GGUF: no GGUF finding
+    # the config it came from (with the YaRN entry) matches the GGUF: no GGUF finding
     code, out, _ = run_cli(["check", fixture("qwen2.5-7b-instruct-yarn"), "--gguf", dumped])
     assert code == 0 and "gguf-mismatch" not in out
     # a θ the GGUF does not carry: --rope-freq-base with the config's value

@@ -96,21 +96,21 @@ def test_sliding_window_equals_brute_force_loop(window, stride):
     assert math.exp(nll / n) == pytest.approx(math.exp(total / count), rel=1e-5)
 
 
-def test_sliding_with_stride_equal_window_is_truncate_and_independent_blocks():
+def test_sliding_with_stride_equal_window_is_truncate_and_independent_windows():
     model = tiny_model()
     W = 32
     doc = random_doc(3 * W, seed=7)
     # One window: sliding over the first W tokens is the truncate value at L = W.
     assert sliding_nll(model, [doc], W, W, eval_tokens=W) == \
         pytest.approx(truncate_nll(model, [doc], W), rel=1e-6)
-    # Three independent blocks: each scored with the plain full-logits path (block k's last
-    # position predicts the first token of block k+1).
+    # Three disjoint windows: each scored with the plain full-logits path (window k's last
+    # position predicts the first token of window k+1).
     d = torch.as_tensor(doc, dtype=torch.long)
     total = 0.0
     for k in range(3):
-        block = d[k * W:(k + 1) * W]
+        window = d[k * W:(k + 1) * W]
         with torch.no_grad():
-            logp = torch.log_softmax(model(block[None]).logits[0].double(), -1)   # [W, V]
+            logp = torch.log_softmax(model(window[None]).logits[0].double(), -1)   # [W, V]
         nxt = d[k * W + 1:min((k + 1) * W + 1, len(d))]
         total -= float(logp[torch.arange(len(nxt)), nxt].sum())
     nll, n = sliding_nll(model, [doc], W, W)

@@ -36,7 +36,7 @@ OLMO3 = {"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "hidden_s
          "max_position_embeddings": 65536, "sliding_window": 4096, "rope_theta": 500000,
          "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192,
                           "attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1}}
-# Phi-2's shape (head 80, partial_rotary_factor 0.4: 32 rotary dims) with a LongRoPE block whose
+# Phi-2's shape (head 80, partial_rotary_factor 0.4: 32 rotary dims) with a LongRoPE entry whose
 # lists were sized to head_dim / 2 = 40 instead of 32 / 2 = 16 (apache/tvm #18102's mix-up)
 PHI2_LONGROPE = {"architectures": ["PhiForCausalLM"], "model_type": "phi", "hidden_size": 2560,
                  "num_attention_heads": 32, "num_key_value_heads": 32, "partial_rotary_factor": 0.4,
@@ -69,7 +69,7 @@ def test_clean_configs_get_no_family_finding():
         assert family(fixture(name)) == [], name
     smol_128k = {**fixture("smollm3-3b"), "num_hidden_layers": 36, "max_position_embeddings": 131072,
                  "rope_scaling": {"factor": 2.0, "original_max_position_embeddings": 65536, "type": "yarn"}}
-    assert family(smol_128k) == []   # the card's YaRN block: a scaling block on NoPE layers is fine
+    assert family(smol_128k) == []   # the card's YaRN entry: a scaling entry on NoPE layers is fine
 
 
 def test_gemma3_sliding_releases(tmp_path):
@@ -108,7 +108,7 @@ def test_gemma3_sliding_entry_scaled(tmp_path):
 
 
 def test_olmo3_long_context(tmp_path):
-    """OLMo 3's YaRN block (4.x layout): transformers (running version) runs the sliding layers
+    """OLMo 3's YaRN entry (4.x layout): transformers (running version) runs the sliding layers
     plain; pre-fix transformers 5 and vLLM ran them at YaRN factor 8, cos/sin × 0.1·ln 8 + 1."""
     found = family(OLMO3)
     assert [f.engines for f in found] == [("transformers 5 before the fix of #41934, #45945",),
@@ -122,9 +122,9 @@ def test_olmo3_long_context(tmp_path):
 
 @needs_v5
 def test_olmo3_flat_rope_parameters_lose_the_extension(tmp_path):
-    """One flat rope_parameters block (what a transformers 5 release without the per-layer
+    """One flat rope_parameters entry (what a transformers 5 release without the per-layer
     conversion saves): the running transformers fills both layer types with plain RoPE; the
-    fix (the block keyed by layer type) loads as YaRN on the full-attention layers only."""
+    fix (the entry keyed by layer type) loads as YaRN on the full-attention layers only."""
     flat = {k: v for k, v in OLMO3.items() if k not in ("rope_scaling", "rope_theta")}
     flat["rope_parameters"] = {**OLMO3["rope_scaling"], "rope_theta": 500000}
     loaded = AutoConfig.from_pretrained(as_checkpoint(tmp_path, flat, "flat")).rope_parameters
@@ -137,7 +137,7 @@ def test_olmo3_flat_rope_parameters_lose_the_extension(tmp_path):
     assert (loaded["full_attention"]["rope_type"], loaded["full_attention"]["factor"]) == ("yarn", 8.0)
     assert loaded["sliding_attention"]["rope_type"] == "default"
     assert family(fixed) == []
-    # the 4.x block kept beside the flat one: transformers refuses the config outright
+    # the 4.x entry kept beside the flat one: transformers refuses the config outright
     both = {**flat, "rope_scaling": OLMO3["rope_scaling"]}
     with pytest.raises(KeyError, match="full_attention"):
         AutoConfig.from_pretrained(as_checkpoint(tmp_path, both, "both"))
@@ -153,7 +153,7 @@ def deepseek_yarn_scale(rope: dict, s: float) -> float:
 
 
 def test_deepseek_v3_without_mscale(tmp_path):
-    """DeepSeek-V3's YaRN block with `mscale` left out: transformers (running version) falls back
+    """DeepSeek-V3's YaRN entry with `mscale` left out: transformers (running version) falls back
     to 0.1·ln 40 + 1 on cos/sin, vLLM and SGLang's deepseek_yarn run the pair with mscale = 1."""
     raw = fixture("deepseek-v3")
     del raw["rope_scaling"]["mscale"]
@@ -218,7 +218,7 @@ def test_phi3_released_lists_build(tmp_path):
 
 def test_smollm3_nope_layers_llama_cpp_ignores():
     """SmolLM3 with NoPE on every 3rd layer: transformers' own config keeps the list; llama.cpp's
-    fixed step (il + 1) % 4 == 0 rotates the wrong layers; the YaRN block leaves NoPE layers alone."""
+    fixed step (il + 1) % 4 == 0 rotates the wrong layers; the YaRN entry leaves NoPE layers alone."""
     from transformers import SmolLM3Config
 
     listed = [int((i + 1) % 3 != 0) for i in range(36)]

@@ -158,7 +158,7 @@ NATIVE_YARN = {"rope_type": "yarn", "factor": 4.0, OLD: TRAINED, "beta_fast": 32
 
 
 def _native(rope: dict):
-    """A Llama of tiny_model's shape whose rope block transformers itself holds (no hf_posext)."""
+    """A Llama of tiny_model's shape whose rope entry transformers itself holds (no hf_posext)."""
     layout = ({"rope_parameters": {"rope_theta": 10_000.0, **rope}} if IS_V5 else
               {"rope_scaling": dict(rope), "rope_theta": 10_000.0})
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -167,7 +167,7 @@ def _native(rope: dict):
     return config, LlamaForCausalLM(config).eval()
 
 
-def _rope_blocks(folder) -> tuple[list[dict], dict]:
+def _rope_entries(folder) -> tuple[list[dict], dict]:
     data = json.loads((folder / "config.json").read_text())
     return [data[k] for k in ("rope_parameters", "rope_scaling") if isinstance(data.get(k), dict)], data
 
@@ -175,11 +175,11 @@ def _rope_blocks(folder) -> tuple[list[dict], dict]:
 def test_a_saved_extension_keeps_transformers_key_and_runs_as_transformers_reads_it(tmp_path):
     """config.json's rope dicts hold L under transformers' key (never ours); the reloaded model's
     frequencies and cos/sin scale are what transformers' own yarn function computes from a rope
-    block written by hand."""
+    entry written by hand."""
     hf_posext.patch(tiny_model(), "yarn", 4.0).save_pretrained(tmp_path)
-    blocks, data = _rope_blocks(tmp_path)
-    assert blocks and all(b[OLD] == TRAINED and NEW not in b for b in blocks)
-    assert data["hf_posext"][NEW] == TRAINED and OLD not in data["hf_posext"]   # our own block: ours
+    ropes, data = _rope_entries(tmp_path)
+    assert ropes and all(r[OLD] == TRAINED and NEW not in r for r in ropes)
+    assert data["hf_posext"][NEW] == TRAINED and OLD not in data["hf_posext"]   # our own entry: ours
     rotary = hf_posext.from_pretrained(str(tmp_path)).model.rotary_emb
     inv_freq, scale = ROPE_INIT_FUNCTIONS["yarn"](_native(NATIVE_YARN)[0], None)
     torch.testing.assert_close(rotary.inv_freq, inv_freq, rtol=0, atol=0)
@@ -193,13 +193,13 @@ def test_a_checkpoint_transformers_wrote_loads_re_extends_and_saves_its_key(tmp_
     hf_posext.patch(model, "linear", 2.0)                   # replaces yarn, from L
     assert model.config.max_position_embeddings == 2 * TRAINED
     hf_posext.patch(model, "yarn", 8.0).save_pretrained(tmp_path / "again")
-    blocks, _ = _rope_blocks(tmp_path / "again")
-    assert all((b[OLD], b["factor"]) == (TRAINED, 8.0) and NEW not in b for b in blocks)
+    ropes, _ = _rope_entries(tmp_path / "again")
+    assert all((r[OLD], r["factor"]) == (TRAINED, 8.0) and NEW not in r for r in ropes)
 
 
-def test_a_block_written_before_the_rename_still_loads(tmp_path):
-    """hf_posext's own block held L under transformers' key before the rename: still read."""
-    hf_posext.patch(tiny_model(), "ntk", 4.0).save_pretrained(tmp_path)   # plain RoPE + the block
+def test_an_entry_written_before_the_rename_still_loads(tmp_path):
+    """hf_posext's own entry held L under transformers' key before the rename: still read."""
+    hf_posext.patch(tiny_model(), "ntk", 4.0).save_pretrained(tmp_path)   # plain RoPE + the entry
     data = json.loads((tmp_path / "config.json").read_text())
     data["hf_posext"][OLD] = data["hf_posext"].pop(NEW)
     (tmp_path / "config.json").write_text(json.dumps(data))

@@ -35,7 +35,7 @@ def test_save_then_automodel_round_trip(arch, tokens, tmp_path, method):
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").is_file()
     rope, data = saved_rope(tmp_path)
-    # the portable forms (hf_posext/portability/portable.py); the method itself lives in the hf_posext block
+    # the portable forms (hf_posext/portability/portable.py); the method itself lives in the hf_posext entry
     assert rope["rope_type"] == {"ntk": "default", "dynamic_ntk": "dynamic",
                                  "ntk_by_parts": "yarn", "cope": "longrope"}.get(method, method)
     assert rope.get("factor", 4.0) == 4.0 and data["hf_posext"]["factor"] == 4.0

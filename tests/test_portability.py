@@ -86,7 +86,7 @@ def test_vllm_reads_an_old_ntk_checkpoint_with_its_own_formula(tmp_path):
 
 
 def test_an_old_ntk_by_parts_checkpoint_still_loads(tmp_path):
-    """Saved before portable forms: rope_type ntk_by_parts (registered for reading), no block."""
+    """Saved before portable forms: rope_type ntk_by_parts (registered for reading), no entry."""
     path, model = saved(tmp_path, "ntk_by_parts")
     cfg = json.loads((path / "config.json").read_text())
     old = {"rope_type": "ntk_by_parts", "factor": S, "original_max_position_embeddings": TRAINED,

@@ -121,7 +121,7 @@ def test_document_haystack_cuts_at_line_ends(tmp_path):
     path = tmp_path / "play.txt"
     path.write_text("".join(f"Line {i} of the play.\n" for i in range(200)))
     hay = document_haystack(tok, TextSource(str(path)), 1000)
-    assert all(tok.decode(list(b)).endswith("\n") for b in hay.blocks)
+    assert all(tok.decode(list(piece)).endswith("\n") for piece in hay.pieces)
     cell = build_cell(tok, get_task("multi_key"), hay, 1000, 0.3, [0, 1])
     assert "Line 0 of the play." in tok.decode(cell.prefix)
     with pytest.raises(ValueError, match="no document"):

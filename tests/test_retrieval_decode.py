@@ -158,7 +158,7 @@ def test_cell_answers_with_and_without_prefix_reuse_agree():
                                     pytest.param("dual_chunk", marks=pytest.mark.slow)])
 def test_deeper_cells_extend_the_shallower_prefix_cache(method):
     """Depths 0.25 -> 0.5 -> 0.75 of one (task, length, seeds): each prefix is the next one's
-    first tokens (whole haystack blocks, tokenised once), so the holder extends its cache; each
+    first tokens (whole haystack pieces, tokenised once), so the holder extends its cache; each
     trial's logits then equal those from the cell's own prefill, and the full recompute's."""
     tok, model = char_tokenizer(), tiny_model()
     if method != "none":
@@ -255,7 +255,7 @@ def test_the_holder_keeps_states_within_its_bytes_and_drops_the_least_recently_u
 
 def test_the_grid_extends_one_prefix_cache_over_a_columns_depths(monkeypatch):
     """evaluate_retrieval hands answer_cell one SharedPrefix: the depths of a (task, method,
-    length) after the first prefill only the blocks between the needles, the methods start over,
+    length) after the first prefill only the pieces between the needles, the methods start over,
     and the answers are those of one full prefill per trial."""
     from hf_posext.evaluation.retrieval import RetrievalGrid, decode, evaluate_retrieval
     tok, model = char_tokenizer(), tiny_model()

@@ -3,10 +3,10 @@ error naming the problem and the fix before any weight loads.
 
 1. `hf-posext lm-eval` defaults to its own model type and hands RULER a folder with the tokenizer
    of a GGUF (the embedded default), saved once and reused;
-2. a block written by a newer hf_posext names that version and the upgrade;
+2. an entry written by a newer hf_posext names that version and the upgrade;
 3. `eval --methods all` skips the cells STRING's defaults cannot run (a note), `--methods string`
    refuses them;
-4. a wrong value inside a saved block names the file and the block;
+4. a wrong value inside a saved entry names the file and the entry;
 5. the results table keeps its natural width where there is no terminal.
 """
 
@@ -144,8 +144,8 @@ def test_lm_eval_runs_ruler_on_the_embedded_model_offline(tmp_path, monkeypatch)
     assert data["config"]["model_args"]["tokenizer"] == str(folder)
 
 
-# ------------------------------------------------------------------ 2 and 4. the saved block
-def _saved_with_block(tmp_path: Path, **edit) -> Path:
+# ------------------------------------------------------------------ 2 and 4. the saved entry
+def _saved_with_entry(tmp_path: Path, **edit) -> Path:
     hf_posext.patch(tiny_model(), "yarn", 2.0).save_pretrained(tmp_path)
     data = json.loads((tmp_path / "config.json").read_text())
     data["hf_posext"].update(edit)
@@ -153,23 +153,23 @@ def _saved_with_block(tmp_path: Path, **edit) -> Path:
     return tmp_path
 
 
-def test_a_block_from_a_newer_version_names_it_and_the_upgrade(tmp_path, no_load):
-    folder = _saved_with_block(tmp_path, version="9.1.0", future_knob=3)
+def test_an_entry_from_a_newer_version_names_it_and_the_upgrade(tmp_path, no_load):
+    folder = _saved_with_entry(tmp_path, version="9.1.0", future_knob=3)
     with pytest.raises(ConfigError) as err:
         hf_posext.from_pretrained(folder)
     line = str(err.value)
-    assert line.startswith(f"{folder / 'config.json'}: block 'hf_posext' was written by hf_posext 9.1.0")
+    assert line.startswith(f"{folder / 'config.json'}: entry 'hf_posext' was written by hf_posext 9.1.0")
     assert "['future_knob']" in line and "pip install -U 'hf_posext>=9.1.0'" in line
     assert "\n" not in line
     # the same key from this version (or an unreadable version) is a mistake, not a newer format
     for version in (hf_posext.__version__, "not-a-version"):
-        folder = _saved_with_block(tmp_path / version, version=version, future_knob=3)
+        folder = _saved_with_entry(tmp_path / version, version=version, future_knob=3)
         with pytest.raises(ConfigError, match=r"Unknown RopeExtensionConfig keys \['future_knob'\]"):
             hf_posext.from_pretrained(folder)
 
 
-def test_a_newer_block_with_a_value_this_version_refuses_names_the_upgrade(tmp_path, no_load):
-    folder = _saved_with_block(tmp_path, version="9.1.0", method="yarn_v2")
+def test_a_newer_entry_with_a_value_this_version_refuses_names_the_upgrade(tmp_path, no_load):
+    folder = _saved_with_entry(tmp_path, version="9.1.0", method="yarn_v2")
     with pytest.raises(ConfigError, match=r"Unknown RoPE extension method 'yarn_v2'.*written by "
                                           r"hf_posext 9\.1\.0 \(installed: .*upgrade"):
         hf_posext.from_pretrained(folder)
@@ -180,16 +180,16 @@ def test_a_newer_block_with_a_value_this_version_refuses_names_the_upgrade(tmp_p
     ("beta_fast", -1, "beta_fast"),
     ("rope_theta", "theta", "could not convert string to float"),
 ])
-def test_a_wrong_value_in_the_block_names_the_file_and_block(tmp_path, capsys, no_load, key, value, says):
-    folder = _saved_with_block(tmp_path, **{key: value})
+def test_a_wrong_value_in_the_entry_names_the_file_and_entry(tmp_path, capsys, no_load, key, value, says):
+    folder = _saved_with_entry(tmp_path, **{key: value})
     with pytest.raises(ConfigError) as err:
         hf_posext.from_pretrained(folder)
     line = str(err.value)
-    assert line.startswith(f"{folder / 'config.json'}: block 'hf_posext': ") and says in line
+    assert line.startswith(f"{folder / 'config.json'}: entry 'hf_posext': ") and says in line
     assert "restore the value hf_posext saved" in line and "\n" not in line
     # the commands load through the same check: one line, before any weight
     line = _cli_error(capsys, ["eval", "--model", str(folder), "--methods", "yarn", "--lengths", "64"])
-    assert str(folder / "config.json") in line and "block 'hf_posext'" in line
+    assert str(folder / "config.json") in line and "entry 'hf_posext'" in line
 
 
 # ------------------------------------------------------------------ 3. --methods all and STRING

@@ -193,14 +193,14 @@ def test_export_sglang_writes_dual_chunk(tmp_path):
     path = saved(tmp_path, "dual_chunk", arch="qwen2")
     out = tmp_path / "dca"
     verdicts = {v.reader: v for v in hf_posext.export(path, out, target="sglang")}
-    block = json.loads((out / "config.json").read_text())["dual_chunk_attention_config"]
+    entry = json.loads((out / "config.json").read_text())["dual_chunk_attention_config"]
     # ChunkLlama's defaults (hf_posext: chunk 3L/4, local L/16) under SGLang's key names
-    assert block == {"chunk_size": 3 * TRAINED // 4, "local_size": TRAINED // 16,
+    assert entry == {"chunk_size": 3 * TRAINED // 4, "local_size": TRAINED // 16,
                      "original_max_position_embeddings": T}
     assert verdicts["sglang"].status == "exact"
     assert verdicts["vllm-0cd5784"].status == "lost"
     line = shlex.split(command(path, "sglang").line())
-    assert json.loads(flags(line)["--json-model-override-args"]) == {"dual_chunk_attention_config": block}
+    assert json.loads(flags(line)["--json-model-override-args"]) == {"dual_chunk_attention_config": entry}
 
 
 def test_sglang_dual_chunk_cells(tmp_path):
@@ -257,7 +257,7 @@ def test_docs_commands(tmp_path, monkeypatch, capsys):
 
 
 def test_sglang_dual_chunk_at_serve_time(tmp_path):
-    """A Qwen2 base checkpoint served with DCA by overrides alone: the block ChunkLlama's defaults
+    """A Qwen2 base checkpoint served with DCA by overrides alone: the entry ChunkLlama's defaults
     give (chunk 3L/4, local L/16) and the extended max_position_embeddings (SGLang's key table
     has that many rows)."""
     argv = shlex.split(command(saved(tmp_path, None, arch="qwen2"), "sglang", "dual_chunk", S).line())

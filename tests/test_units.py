@@ -261,8 +261,8 @@ with torch.no_grad():
 assert torch.equal(gotauto, want8)
 with tempfile.TemporaryDirectory() as tmp:
     base.save_pretrained(tmp)
-    block = json.loads((pathlib.Path(tmp) / "config.json").read_text())[hf_posext.attention.CONFIG_KEY]
-    assert block["span"] == "auto" and block["target_length"] == 128, block
+    entry = json.loads((pathlib.Path(tmp) / "config.json").read_text())[hf_posext.attention.CONFIG_KEY]
+    assert entry["span"] == "auto" and entry["target_length"] == 128, entry
     again = hf_posext.from_pretrained(tmp).eval()       # "auto" and T saved: fitted again on reload
     with torch.no_grad():
         assert torch.equal(again(ids).logits, want8)

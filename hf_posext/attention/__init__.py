@@ -13,8 +13,8 @@ Attention, STRING and log-n query scaling, through transformers' `AttentionInter
 """
 
 from .config import ALL_KNOBS, ATTENTION_METHODS, AttentionExtensionConfig
-from .install import RAW_KEYS, after_load, check_block, install, is_attention_method, saved_trained_length, split
+from .install import RAW_KEYS, after_load, check_entry, install, is_attention_method, saved_trained_length, split
 from .interface import CONFIG_KEY, IMPLEMENTATION, register
 
 __all__ = ["ALL_KNOBS", "ATTENTION_METHODS", "AttentionExtensionConfig", "CONFIG_KEY", "IMPLEMENTATION", "RAW_KEYS",
-           "after_load", "check_block", "install", "is_attention_method", "register", "saved_trained_length", "split"]
+           "after_load", "check_entry", "install", "is_attention_method", "register", "saved_trained_length", "split"]

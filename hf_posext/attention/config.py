@@ -8,7 +8,7 @@ the unit's own check.
 The "auto" rule, one for every knob: a knob whose spec has a fitting function (`Knob.auto`, e.g.
 leaky ReRoPE's `leak`, Self-Extend's `group_size`) also takes "auto"; it then needs the target
 length T = s·L, and `fitted(name)` gives the value its unit's function fits for (this config, L,
-T). `patch(model, method, s)` sets T; the saved block keeps "auto" and `target_length`, so a
+T). `patch(model, method, s)` sets T; the saved entry keeps "auto" and `target_length`, so a
 reload derives the same value.
 """
 

@@ -57,8 +57,8 @@ def split(method, params: dict[str, Any], trained: int, target_length: int | Non
 
 def saved_trained_length(raw_config: dict[str, Any]) -> int | None:
     """L recorded by an attention method in a checkpoint (its max_position_embeddings may be s·L)."""
-    block = raw_config.get(CONFIG_KEY)
-    return int(block["trained_length"]) if isinstance(block, dict) and "trained_length" in block else None
+    entry = raw_config.get(CONFIG_KEY)
+    return int(entry["trained_length"]) if isinstance(entry, dict) and "trained_length" in entry else None
 
 
 def install(config, spec: AttentionExtensionConfig | None, raw_config: dict[str, Any]) -> None:
@@ -78,9 +78,9 @@ def install(config, spec: AttentionExtensionConfig | None, raw_config: dict[str,
     config._attn_implementation = "sdpa" if original in (None, IMPLEMENTATION) else original
 
 
-def check_block(name, config) -> None:
+def check_entry(name, config) -> None:
     """A checkpoint saved with an attention method (config.json `attn_implementation:
-    hf_posext`) must carry the method's block: without it the model loads, then fails at the
+    hf_posext`) must carry the method's entry: without it the model loads, then fails at the
     first forward. Refused before weights load (`loading.check_config_early`)."""
     config = text_config(config)
     wanted = IMPLEMENTATION in (getattr(config, "_attn_implementation_internal", None),
@@ -95,8 +95,8 @@ def check_block(name, config) -> None:
         wanted = raw.get("attn_implementation") == IMPLEMENTATION
     if wanted and not isinstance(getattr(config, CONFIG_KEY, None), dict):
         raise ValueError(f"{name}: config.json sets attn_implementation {IMPLEMENTATION!r} but has no "
-                         f"{CONFIG_KEY!r} block (the attention method and its knobs; deleted?). "
-                         "Restore the block from the saved checkpoint, or load with "
+                         f"{CONFIG_KEY!r} entry (the attention method and its knobs; deleted?). "
+                         "Restore the entry from the saved checkpoint, or load with "
                          "attn_implementation='sdpa' to run plain attention.")
     if isinstance(getattr(config, CONFIG_KEY, None), dict):
         fits(AttentionExtensionConfig.from_dict(getattr(config, CONFIG_KEY)), config)
@@ -117,11 +117,11 @@ def after_load(model, explicit: bool = False) -> None:
     the loaded model keeps the method."""
 
     config = text_config(model.config)
-    block = getattr(config, CONFIG_KEY, None)
-    if not isinstance(block, dict):
+    entry = getattr(config, CONFIG_KEY, None)
+    if not isinstance(entry, dict):
         return
     if not explicit:
-        AttentionExtensionConfig.from_dict(block)  # a hand-edited block fails here, clearly
+        AttentionExtensionConfig.from_dict(entry)  # a hand-edited entry fails here, clearly
         config._attn_implementation = IMPLEMENTATION
     if config._attn_implementation == IMPLEMENTATION:
         config.attn_implementation = IMPLEMENTATION

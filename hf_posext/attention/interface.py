@@ -36,7 +36,7 @@ from .units import UNITS, plan_for
 from .positions import logn_scale
 
 IMPLEMENTATION = "hf_posext"   # the attn_implementation name
-CONFIG_KEY = "hf_posext_attention"  # the config attribute (and config.json block) with the knobs
+CONFIG_KEY = "hf_posext_attention"  # the config attribute (and config.json entry) with the knobs
 
 
 @lru_cache(maxsize=64)
@@ -50,11 +50,11 @@ def _frozen(value):
 
 
 def spec_of(config) -> AttentionExtensionConfig:
-    block = getattr(config, CONFIG_KEY, None)
-    if not isinstance(block, dict):
-        raise ValueError(f"attn_implementation {IMPLEMENTATION!r} needs the config block "
+    entry = getattr(config, CONFIG_KEY, None)
+    if not isinstance(entry, dict):
+        raise ValueError(f"attn_implementation {IMPLEMENTATION!r} needs the config entry "
                          f"{CONFIG_KEY!r} (the method and its knobs); set it with hf_posext.patch.")
-    return _spec(tuple(sorted((k, _frozen(v)) for k, v in block.items())))
+    return _spec(tuple(sorted((k, _frozen(v)) for k, v in entry.items())))
 
 
 def _keep_mask(attention_mask, Q: int, K: int):

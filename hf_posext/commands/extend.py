@@ -186,7 +186,7 @@ def hub_id_of(model: str) -> str | None:
 
 def needs_hf_posext(out: Path) -> bool:
     """True when plain transformers cannot read the saved config (an hf_posext rope type, or an
-    attention-level method's block)."""
+    attention-level method's entry)."""
     import json
     cfg = json.loads((out / "config.json").read_text())
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}

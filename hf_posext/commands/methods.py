@@ -32,7 +32,7 @@ def _default(knob) -> str:
 
 
 def describe(name: str) -> str:
-    """A method's block: how it is saved or run, then one line per knob."""
+    """A method's description: how it is saved or run, then one line per knob."""
     if name in ROPE_UNITS:
         unit = ROPE_UNITS[name]
         head = (f"{name}: rope method, saved as rope_type {unit.rope_type!r}"

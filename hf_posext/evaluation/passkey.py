@@ -35,7 +35,7 @@ class PasskeyPrompt:
 
 
 def build_prompt(tokenizer, length: int, depth: float, key: int) -> PasskeyPrompt:
-    """A prompt of at most `length` tokens with the needle after round(depth·k) filler blocks
+    """A prompt of at most `length` tokens with the needle after round(depth·k) filler pieces
     (the single_needle cell's layout, `retrieval.prompt.place`)."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be between 0 and 1 (a fraction of the filler), got {depth}")

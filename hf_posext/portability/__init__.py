@@ -1,6 +1,6 @@
 """The portability wing: how a checkpoint is saved, how other engines read it, and export.
 
-    portable.py   the saved form (plain transformers rope config + the `hf_posext` block)
+    portable.py   the saved form (plain transformers rope config + the `hf_posext` entry)
     engines.py    what transformers, vLLM, SGLang, TGI and llama.cpp run, re-derived from source
     readers.py    the reader table: one id per reader, its printed name and export target
     meaning.py    what a checkpoint means, and a reading's error against it
@@ -15,6 +15,6 @@
     measured.py      what the real engines did with each method's checkpoint (measured_engines.json)
     serving.py       `hf-posext serve`: the engine command line, checked like export
     atomic.py        write a file or folder whole or not at all (every atomic write)
-    dual_chunk.py    SGLang's Dual Chunk Attention block, against hf_posext's dual_chunk
+    dual_chunk.py    SGLang's Dual Chunk Attention entry, against hf_posext's dual_chunk
     card.py          the model card (README.md) of a checkpoint `hf-posext extend` writes
 """

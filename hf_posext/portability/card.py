@@ -65,7 +65,7 @@ def serve_lines(out: Path) -> dict[str, str]:
     return lines
 
 
-def _rope_block(out: Path) -> str:
+def _rope_json(out: Path) -> str:
     cfg = json.loads((out / "config.json").read_text())
     rope = {k: cfg[k] for k in ("rope_parameters", "rope_scaling", "rope_theta", "hf_posext") if k in cfg}
     return json.dumps(rope, indent=2, sort_keys=True)
@@ -108,7 +108,7 @@ def card_text(out: Path, ext: Extension) -> ModelCard:
         "",
         "The rope configuration in `config.json`:",
         "",
-        "```json", _rope_block(out), "```",
+        "```json", _rope_json(out), "```",
         "",
         "## Serve it",
         "",
@@ -130,7 +130,7 @@ def card_text(out: Path, ext: Extension) -> ModelCard:
         body += ["", "Measured by `hf-posext extend --eval` (figures also in `eval/summary.md`); the text "
                  "and haystack are not ones the method was tuned on."]
     body += ["", "## How it was made", "", "```bash", ext.command, "```", ""]
-    # the metadata block as huggingface_hub writes it (no template engine: the body is literal)
+    # the YAML metadata header as huggingface_hub writes it (no template engine: the body is literal)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body))
 
 

@@ -4,7 +4,7 @@
 - `problems(cfg)`: the config contradicts itself. Both rope layouts present and different
   (transformers 5.x, vLLM and SGLang read `rope_scaling` first; 4.x and TGI read only
   `rope_scaling` + `rope_theta`; llama.cpp's converter reads `rope_parameters` first, so the
-  same file runs two different ropes), a `hf_posext` block that no longer describes the rope a
+  same file runs two different ropes), a `hf_posext` entry that no longer describes the rope a
   reader reads (edited by hand), non-finite numbers (JSON allows NaN / Infinity), a longrope
   config with two factor sets that transformers 4.x and 5.x switch between at different lengths.
 - `warnings(cfg, meaning, folder)`: what users trip over. The context length each engine derives
@@ -76,7 +76,7 @@ def problems(cfg: dict[str, Any]) -> list[str]:
     """One line per contradiction in the config (empty when it is consistent)."""
     out = []
     bad = [p for key in ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings",
-                         portable.BLOCK, "hf_posext_attention") for p in _non_finite(cfg.get(key), key)]
+                         portable.ENTRY, "hf_posext_attention") for p in _non_finite(cfg.get(key), key)]
     if bad:
         out.append(f"error: non-finite values in config.json: {', '.join(bad)} (NaN logits in "
                    "every reader that uses them); restore them from the checkpoint you saved")
@@ -91,10 +91,10 @@ def problems(cfg: dict[str, Any]) -> list[str]:
                    + ". Make rope_parameters and rope_scaling (+ rope_theta) say the same")
     if not bad:
         out += _longrope_switch(cfg)
-    if isinstance(cfg.get(portable.BLOCK), dict) and not bad:
+    if isinstance(cfg.get(portable.ENTRY), dict) and not bad:
         for rope, who in readings.values():
             try:
-                view = SimpleNamespace(**{portable.BLOCK: cfg[portable.BLOCK]},
+                view = SimpleNamespace(**{portable.ENTRY: cfg[portable.ENTRY]},
                                        max_position_embeddings=cfg["max_position_embeddings"])
                 portable.logical_rope(view, {**rope}, engines.read_rotary_dim(cfg, rope))
             except (ValueError, TypeError, KeyError) as err:

@@ -8,7 +8,7 @@ moved it into `rope_parameters` (unsloth #7028), two layouts saying different th
 that disagrees with the two lengths (transformers #38224, vllm #56446), no
 `original_max_position_embeddings`, YaRN keys each engine reads differently
 (vllm #46280, #48351, #48621, #48623), static scaling that costs short prompts (vllm #18728), a
-rope block beside a multimodal `text_config` that nothing reads; family_doctor.py adds the engine
+rope entry beside a multimodal `text_config` that nothing reads; family_doctor.py adds the engine
 bugs in the rope of the families people extend now (per-layer rope, DeepSeek-style YaRN, gpt-oss's
 `truncate`, LongRoPE lists, NoPE layers), gguf_doctor.py a GGUF's keys (llama.cpp #13331)."""
 
@@ -42,10 +42,10 @@ def merged(raw: dict[str, Any]) -> dict[str, Any]:
 def _stated_thetas(cfg: dict[str, Any]) -> set[float]:
     found = {_num(cfg.get("rope_theta"))}
     for key in ("rope_scaling", "rope_parameters"):
-        block = cfg.get(key)
-        if isinstance(block, dict):
-            found.add(_num(block.get("rope_theta")))
-            found |= {_num(v.get("rope_theta")) for v in block.values() if isinstance(v, dict)}
+        rope = cfg.get(key)
+        if isinstance(rope, dict):
+            found.add(_num(rope.get("rope_theta")))
+            found |= {_num(v.get("rope_theta")) for v in rope.values() if isinstance(v, dict)}
     return {t for t in found if t is not None}
 
 
@@ -137,7 +137,7 @@ def _layouts(cfg: dict[str, Any], as_stated: dict[str, Any]) -> list[Finding]:
         "; ".join(f"{' and '.join(ws)} read {config_audit.describe_rope(r)}" for r, ws in groups.values()),
         "make both say the same; transformers 5.x, vLLM and SGLang run rope_scaling, so e.g. set "
         f"\"rope_parameters\": {json.dumps({k: v for k, v in five.items() if k != 'type'})} "
-        "(or delete one of the two blocks)")]
+        "(or delete one of the two entries)")]
 
 
 def _lengths(cfg: dict[str, Any]) -> list[Finding]:
@@ -308,7 +308,7 @@ def _static(cfg: dict[str, Any]) -> list[Finding]:
     L = _num(rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings"))
     if rope["rope_type"] not in ("yarn", "linear") or not s or s <= 1 or M is None:
         return []
-    added = portable.BLOCK in cfg or (L is not None and M < s * L)
+    added = portable.ENTRY in cfg or (L is not None and M < s * L)
     if not added:   # the config declares s·L: trained with the scaling (gpt-oss, DeepSeek-V3)
         return []
     short = round(L) if L else round(M)
@@ -335,7 +335,7 @@ def _nested(raw: dict[str, Any]) -> list[Finding]:
     return [Finding(
         "nested-rope", "error", f"top-level {', '.join(stray)} beside a text_config that "
         "differs: transformers, vLLM and SGLang build the decoder from text_config only (a "
-        "top-level yarn block even stops transformers 5.24 loading the wrapper)",
+        "top-level yarn entry even stops transformers 5.24 loading the wrapper)",
         ("transformers", "vLLM", "SGLang", "llama.cpp"),
         "; ".join(f"{k}: decoder runs {json.dumps(text.get(k))}, top level says {json.dumps(raw[k])}"
                   for k in stray)

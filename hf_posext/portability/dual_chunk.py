@@ -1,11 +1,11 @@
 """SGLang's DualChunkAttention against hf_posext's `dual_chunk` (docs/portability.md, "Dual Chunk
 Attention in SGLang").
 
-One engine runs DCA: SGLang, from a `dual_chunk_attention_config` block in config.json (read from
+One engine runs DCA: SGLang, from a `dual_chunk_attention_config` entry in config.json (read from
 SGLang's source, main as stored in the public source index, late 2026; no CPU build, so this is
 re-derived, never run here):
 
-- `python/sglang/srt/layers/rotary_embedding/factory.py` `get_rope`: with the block, the rotary
+- `python/sglang/srt/layers/rotary_embedding/factory.py` `get_rope`: with the entry, the rotary
   embedding is `DualChunkRotaryEmbedding(head_size, rotary_dim, max_position, base, ...,
   chunk_size, local_size)`: `rope_scaling` is not read at all (plain RoPE on `rope_theta`).
 - `python/sglang/srt/layers/rotary_embedding/rope_variant.py` `DualChunkRotaryEmbedding`: with
@@ -22,13 +22,13 @@ re-derived, never run here):
   ChunkLlama); with 0 its prefill indexes a scaling factor it never set (`scaling_factor[i]` on
   None: TypeError). So hf_posext writes `original_max_position_embeddings` = the served length:
   the factor is 1 for every sequence the server accepts.
-- The backend is chosen automatically when the block is present (server_args post-process
+- The backend is chosen automatically when the entry is present (server_args post-process
   `_attention_backend_dual_chunk`; another `--attention-backend` is refused); CUDA only
   (`attn_backend_support`: hardware ["cuda"]).
-- Model files that pass the block to `get_rope`: read `qwen2_moe.py` (Qwen2MoeDecoderLayer) and
+- Model files that pass the entry to `get_rope`: read `qwen2_moe.py` (Qwen2MoeDecoderLayer) and
   `jet_nemotron.py` (on Qwen2Model); the Qwen3 attention of a later model file raises
   NotImplementedError for it; Qwen2 / Qwen3 / Qwen3-MoE per SGLang PR 5358 (Qwen2.5-1M). Llama's
-  model file was not seen reading it: without the block in `get_rope` the backend's five-way
+  model file was not seen reading it: without the entry in `get_rope` the backend's five-way
   query split (`torch.split(q, q.shape[-1] // 5)`) does not hold, so other model types are
   refused.
 """
@@ -45,7 +45,7 @@ SGLANG_MODEL_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 
 
 def _spec(attention: dict[str, Any]) -> AttentionExtensionConfig:
-    # the saved block's fields the config class declares (its knobs come from the units)
+    # the saved entry's fields the config class declares (its knobs come from the units)
     names = {f.name for f in dataclasses.fields(AttentionExtensionConfig)}
     return AttentionExtensionConfig(**{k: v for k, v in attention.items() if k in names})
 
@@ -66,7 +66,7 @@ def why_not(cfg: dict[str, Any], target) -> str | None:
     return None
 
 
-def dca_block(cfg: dict[str, Any], target) -> dict[str, Any]:
+def dca_entry(cfg: dict[str, Any], target) -> dict[str, Any]:
     """The `dual_chunk_attention_config` SGLang runs as hf_posext's dual_chunk (ValueError: why
     not): chunk_size = ours, local_size = our local_window, original_max_position_embeddings =
     the served length (max_position_embeddings), so the backend's length scaling stays 1."""
@@ -80,21 +80,21 @@ def dca_block(cfg: dict[str, Any], target) -> dict[str, Any]:
 
 
 def sglang_config(cfg: dict[str, Any], target) -> dict[str, Any]:
-    """`cfg` with the block SGLang reads (export --target sglang)."""
-    return {**cfg, CONFIG_KEY: dca_block(cfg, target)}
+    """`cfg` with the entry SGLang reads (export --target sglang)."""
+    return {**cfg, CONFIG_KEY: dca_entry(cfg, target)}
 
 
 def sglang_reading(cfg: dict[str, Any], target) -> tuple[str, str]:
-    """(status, detail) of SGLang on a dual_chunk checkpoint: exact when config.json's block
-    makes SGLang run the same DCA, lost without a block, different otherwise."""
+    """(status, detail) of SGLang on a dual_chunk checkpoint: exact when config.json's entry
+    makes SGLang run the same DCA, lost without an entry, different otherwise."""
     given = cfg.get(CONFIG_KEY)
     if not isinstance(given, dict):
-        return "lost", (f"no {CONFIG_KEY} block: runs plain attention, 'dual_chunk' is lost "
+        return "lost", (f"no {CONFIG_KEY} entry: runs plain attention, 'dual_chunk' is lost "
                         "(hf-posext export PATH OUT --target sglang writes it)")
     reason = why_not(cfg, target)
     if reason:
         return "different", reason
-    want = dca_block(cfg, target)
+    want = dca_entry(cfg, target)
     L_served = int(cfg["max_position_embeddings"])
     chunk, local = given.get("chunk_size", 8192), given.get("local_size", 1024)
     orig = given.get("original_max_position_embeddings", 0)

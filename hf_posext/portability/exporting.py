@@ -9,7 +9,7 @@ a GGUF key, hence `--target gguf`). So a YaRN temperature other than
 reader family, each also exact in transformers 4.x and 5.x. Every candidate form is checked with
 `hf_posext.check` before it is written; when none is exact for the target, export refuses and
 says what the reader does instead (e.g. dynamic methods in a reader that builds its table once).
-Attention-level methods (the `hf_posext_attention` block) are refused for every target: no
+Attention-level methods (the `hf_posext_attention` entry) are refused for every target: no
 reader but hf_posext runs them. `--target gguf` rewrites a GGUF llama.cpp's converter made of
 the checkpoint with the keys llama.cpp's runtime reads (gguf_export.py).
 
@@ -73,9 +73,9 @@ def longrope_for_vllm(cfg: dict[str, Any]) -> dict[str, Any]:
             "rope_theta": rope["rope_theta"]}
 
 
-def _with_rope(cfg: dict[str, Any], rope: dict[str, Any], block: dict[str, Any]) -> dict[str, Any]:
+def _with_rope(cfg: dict[str, Any], rope: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     return {**cfg, "rope_parameters": rope, "rope_scaling": v4_scaling(rope),
-            "rope_theta": rope["rope_theta"], portable.BLOCK: block}
+            "rope_theta": rope["rope_theta"], portable.ENTRY: entry}
 
 
 def export(model_or_path, out, target: str, gguf=None):
@@ -123,7 +123,7 @@ def export(model_or_path, out, target: str, gguf=None):
 
 
 def choose_form(cfg: dict[str, Any], key: str, target_meaning) -> dict[str, Any] | None:
-    """The config (with both rope layouts and the hf_posext block) that every reader of target
+    """The config (with both rope layouts and the hf_posext entry) that every reader of target
     `key` and transformers run exactly as `target_meaning`: None for plain RoPE (every reader
     runs it as written); ValueError naming each reader's verdict when no form hf_posext knows is
     exact. Used by `export` and by `serve` (hf_posext/portability/serving.py)."""
@@ -131,12 +131,12 @@ def choose_form(cfg: dict[str, Any], key: str, target_meaning) -> dict[str, Any]
     if spec is None:
         return None
     extra = {k: v for k, v in cfg.get("rope_parameters", {}).items() if k == "partial_rotary_factor"}
-    block = portable.block(spec, theta)
+    entry = portable.entry(spec, theta)
     ids = readers.of_target(key) + readers.of_target("transformers")
     first = None
     forms = _forms(spec, theta, dim, extra)
     for form in forms:
-        candidate = _with_rope(cfg, form, block)
+        candidate = _with_rope(cfg, form, entry)
         results = [verdict(r, candidate, target_meaning) for r in ids]
         first = first or results
         if all(v.status == "exact" for v in results):
@@ -182,6 +182,6 @@ def _write(model_or_path, out: Path, cfg: dict[str, Any] | None) -> None:
         raise TypeError(f"export takes a model, or a checkpoint folder; got {type(model_or_path).__name__}")
     if cfg is not None:
         saved = json.loads((out / "config.json").read_text())
-        saved.update({k: cfg[k] for k in ("rope_parameters", "rope_scaling", "rope_theta", portable.BLOCK,
+        saved.update({k: cfg[k] for k in ("rope_parameters", "rope_scaling", "rope_theta", portable.ENTRY,
                                           dual_chunk.CONFIG_KEY) if k in cfg})
         (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")

@@ -3,7 +3,7 @@ people extend now, found in a config.json. Each finding names one reader (and th
 means), how far off that reader is — re-derived with engines.py's formulas from the reader's
 source; where the release boundary is not modelled here the `off` text says so — and the fix.
 
-- per-layer rope (Gemma 3, OLMo 3: the long-context block belongs to the full-attention layers):
+- per-layer rope (Gemma 3, OLMo 3: the long-context rope entry belongs to the full-attention layers):
   `sliding-scaled`, `per-layer-flat`, `sliding-releases` (vllm #29111; sglang #21537;
   transformers #41934, #45945 for OLMo 3);
 - DeepSeek-style YaRN on MLA (deepseek_v2/v3, kimi_k2): `mla-yarn-scale` (attention_factor
@@ -34,9 +34,9 @@ OWN_YARN = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 # configuration_gemma3.py / configuration_olmo3.py `convert_rope_params_to_dict`; 4.57's
 # modeling runs the sliding layers unscaled too). EXAONE 4 and Cohere 2 are not among them:
 # their rope runs on the sliding layers only (modeling_exaone4.py, modeling_cohere2.py: the
-# full-attention layers are NoPE), so their one block is meant for the sliding layers.
+# full-attention layers are NoPE), so their one rope entry is meant for the sliding layers.
 PER_LAYER = {"gemma3": "Gemma 3", "gemma3_text": "Gemma 3", "olmo3": "OLMo 3"}
-# the releases, before a fix, that scaled the sliding layers too when the config's block is not
+# the releases, before a fix, that scaled the sliding layers too when the config's rope entry is not
 # keyed by layer type (OLMo 3 in transformers: one Olmo3Config dict for every layer; vLLM's
 # olmo3.py then takes rope_parameters.get(layer type, the whole dict))
 SLIDING_RELEASES = {
@@ -56,8 +56,8 @@ def _scaled(rope: Any) -> bool:
     return isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) != "default"
 
 
-def _keyed(block: Any) -> bool:
-    return isinstance(block, dict) and isinstance(block.get("full_attention"), dict)
+def _keyed(rope: Any) -> bool:
+    return isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict)
 
 
 def _describe(rope: dict[str, Any]) -> str:
@@ -102,48 +102,48 @@ def _nest(full: dict[str, Any], theta: float) -> str:
 
 def _per_layer(stated: dict[str, Any], cfg: dict[str, Any]) -> list[Finding]:
     """The first that applies: the config keyed by layer type scales its sliding entry; one flat
-    rope_parameters block; else (the 4.x layout, rope_scaling) the releases that copied the
-    block onto the sliding layers (one finding per engine)."""
+    rope_parameters entry; else (the 4.x layout, rope_scaling) the releases that copied the
+    entry onto the sliding layers (one finding per engine)."""
     family = PER_LAYER.get(str(cfg.get("model_type")))
-    block, legacy = stated.get("rope_parameters"), stated.get("rope_scaling")
+    params, legacy = stated.get("rope_parameters"), stated.get("rope_scaling")
     if family is None:
         return []
-    if _keyed(block) and _scaled(block.get("sliding_attention")):
-        entry = block["sliding_attention"]
+    if _keyed(params) and _scaled(params.get("sliding_attention")):
+        entry = params["sliding_attention"]
         theta = _sliding_theta(cfg, entry)
         return [Finding(
             "sliding-scaled", "error", f"rope_parameters' sliding_attention entry carries "
             f"{_describe(entry)}: {family} scales only its full-attention layers (transformers puts "
             "rope_scaling into full_attention alone); a hand edit, or a save by a transformers 5 "
-            "release that copied the block into every layer type",
+            "release that copied the entry into every layer type",
             (TRANSFORMERS_5.name, "vLLM"),
             _sliding_off(cfg, entry, theta) + " (transformers 5.x and vLLM's gemma3.py / olmo3.py read "
             "each layer type's entry" + ("; SGLang's gemma3_causal.py builds the sliding layers' rope "
                                          "plain, so it and transformers now disagree)" if family == "Gemma 3" else ")"),
             f"set \"sliding_attention\": {json.dumps({'rope_type': 'default', 'rope_theta': theta})} "
             "in rope_parameters")]
-    if isinstance(block, dict) and not _keyed(block) and _scaled(block):
+    if isinstance(params, dict) and not _keyed(params) and _scaled(params):
         theta = _sliding_theta(cfg)
-        # transformers 5.24's convert_rope_params_to_dict: a flat block gets default
+        # transformers 5.24's convert_rope_params_to_dict: a flat rope_parameters gets default
         # full_attention / sliding_attention entries added; rope_scaling beside it is then
         # .update()d into a full_attention entry that is not there yet
         runs = ("refuses to load it (KeyError 'full_attention': rope_scaling beside a flat "
                 "rope_parameters)" if legacy else "runs the full-attention layers with plain RoPE, θ "
-                f"{_g(block.get('rope_theta', cfg.get('rope_theta', 10000.0)))}: the long-context extension is lost")
+                f"{_g(params.get('rope_theta', cfg.get('rope_theta', 10000.0)))}: the long-context extension is lost")
         return [Finding(
-            "per-layer-flat", "error", f"rope_parameters holds one {_describe(block)} block, not "
+            "per-layer-flat", "error", f"rope_parameters holds one {_describe(params)} entry, not "
             f"one per layer type: transformers 5 keys {family}'s rope by layer type and finds no "
             "full_attention entry in it", (TRANSFORMERS_5.name, "vLLM", SGLANG.name),
             f"transformers 5.24 (and vLLM / SGLang, which load config.json through it) {runs}; "
             "transformers 5 releases before the per-layer conversion, and vLLM on them, instead "
             f"scale every layer, the sliding ones included ({UNMODELLED})",
-            f"key it by layer type: \"rope_parameters\": {_nest(block, theta)}")]
+            f"key it by layer type: \"rope_parameters\": {_nest(params, theta)}")]
     full = engines.v5_rope(cfg)
-    if _keyed(block) or not _scaled(legacy) or not _scaled(full):
+    if _keyed(params) or not _scaled(legacy) or not _scaled(full):
         return []
     off = _sliding_off(cfg, full, _sliding_theta(cfg))
     return [Finding(
-        "sliding-releases", "warning", f"{family}'s {_describe(full)} block is for the "
+        "sliding-releases", "warning", f"{family}'s {_describe(full)} entry is for the "
         f"full-attention layers only; {engine} releases without the fix of {num} scaled the "
         "sliding-window layers too", (f"{engine} before the fix of {num}",),
         f"in those releases {off}{note} ({UNMODELLED}; transformers 5.24 and the vLLM and SGLang "
@@ -303,7 +303,7 @@ def _nope(cfg: dict[str, Any]) -> list[Finding]:
         off = (f"llama.cpp rotates NoPE layers {_layers([i for i in nope if i not in cpp]) or 'none'} "
                f"and leaves rope layers {_layers([i for i in cpp if i not in nope]) or 'none'} unrotated")
     rope = engines.v5_rope(cfg)
-    untouched = (f"; the {_describe(rope)} block scales only the rope layers, not these NoPE layers"
+    untouched = (f"; the {_describe(rope)} entry scales only the rope layers, not these NoPE layers"
                  if _scaled(rope) else "")
     return [Finding(
         "nope-layers", "error", f"{family}'s NoPE layers per config.json are {nope_text}"

@@ -1,6 +1,6 @@
 """The doctor's GGUF findings: rope keys of a GGUF that disagree with the config.json it was
 converted from (llama.cpp #13331: YaRN is baked into a GGUF at conversion, so a GGUF made from a
-config with a YaRN block added for long inputs keeps it, and an edited config does not reach it).
+config with a YaRN entry added for long inputs keeps it, and an edited config does not reach it).
 
 `read_metadata` takes a GGUF file (through the `gguf` package) or the JSON `gguf-dump --json`
 prints; `compare` re-derives what llama.cpp runs from the GGUF (its runtime reads

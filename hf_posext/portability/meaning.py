@@ -19,7 +19,7 @@ TOLERANCE = 1e-5
 @dataclass(frozen=True)
 class Meaning:
     """What a checkpoint means: its rope method (None: plain RoPE), original base, dim, the
-    lengths compared, and its attention-level method (the `hf_posext_attention` block) if any."""
+    lengths compared, and its attention-level method (the `hf_posext_attention` entry) if any."""
     spec: RopeExtensionConfig | None
     theta: float
     dim: int

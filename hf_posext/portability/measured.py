@@ -25,7 +25,7 @@ from .verdicts import Verdict
 
 PATH = Path(__file__).with_name("measured_engines.json")
 NOT_RUN = "re-derived, not run"
-BLOCKS = ("hf_posext", "hf_posext_attention")  # the rope and the attention method blocks
+ENTRIES = ("hf_posext", "hf_posext_attention")  # the rope and the attention method entries
 _NOT_KNOBS = {"method", "factor", NATIVE_TRAINED_KEY, TRAINED_LENGTH_NAME,
               "target_length", "rope_theta", "version"}
 
@@ -36,10 +36,10 @@ def load() -> dict[str, Any]:
 
 
 def config_trained_length(cfg: dict[str, Any]) -> int:
-    rope_block, attention_block = (cfg.get(b) or {} for b in BLOCKS)
-    # the rope block says trained_length; one written before it had that name, transformers' key
-    return int(rope_block.get(TRAINED_LENGTH_NAME) or rope_block.get(NATIVE_TRAINED_KEY)
-               or attention_block.get(TRAINED_LENGTH_NAME)
+    rope_entry, attention_entry = (cfg.get(key) or {} for key in ENTRIES)
+    # the rope entry says trained_length; one written before it had that name, transformers' key
+    return int(rope_entry.get(TRAINED_LENGTH_NAME) or rope_entry.get(NATIVE_TRAINED_KEY)
+               or attention_entry.get(TRAINED_LENGTH_NAME)
                or engines.v5_rope(cfg).get(NATIVE_TRAINED_KEY)   # longrope
                or cfg["max_position_embeddings"])
 
@@ -56,7 +56,7 @@ def signature(cfg: dict[str, Any]) -> dict[str, Any]:
 def case_of(cfg: dict[str, Any]) -> tuple[str | None, tuple[str, ...]] | None:
     """(method, names of its knobs that differ from hf_posext's defaults) of a checkpoint,
     (None, ()) for plain RoPE, None for a rope config hf_posext did not write."""
-    for name in BLOCKS:
+    for name in ENTRIES:
         data = cfg.get(name)
         if isinstance(data, dict) and "method" in data:
             knobs = {k: v for k, v in data.items() if k not in _NOT_KNOBS}

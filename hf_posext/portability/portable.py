@@ -9,7 +9,7 @@ only `dynamic_yarn` needs `import hf_posext`.
 These are the same frequencies and cos/sin scale bit for bit (static NTK is plain RoPE
 with another base, by its definition; NTK-by-parts is YaRN without the temperature). What the
 portable form loses — which method it was, the original base and the trained length L — goes into
-one block of config.json, `config.hf_posext` (BLOCK), read back by `logical_rope` so that
+one entry of config.json, `config.hf_posext` (ENTRY), read back by `logical_rope` so that
 `trained_length`, re-patching (replace, never compound) and `unpatch` work after a reload.
 Checkpoints saved before this (rope_type `ntk` / `ntk_by_parts`) still load: those types stay
 registered for reading.
@@ -34,7 +34,7 @@ from ..rope.units import UNITS
 from .engines import NotApplicable, transformers_reading
 from .meaning import TOLERANCE, errors, meaning_of
 
-BLOCK = "hf_posext"  # the config attribute (and config.json key) holding what hf_posext needs
+ENTRY = "hf_posext"  # the config attribute (and config.json key) holding what hf_posext needs
 
 
 def saved_rope(spec: RopeExtensionConfig, base: dict[str, Any], dim: int,
@@ -63,27 +63,27 @@ def yarn_temperature(rope: dict[str, Any]) -> float:
     return float(scale) if scale is not None else yarn_mscale(float(rope["factor"]))
 
 
-def block(spec: RopeExtensionConfig, rope_theta: float) -> dict[str, Any]:
-    """The `config.hf_posext` block: method, factor, knobs, the original theta and L, version."""
+def entry(spec: RopeExtensionConfig, rope_theta: float) -> dict[str, Any]:
+    """The `config.hf_posext` entry: method, factor, knobs, the original theta and L, version."""
     return {**spec.to_dict(), "rope_theta": float(rope_theta), "version": __version__}
 
 
-def spec_of_block(data: dict[str, Any]) -> tuple[RopeExtensionConfig, float]:
-    """(spec, original rope_theta) from a `config.hf_posext` block; a clear error if damaged."""
+def spec_of_entry(data: dict[str, Any]) -> tuple[RopeExtensionConfig, float]:
+    """(spec, original rope_theta) from a `config.hf_posext` entry; a clear error if damaged."""
     if not isinstance(data, dict) or "method" not in data or "rope_theta" not in data:
-        raise ValueError(f"config.{BLOCK} = {data!r} is not a block hf_posext wrote (it needs at "
-                         f"least 'method' and 'rope_theta'). Delete config.{BLOCK} to use the "
+        raise ValueError(f"config.{ENTRY} = {data!r} is not an entry hf_posext wrote (it needs at "
+                         f"least 'method' and 'rope_theta'). Delete config.{ENTRY} to use the "
                          "checkpoint's rope config as it is.")
     fields = {k: v for k, v in data.items() if k not in ("rope_theta", "version")}
-    # Blocks written before the trained length had one name hold L under
+    # Entries written before the trained length had one name hold L under
     # transformers' key: read it, so those checkpoints keep loading (a file's key, not an input:
-    # `from_dict` refuses that name). New blocks hold `trained_length`, as `to_dict` writes it.
+    # `from_dict` refuses that name). New entries hold `trained_length`, as `to_dict` writes it.
     if NATIVE_TRAINED_KEY in fields and TRAINED_LENGTH_NAME not in fields:
         fields[TRAINED_LENGTH_NAME] = fields.pop(NATIVE_TRAINED_KEY)
     written = data.get("version")
     unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(RopeExtensionConfig)})
     if unknown and _newer(written):
-        raise ValueError(f"block {BLOCK!r} was written by hf_posext {written} (installed: "
+        raise ValueError(f"entry {ENTRY!r} was written by hf_posext {written} (installed: "
                          f"{__version__}) with keys this version does not know {unknown}; upgrade "
                          f"to read it: pip install -U 'hf_posext>={written}'.")
     try:
@@ -91,12 +91,12 @@ def spec_of_block(data: dict[str, Any]) -> tuple[RopeExtensionConfig, float]:
     except (TypeError, ValueError) as err:   # e.g. "factor": "2", a hand edit
         fix = (f"it was written by hf_posext {written} (installed: {__version__}): upgrade to read "
                f"it, pip install -U 'hf_posext>={written}'" if _newer(written) else
-               "restore the value hf_posext saved, or delete the block to use the rope config as it is")
-        raise ValueError(f"block {BLOCK!r}: {str(err).rstrip('.')}; {fix}.") from None
+               "restore the value hf_posext saved, or delete the entry to use the rope config as it is")
+        raise ValueError(f"entry {ENTRY!r}: {str(err).rstrip('.')}; {fix}.") from None
 
 
 def _newer(version) -> bool:
-    """True when a block's `version` is above the installed hf_posext's (its keys may be new)."""
+    """True when an entry's `version` is above the installed hf_posext's (its keys may be new)."""
     try:
         return Version(str(version)) > Version(__version__)
     except InvalidVersion:
@@ -121,19 +121,19 @@ def logical_rope(config, rope: dict[str, Any], dim: int) -> dict[str, Any]:
     """The rope dict hf_posext reasons with: the method's own layout (e.g. `ntk` with the original
     theta) when `config.hf_posext` describes the saved `rope`, else `rope` itself.
 
-    A block that no longer matches the rope config (someone edited one of them) is an error, not
+    An entry that no longer matches the rope config (someone edited one of them) is an error, not
     a guess: either could be the intended one."""
-    data = getattr(config, BLOCK, None)
+    data = getattr(config, ENTRY, None)
     if data is None:
         return rope
-    spec, theta = spec_of_block(data)
+    spec, theta = spec_of_entry(data)
     base = {"rope_type": "default", "rope_theta": theta,
             **{k: v for k, v in rope.items() if k == "partial_rotary_factor"}}
     longrope_only = getattr(config, "model_type", None) in LONGROPE_ONLY
     expected = saved_rope(spec, base, dim, longrope_only) if spec.factor != 1.0 else base
     if not _same(expected, rope) and not _reads_as(config, rope, spec, theta, dim):
-        raise ValueError(f"config.{BLOCK} describes {spec.method!r} (factor {spec.factor:g}) saved "
-                         f"as {expected}, but the config's rope is {rope}. Delete config.{BLOCK} "
+        raise ValueError(f"config.{ENTRY} describes {spec.method!r} (factor {spec.factor:g}) saved "
+                         f"as {expected}, but the config's rope is {rope}. Delete config.{ENTRY} "
                          "to use the rope config as it is, or restore the rope config.")
     return {**spec.to_rope_dict(theta), **{k: v for k, v in rope.items()
                                            if k == "partial_rotary_factor"}}
@@ -141,7 +141,7 @@ def logical_rope(config, rope: dict[str, Any], dim: int) -> dict[str, Any]:
 
 def method_spec(config) -> RopeExtensionConfig | None:
     """The hf_posext method a (text) config is extended with, seen through its portable form
-    (e.g. `ntk` for plain RoPE with a raised theta and a block); None for plain RoPE or
+    (e.g. `ntk` for plain RoPE with a raised theta and an entry); None for plain RoPE or
     transformers' own types."""
     rope = logical_rope(config, get_rope_parameters(config), rotary_dim(config))
     if method_of_rope_type(rope.get("rope_type", "default")) is None:
@@ -152,7 +152,7 @@ def method_spec(config) -> RopeExtensionConfig | None:
 def _reads_as(config, rope: dict[str, Any], spec: RopeExtensionConfig, theta: float,
               dim: int) -> bool:
     """True when transformers runs `rope` exactly as `spec`: an engine form written by
-    `hf_posext.export` (other keys, same meaning) matches its block too."""
+    `hf_posext.export` (other keys, same meaning) matches its entry too."""
     try:
         reading = transformers_reading(rope, dim, config.max_position_embeddings)
     except (NotApplicable, KeyError):
@@ -163,9 +163,9 @@ def _reads_as(config, rope: dict[str, Any], spec: RopeExtensionConfig, theta: fl
     return max(errors(reading, target)) <= TOLERANCE
 
 
-def set_block(config, spec: RopeExtensionConfig | None, rope_theta: float | None = None) -> None:
+def set_entry(config, spec: RopeExtensionConfig | None, rope_theta: float | None = None) -> None:
     """Write (or, for `None`: plain RoPE or transformers' own types, remove) `config.hf_posext`."""
     if spec is None or spec.factor == 1.0:
-        config.__dict__.pop(BLOCK, None)
+        config.__dict__.pop(ENTRY, None)
     else:
-        setattr(config, BLOCK, block(spec, rope_theta))
+        setattr(config, ENTRY, entry(spec, rope_theta))

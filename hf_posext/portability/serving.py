@@ -17,7 +17,7 @@ engine takes on its command line:
   override also sets `max_position_embeddings`.
 - SGLang (`python -m sglang.launch_server`): `--context-length`, `--json-model-override-args
   JSON` with `rope_scaling` + `rope_theta` (what its model files read: `getattr(config,
-  "rope_scaling")`), or the `dual_chunk_attention_config` block (dual_chunk.py).
+  "rope_scaling")`), or the `dual_chunk_attention_config` entry (dual_chunk.py).
 - llama.cpp (`llama-server`): `-c` (the server's slot context defaults to the trained one), and
   for each rope key the converter's GGUF lacks or holds differently, the run-time flag
   (`--rope-scaling`, `--rope-scale`, `--rope-freq-base`, `--yarn-orig-ctx`, `--yarn-beta-fast/-slow`:
@@ -89,7 +89,7 @@ def _extended(cfg: dict[str, Any], method: str, factor: float, knobs: dict[str, 
     L = int(cfg["max_position_embeddings"])
     if method == "dual_chunk":
         spec = AttentionExtensionConfig(method, trained_length=L, **knobs)
-        attention = spec.to_dict()   # the block `patch` saves (attention/install.py)
+        attention = spec.to_dict()   # the entry `patch` saves (attention/install.py)
         return {**cfg, "max_position_embeddings": round(L * factor), ATTENTION_KEY: attention,
                 "attn_implementation": "hf_posext"}
     spec = RopeExtensionConfig(method=method, factor=factor, trained_length=L, **knobs)
@@ -101,7 +101,7 @@ def _extended(cfg: dict[str, Any], method: str, factor: float, knobs: dict[str, 
     length = L if spec.is_dynamic else round(L * factor)
     return {**cfg, "rope_parameters": saved, "rope_scaling": v4_scaling(saved),
             "rope_theta": saved["rope_theta"], "max_position_embeddings": length,
-            portable.BLOCK: portable.block(spec, float(rope["rope_theta"]))}
+            portable.ENTRY: portable.entry(spec, float(rope["rope_theta"]))}
 
 
 def _target_length(cfg: dict[str, Any], target) -> int:

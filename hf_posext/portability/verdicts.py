@@ -1,7 +1,7 @@
 """`hf_posext.check` / `hf-posext check PATH`: does each reader run the checkpoint's rope as it means?
 (docs/portability.md, "Verdicts")
 
-What a checkpoint *means* is its hf_posext method (the `config.hf_posext` block, or the rope
+What a checkpoint *means* is its hf_posext method (the `config.hf_posext` entry, or the rope
 config read as an hf_posext method), computed by `hf_posext.rope.methods`. What each reader *runs*
 is re-derived from its source in `hf_posext.portability.engines`. Compared at the trained length L, midway
 and at s·L (dynamic methods change with length), each reader gets one verdict:
@@ -12,7 +12,7 @@ and at s·L (dynamic methods change with length), each reader gets one verdict:
 - refused: the reader raises on load (unknown rope type);
 - broken: the reader loads it but computes NaN or crashes (vLLM's `dynamic` table past L, a
   non-finite value in the config);
-- lost: an attention-level method (`hf_posext_attention` block, `attn_implementation:
+- lost: an attention-level method (`hf_posext_attention` entry, `attn_implementation:
   hf_posext`): the reader runs plain attention, whatever its rope verdict;
 - n/a: transformers' own llama3 / longrope, not an hf_posext method, in an engine not measured
   (transformers itself reads them exactly).
@@ -127,15 +127,15 @@ def with_class_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**cfg, **{k: defaults[k] for k in missing if k in defaults}}
 
 
-def attention_block(cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """The attention-level method a checkpoint carries (attention/install.py writes the block and
+def attention_entry(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The attention-level method a checkpoint carries (attention/install.py writes the entry and
     `attn_implementation: hf_posext`); either one alone counts, so a half-edited config is not
     taken for plain attention."""
-    block = cfg.get(ATTENTION_KEY)
-    if isinstance(block, dict):
-        return block
-    if cfg.get("attn_implementation") == IMPLEMENTATION or block is not None:
-        return {"method": f"unreadable ({ATTENTION_KEY} = {block!r})"}
+    entry = cfg.get(ATTENTION_KEY)
+    if isinstance(entry, dict):
+        return entry
+    if cfg.get("attn_implementation") == IMPLEMENTATION or entry is not None:
+        return {"method": f"unreadable ({ATTENTION_KEY} = {entry!r})"}
     return None
 
 
@@ -143,7 +143,7 @@ def meaning(cfg: dict[str, Any]) -> Meaning:
     """The checkpoint's intended rope (and attention method). Raises engines.NotApplicable for
     llama3 / longrope."""
     found = _rope_meaning(cfg)
-    return replace(found, attention=attention_block(cfg))
+    return replace(found, attention=attention_entry(cfg))
 
 
 def _rope_meaning(cfg: dict[str, Any]) -> Meaning:
@@ -154,8 +154,8 @@ def _rope_meaning(cfg: dict[str, Any]) -> Meaning:
         # static method on Phi-3, `search`) is read by each engine's longrope code, which the
         # engine measurements cover (measured.case_of), not an hf_posext formula to re-derive
         raise engines.NotApplicable(rope["rope_type"])
-    if cfg.get(portable.BLOCK) is not None:
-        spec, theta = portable.spec_of_block(cfg[portable.BLOCK])
+    if cfg.get(portable.ENTRY) is not None:
+        spec, theta = portable.spec_of_entry(cfg[portable.ENTRY])
     elif rope["rope_type"] == "default":
         return Meaning(None, float(rope["rope_theta"]), dim, (max_pos,))
     else:
@@ -255,9 +255,9 @@ def check_report(model_or_path, view=None) -> str:
         label = target.label
     except engines.NotApplicable as err:
         target, label = None, f"transformers' own {err}"
-        block = cfg.get(portable.BLOCK)
-        if isinstance(block, dict) and "method" in block:   # e.g. cope, saved as longrope
-            label = f"{block['method']} (factor {block.get('factor')}) saved as {label}"
+        entry = cfg.get(portable.ENTRY)
+        if isinstance(entry, dict) and "method" in entry:   # e.g. cope, saved as longrope
+            label = f"{entry['method']} (factor {entry.get('factor')}) saved as {label}"
     except (ValueError, TypeError) as err:
         raise ValueError("; ".join(found + [f"cannot read what the checkpoint means: {err}"])) from None
     verdicts = check(model_or_path)

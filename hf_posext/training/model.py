@@ -36,7 +36,7 @@ def special_id(tokenizer, setting: str | None, which: str) -> int | None:
 
 def extended_length(model) -> int:
     """factor x trained length, read back from the model's rope config (through its portable
-    form: `ntk` is saved as plain RoPE with a raised theta and the `hf_posext` block). Without a
+    form: `ntk` is saved as plain RoPE with a raised theta and the `hf_posext` entry). Without a
     rope method (plain RoPE, an attention-level method) it is max_position_embeddings."""
     mconf = text_config(model.config)
     spec = method_spec(mconf)

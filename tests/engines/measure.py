@@ -124,14 +124,14 @@ def logprobs(model, ids: list[int]) -> torch.Tensor:
 
 def digest(path: Path, flags: dict | None = None) -> str:
     """Content id of a checkpoint form: a GGUF file (and its run-time flags), or config.json
-    without hf_posext's own blocks, which no engine reads (the weights are shared): each
+    without hf_posext's own entries, which no engine reads (the weights are shared): each
     distinct form runs once."""
     if path.is_file():
         return hashlib.sha256(path.read_bytes() + json.dumps(flags or {}, sort_keys=True)
                               .encode()).hexdigest()[:16]
     cfg = json.loads((path / "config.json").read_text())
-    for block in measured.BLOCKS:
-        cfg.pop(block, None)
+    for key in measured.ENTRIES:
+        cfg.pop(key, None)
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -7,7 +7,7 @@ Protocols (docs/evaluation.md, "What is measured"):
   whose ends advance by the stride S over the first T tokens of each document (T = the largest
   length unless given); each prediction is scored exactly once, by the window that first covers
   it, so every token gets between W-S and W tokens of context. With S = W the windows are
-  independent blocks.
+  disjoint, each scored on its own.
 
 Aggregation is token-weighted: exp(sum of NLL / number of scored tokens) over all documents and
 windows, never a mean of per-window perplexities.

@@ -2,7 +2,7 @@
 document haystack, many seeded trials per (method, factor, length, depth), accuracy with
 Wilson intervals and an effective length per method (docs/retrieval.md).
 
-    tasks.py     what is hidden and asked, per task      haystack.py  noise / document blocks
+    tasks.py     what is hidden and asked, per task      haystack.py  noise / document pieces
     prompt.py    a cell's shared prefix and suffixes     decode.py    prefix-cached greedy answers
     stats.py     scoring, Wilson, effective length       settings.py  RetrievalGrid
     run.py       evaluate_retrieval (on grid.run_grid)   plots.py     plots and summary table

@@ -21,9 +21,9 @@ at 2,048 tokens a step took 2.3 s on 2 threads against 0.09 s on 1, the matrix p
 slower each (torch.profiler; benchmarks/results/prefix_reuse.md). Prefills keep every thread.
 
 Across the depths of one (task, method, length): a deeper cell's prefix extends a shallower
-one's token for token (prompt.py: the head, then whole haystack blocks, the same blocks at every
+one's token for token (prompt.py: the head, then whole haystack pieces, the same pieces at every
 depth), so `SharedPrefix` keeps the last prefix's cache and a deeper cell only prefills the
-blocks between the two needles on top of it. It checks the tokens, not the depths, and holds
+pieces between the two needles on top of it. It checks the tokens, not the depths, and holds
 one cache per model state (the caller's key: method, factor, knobs) and rope hold length.
 Across the looks of a sequential question (the same prompts at every look, `prompt.py`'s
 `layout_seeds`), it keeps the deepest prefix and serves every depth from a view of its first

@@ -2,17 +2,18 @@
 to the depth (the `prefix`, prefilled once, `decode.py`); each trial's `suffix` holds its
 needles, the rest of the haystack and its question.
 
-Layout: head + blocks[:before] | needle 0 + ... + question, where the haystack has k blocks (as
+Layout: head + pieces[:before] | needle 0 + ... + question, where the haystack has k pieces (as
 many as fit beside the longest trial's needles, question and answer: the prompt and the tokens
 generated stay within the cell's length, as RULER sizes its inputs by max_seq_length minus
-tokens_to_generate), before = round(depth · k), needle 0 (the queried one) goes before block
-`before` and needle i of m before block before + round(i · (k - before) / m): spread evenly to
+tokens_to_generate), before = round(depth · k), needle 0 (the queried one) goes before piece
+`before` and needle i of m before piece before + round(i · (k - before) / m): spread evenly to
 the end.
 
 A cell's layout (k, and the rope hold of a dynamic method) depends on the longest trial it
-holds. Sequential looks run a cell's seeds a block at a time, so `layout_seeds` (all the seeds
-the cell may ever run) fixes it: every look's prompts are then the fixed design's token for
-token (the same prefix at every look, which `decode.SharedPrefix` serves from its cache).
+holds. Sequential looks run a cell's trials a block of seeds at a time (`blocks.py`), so
+`layout_seeds` (all the seeds the cell may ever run) fixes it: every look's prompts are then the
+fixed design's token for token (the same prefix at every look, which `decode.SharedPrefix`
+serves from its cache).
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def _ids(tokenizer, text: str, special: bool = False) -> list[int]:
 
 
 def min_tokens(tokenizer, trials: list[Trial], haystack: Haystack) -> int:
-    """The shortest length that holds one haystack block with every trial's needles and answer."""
-    return (len(_ids(tokenizer, trials[0].head, True)) + max(map(len, haystack.blocks))
+    """The shortest length that holds one haystack piece with every trial's needles and answer."""
+    return (len(_ids(tokenizer, trials[0].head, True)) + max(map(len, haystack.pieces))
             + max(_beside_haystack(tokenizer, t) for t in trials))
 
 
@@ -99,13 +100,13 @@ def place(tokenizer, trials: list[Trial], haystack: Haystack, length: int, depth
     """The prompts of `trials` (one head) at `length` and `depth` (the layout above)."""
     head = _ids(tokenizer, trials[0].head, special=True)
     reserve = max(_beside_haystack(tokenizer, t) for t in trials)
-    blocks = haystack.take(length - len(head) - reserve)
-    if not blocks:
+    pieces = haystack.take(length - len(head) - reserve)
+    if not pieces:
         raise ValueError(f"length {length} is too short for a {what} prompt (needs at least "
                          f"{needed()} tokens with this tokenizer and haystack)")
-    k = len(blocks)
+    k = len(pieces)
     before = round(depth * k)
-    prefix = head + [t for b in blocks[:before] for t in b]
+    prefix = head + [t for piece in pieces[:before] for t in piece]
     suffixes, max_new, spans = [], [], []
     for trial in trials:
         m = len(trial.needles)
@@ -120,7 +121,7 @@ def place(tokenizer, trials: list[Trial], haystack: Haystack, length: int, depth
                     spans.append((len(prefix) + len(suffix), len(prefix) + len(suffix) + len(ids)))
                 suffix += ids
             if j < k:
-                suffix += blocks[j]
+                suffix += pieces[j]
         suffixes.append(suffix + _ids(tokenizer, trial.question))
         max_new.append(_answer_tokens(tokenizer, trial))
     return CellPrompts(prefix, suffixes, trials, max_new, spans)

@@ -61,7 +61,7 @@ def main() -> None:
                                          ignore_eos=True, detokenize=False, seed=0)
                           for n in request["max_tokens"]]
                 # every trial of the cell in one call: vLLM batches them, and with prefix caching
-                # the blocks of their shared prefix are computed once
+                # the KV-cache blocks of their shared prefix are computed once
                 outs = llm.generate([{"prompt_token_ids": ids} for ids in request["prompts"]],
                                     params, use_tqdm=False)
                 _reply({"outputs": [list(o.outputs[0].token_ids) for o in outs],
