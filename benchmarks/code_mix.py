@@ -47,7 +47,7 @@ def ask_argv(arm: str, runs: Path) -> list[str]:
     return ["hf-posext", "retrieval", *model, *GRID, "--dataset", code_path(), "--out", str(OUT / arm)]
 
 
-# the shipped recipe's own check (docs/finetuning_measurements.md, "What was tried"): RULER's noise,
+# the shipped recipe's own check (docs/finetuning_mix.md): RULER's noise,
 # five depths, two needles each, so an arm's figure in prose reads beside the six seeds' 59/60
 NOISE_GRID = ["--tasks", "niah_single", "--lengths", "16k", "--depths", "0,0.25,0.5,0.75,1", "--trials", "2",
               "--dtype", "float32", "--no-progress", "--dataset", "noise"]

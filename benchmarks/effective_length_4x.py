@@ -149,7 +149,7 @@ def write_page() -> Path:
         "(the embedded SmolLM2-135M, trained at 8,192 tokens; float32, 2 CPU cores; RULER's `niah_single` "
         "wording; none of the haystacks was used to tune a method or the recipe). A cell's looks are pooled; "
         "the sequential call is the question's decision against the bar after its last look, with its "
-        "Clopper-Pearson bounds at the level that holds over all looks (docs/retrieval.md). A call of "
+        "Clopper-Pearson bounds at the level that holds over all looks (docs/retrieval_sequential.md). A call of "
         "`undecided` means the budget ran out first.", "", *head, *lines, ""]
     if missing:
         text += [f"Not run in this round: {', '.join(missing)}.", ""]

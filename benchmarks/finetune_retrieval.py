@@ -71,7 +71,7 @@ def parse(argv=None) -> argparse.Namespace:
     # about an hour for the two fine-tuned arms; see recipes/README.md for the measured probe.
     p.add_argument("--steps", type=int, default=200, help="optimizer steps of each fine-tuned arm (default %(default)s)")
     p.add_argument("--lr", type=float, default=2e-5, help="learning rate (the recipe's, YaRN §4.1; default %(default)s)")
-    # the best setting measured (docs/finetuning_measurements.md, "What was tried"): share 0.25 with min_span 0.9
+    # the best setting measured (docs/finetuning_mix.md): share 0.25 with min_span 0.9
     # found niah_single at 16k 59/60 over six seeds at +0.035 nats past L (mean); the first
     # experiment's arms ran with share 0.5 and min_span 0.5 (their commands now say so)
     p.add_argument("--share", type=float, default=0.25, help="mix arm: share of synthetic windows (default %(default)s)")

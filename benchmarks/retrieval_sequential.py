@@ -307,7 +307,7 @@ def main(argv=None) -> int:
         "outcomes, not a rerun**: each row keeps every trial's answer and output, scored again here "
         "(the counts equal the rows'), in seed order, one look of "
         f"{rule.look} trials at each depth at a time, at most {rule.max_trials} a cell ({rule.looks} looks), "
-        f"Clopper–Pearson at {rule.confidence:g} over all looks, `rule: {rule.boundary}` (docs/retrieval.md, *Sequential trials*). "
+        f"Clopper–Pearson at {rule.confidence:g} over all looks, `rule: {rule.boundary}` (docs/retrieval_sequential.md). "
         f"The bar is the unpatched model's committed within-L accuracy minus {args.margin:g}, as the fixed "
         "design's; the reference cells count in full. Where the rule would look again but the folder "
         "has no more trials (most cells ran 4), the replay says so: the rule, run live, would spend more there.",

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 SCRIPT = ROOT / "benchmarks" / "finetune_retrieval.py"
 SCRIPT_NAME = "benchmarks/" + "finetune_retrieval.py"   # as the README names it
 ARMS = ("free", "docs", "mix")                            # as the script's docstring names them
-# the best setting measured (docs/finetuning_measurements.md): its mix arm's stored settings and config
+# the best setting measured (docs/finetuning_mix.md): its mix arm's stored settings and config
 MEASURED = ROOT / "benchmarks" / "results" / "finetune-retrieval-span09" / "mix"
 # the flags an arm's recipe arguments are made of (arms.recipe_argv), by their settings' names
 RECIPE_FLAGS = {"--model": "model", "--dataset": "dataset", "--eval-document": "eval_document", "--factor": "factor",
@@ -69,7 +69,7 @@ def test_help_does_nothing_else(help_run):
 
 def test_defaults_are_the_best_setting_measured(help_run):
     """The mix arm's defaults, as --help states them, are the settings of the run
-    docs/finetuning_measurements.md found best (share 0.25, min_span 0.9: its done.json); the
+    docs/finetuning_mix.md found best (share 0.25, min_span 0.9: its done.json); the
     recipe's own mix stays off unless asked for."""
     from hf_posext.training.recipe_config import config_from_dict
     measured = json.loads((MEASURED / "done.json").read_text())

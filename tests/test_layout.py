@@ -3,7 +3,7 @@ nor has the graph between its modules, nor the one between the repository's scri
 recipes/, tests/: a script imports another by its file name); no test loads a benchmarks/ script
 by its path (it runs it as a command, or imports the package); nothing inside imports the package
 root (`hf_posext/__init__.py`, the public API) back, at most 8 modules sit at the top level, no
-file is over 400 lines, and each subpackage's docstring names exactly the modules it has.
+file (nor documentation page) is over 400 lines, and each subpackage's docstring names exactly the modules it has.
 
 A *part* is a subpackage (`hf_posext/rope/`, `attention/`, ...) or a top-level module
 (`patcher.py`, ...). Edges are read with `ast` from every import statement, function-level ones
@@ -304,6 +304,14 @@ def test_no_file_over_400_lines():
             if not any(part.startswith(".") or part in ("build", "site") for part in p.relative_to(REPO).parts)
             and (n := len(p.read_text().splitlines())) > 400}
     assert not long, f"files over 400 lines: {long}"
+
+
+def test_no_doc_page_over_400_lines():
+    """The same rule for the documentation: every docs/*.md page, README.md and recipes/README.md
+    (a long page splits where its topic does, into pages of its own under docs/)."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "recipes" / "README.md"]
+    long = {str(p.relative_to(REPO)): n for p in pages if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"pages over 400 lines: {long}"
 
 
 def test_every_subpackage_is_in_the_wheel():

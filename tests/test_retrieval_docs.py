@@ -1,7 +1,8 @@
-"""Every command docs/retrieval.md and docs/retrieval_measurements.md show runs: each
-`hf-posext` line of their bash blocks, on a tiny model (lengths scaled to its character
-tokenizer, 2 trials, the local lm-eval task for RULER's, which needs the real tokenizer and 8k
-prompts), and the guide's Python block as written."""
+"""Every command the retrieval pages show runs (the guide, docs/retrieval.md and
+docs/retrieval_sequential.md; the measurements, docs/retrieval_measurements.md and
+docs/retrieval_sequential_measurements.md): each `hf-posext` line of their bash blocks, on a tiny
+model (lengths scaled to its character tokenizer, 2 trials, the local lm-eval task for RULER's,
+which needs the real tokenizer and 8k prompts), and the guide's Python block as written."""
 
 import json
 import os
@@ -17,12 +18,17 @@ from hf_posext.evaluation.retrieval import report
 from _evalkit import char_tokenizer, tiny_checkpoint, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = (ROOT / "docs" / "retrieval.md").read_text()                            # the user guide
-MEASUREMENTS = (ROOT / "docs" / "retrieval_measurements.md").read_text()     # the runs it logs
+# the user guide's pages, then the measurements' (the runs they log); each page's commands run
+GUIDE = ("retrieval.md", "retrieval_sequential.md")
+LOGS = ("retrieval_measurements.md", "retrieval_sequential_measurements.md")
+PAGES = {name: (ROOT / "docs" / name).read_text() for name in GUIDE + LOGS}
+DOC = PAGES["retrieval.md"]                                  # the guide's first page
+SEQUENTIAL = PAGES["retrieval_sequential.md"]                # sequential trials and a budget
+MEASUREMENTS = PAGES["retrieval_measurements.md"]            # the 2x grid, cost, vLLM
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def commands(text: str = DOC + MEASUREMENTS) -> list[list[str]]:
+def commands(text: str = "".join(PAGES.values())) -> list[list[str]]:
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     return [shlex.split(line)[1:] for b in blocks for line in b.splitlines() if line.startswith("hf-posext ")]
 
@@ -76,6 +82,14 @@ def long_checkpoint(path: Path) -> Path:
 def test_the_doc_shows_commands():
     names = [c[0] for c in commands(DOC)]
     assert names.count("retrieval") >= 2 and "lm-eval" in names and "passkey" in names
+    sequential = commands(SEQUENTIAL)
+    assert len(sequential) >= 3 and all("--sequential" in c or "--budget" in c for c in sequential)
+
+
+def test_every_retrieval_page_is_read():
+    """A page split off a retrieval page (docs/retrieval*.md) joins the pages whose commands run."""
+    assert set(PAGES) == {p.name for p in (ROOT / "docs").glob("retrieval*.md")}
+    assert all(commands(text) for text in PAGES.values())
 
 
 @pytest.mark.slow

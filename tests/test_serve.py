@@ -238,9 +238,9 @@ def test_dual_chunk_over_a_rope_method_is_refused(tmp_path):
 
 
 def test_docs_commands(tmp_path, monkeypatch, capsys):
-    """Every `hf-posext serve` line of docs/portability.md ("The command per engine") prints, on
+    """Every `hf-posext serve` line of docs/serving.md ("The command per engine") prints, on
     the checkpoints it names, the command shown under it."""
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "portability.md").read_text()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
     block = re.search(r"<!-- serve-commands -->\s*```\n(.*?)```", doc, re.S).group(1).splitlines()
     monkeypatch.chdir(tmp_path)
     tiny_model().config.save_pretrained("llama-base")

@@ -1,6 +1,6 @@
 """`hf-posext serve PATH --engine vllm|sglang|llama.cpp|tgi`: the command line that serves a
 checkpoint at its extended length, exactly as transformers + hf_posext run it
-(hf_posext/portability/serving.py; docs/portability.md, "Serving").
+(hf_posext/portability/serving.py; docs/serving.md).
 
     hf-posext serve ./llama-yarn-16k --engine vllm
     hf-posext serve ./llama-base --method yarn --factor 4 --engine vllm   # extend at serve time

@@ -1,6 +1,6 @@
 """`hf-posext serve PATH --engine E`: the one command line that serves a checkpoint at its extended
 length in engine E, exactly as transformers + hf_posext run it, or a refusal naming why
-(docs/portability.md, "Serving").
+(docs/serving.md).
 
 Every command is checked with the reader re-derivations of `engines.py` (the same check as
 `export`): the config the engine will see — config.json with the command's overrides applied —

@@ -44,7 +44,7 @@ class SyntheticConfig:
     share: float = 0.0                    # fraction of the packed windows turned into examples
     formats: list[str] = field(default_factory=lambda: list(SYNTHETIC_FORMATS))
     # the question's position id is drawn in [min_span x target, target); 0.9 (every question near
-    # the target's far end) found RULER's needle 16k back where 0.5 missed it (docs/finetuning_measurements.md)
+    # the target's far end) found RULER's needle 16k back where 0.5 missed it (docs/finetuning_mix.md)
     min_span: float = 0.9
     loss: str = "answer"                  # answer: loss on the answer tokens only; window: every token
     # the text around the fact and the question, drawn per example from these: "training" (the
