@@ -55,15 +55,15 @@ def run_folder(haystack: str, method: str) -> Path:
 
 
 def run_argv(haystack: str, method: str = "yarn", budget: str | None = None) -> list[str]:
-    tuned = method == "finetuned"
-    model = ["--model", FINETUNED, "--methods", "none"] if tuned else ["--methods", method, *KNOBS[method]]
-    # the fine-tuned arm looks 2 needles a depth at a time: its first look (10 trials, ~40 min)
-    # already separates 0.9 from 0.7 if it is 10/10 (Wilson lower bound 0.72), as the 2x recipe's
-    # noise check (two needles a depth) did
-    return ["retrieval", "--tasks", "niah_single", *model, "--lengths", "32k", *([] if tuned else ["--factor", "4"]),
-            "--depths", DEPTHS, "--trials", "20", "--look", "2" if tuned else "4", "--dtype", "float32", "--sequential",
-            "--bar", str(BAR), "--dataset", dataset(haystack), "--budget", budget or BUDGET[haystack],
-            "--no-progress", "--out", str(run_folder(haystack, method))]
+    out = ["--dtype", "float32", "--dataset", dataset(haystack), "--no-progress", "--out", str(run_folder(haystack, method))]
+    if method == "finetuned":
+        # a fixed grid of 2 needles a depth, the design of the 2x recipe's noise check, so the two
+        # read side by side; 10/10 would clear the target (Wilson lower bound 0.72)
+        return ["retrieval", "--tasks", "niah_single", "--model", FINETUNED, "--methods", "none", "--lengths", "32k",
+                "--depths", DEPTHS, "--trials", "2", *out]
+    return ["retrieval", "--tasks", "niah_single", "--methods", method, *KNOBS[method], "--lengths", "32k", "--factor", "4",
+            "--depths", DEPTHS, "--trials", "20", "--look", "4", "--sequential", "--bar", str(BAR),
+            "--budget", budget or BUDGET[haystack], *out]
 
 
 def reference_argv(haystack: str) -> list[str]:

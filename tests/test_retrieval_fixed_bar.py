@@ -56,3 +56,25 @@ def test_with_a_fixed_bar_a_length_within_l_is_no_reference(model):
 def test_a_bar_outside_0_1_is_refused(model, bar):
     with pytest.raises(ValueError, match="a fixed bar must be in"):
         evaluate_sequential(model, char_tokenizer(), RetrievalGrid(["none"], [700]), RULE, bar=bar)
+
+
+def test_a_checkpoint_asked_as_is_is_the_question_past_l(tmp_path, run_cli):
+    """`--methods none --sequential --bar b` on a checkpoint whose config carries its extension
+    (a fine-tuned one): the unpatched-reference rule (asked within L only) must not leave the
+    grid empty; every depth past L is looked at and decided against b."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import hf_posext
+    folder = tmp_path / "extended"
+    model = LlamaForCausalLM(LlamaConfig(**{**TINY, "max_position_embeddings": L}))
+    hf_posext.patch(model, "yarn", factor=2)             # saved as yarn s = 2 over L = 1024
+    model.save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    code, out, err = run_cli(["retrieval", "--model", folder, "--methods", "none", "--tasks", "niah_single",
+                              "--lengths", "1600", "--depths", "0,1", "--trials", "4", "--look", "2",
+                              "--sequential", "--bar", "0.7", "--out", tmp_path / "run", "--no-progress", "--no-plot"])
+    assert code == 0, err
+    from hf_posext.evaluation import read_rows
+    rows = read_rows(tmp_path / "run" / "retrieval.json")
+    assert {(r["method"], int(r["length"]), float(r["depth"])) for r in rows} == {("none", 1600, 0.0), ("none", 1600, 1.0)}
+    assert all(r["decision"] is not None and r["bar"] == 0.7 for r in rows)

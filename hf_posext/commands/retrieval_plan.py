@@ -121,7 +121,10 @@ def run(args, spec, grid, plan: Plan, tokenizer, haystack, ranks, report) -> int
 
     def evaluate(model, view, progress, info):
         asked = grid
-        if bar is not None:   # a fixed bar needs no reference: the unpatched model is asked within L only
+        # a fixed bar needs no reference: the unpatched model, there only as the reference beside
+        # other methods, is asked within L only; asked alone (`--methods none`: a checkpoint whose
+        # config already carries its extension, e.g. a fine-tuned one) it is the question everywhere
+        if bar is not None and any(m != "none" for m in grid.methods):
             trained = trained_length(model)
             asked = dataclasses.replace(grid, skip=tuple(grid.skip) + tuple(
                 ("none", n, 1.0) for n in grid.lengths if n > trained))

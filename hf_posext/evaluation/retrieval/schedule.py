@@ -229,6 +229,9 @@ def evaluate_sequential(model, tokenizer, grid: RetrievalGrid, rule: SequentialR
                          "grid: the bar is the unpatched model's accuracy there (add it to --lengths).")
     answer_fn = answer_fn or answer_cell
     state = SequentialResult([], questions_of(grid, trained, reference=bar is None), {}, rule)
+    if not state.questions:   # every cell left out (grid.skip): a run that would do nothing, silently
+        raise ValueError("the sequential grid has no question left to decide (every cell was left out); "
+                         "check --methods and --lengths.")
     holder = SharedPrefix(prefix_cache_bytes)
     # every look's seeds: each look is laid out as the whole series
     layout = tuple(s for j in range(1, rule.looks + 1) for s in rule.look_seeds(grid.seed, j))
