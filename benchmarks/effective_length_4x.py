@@ -103,6 +103,8 @@ def latest_decision(folder: Path, method: str, length: int) -> tuple[str, str]:
     from hf_posext.evaluation import read_rows
     rows = [r for r in read_rows(folder / "retrieval.json") if r["method"] == method and int(r["length"]) == length]
     last = max(rows, key=lambda r: int(r.get("look") or 0))
+    if last.get("look") is None:   # a fixed grid (the fine-tuned arm): nothing sequential to call
+        return "fixed grid", ""
     if last.get("decision") is None:
         return "—", ""
     return str(last["decision"]), f"[{last['decision_low']:.2f}, {last['decision_high']:.2f}] vs {last['bar']}"
