@@ -162,7 +162,6 @@ def write_page() -> Path:
     return write_page_keeping_reading(PAGE, text)
 
 
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=("run", "reference", "report"))
