@@ -310,7 +310,7 @@ def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
                          + f"; {sum(c.seconds for c in mine) / 60:.0f} min; commands {numbers(mine)}")
     lines += ["", "Commands (`$TORCH` is the installed torch package's folder):", "",
               *(f"{i}. " + (f"`{c}`" if c.startswith(("hf-posext ", "python ")) else c)
-                for i, c in enumerate(commands, 1)), ""]
+                for i, c in enumerate(commands, 1)), "", ""]   # a blank line before the reading's heading
     return lines
 
 
