@@ -229,7 +229,9 @@ def table_lines(results: Path) -> list[str]:
     """The effective-length table (effective_length_table.py): this script's folders under
     results/effective-length-4x read here, with their commands; the 2x sources read there."""
     from effective_length_table import build, counts, own_window
-    out = results / OUT.name
+    out, asked = results / OUT.name, len(DEPTHS.split(","))
+    # the other sources' haystacks by name; this script's own by folder (the code haystack's rows
+    # store the file's path on the machine that ran them, not a name)
     labels = {dataset(h): LABELS[h] for h in ("noise", "hamlet")}
     found = []
     for haystack, label in LABELS.items():
@@ -238,7 +240,6 @@ def table_lines(results: Path) -> list[str]:
             seed = int(folder.name.partition("-seed")[2].partition("-")[0] or 0)
             rows = [{**r, **({"training_seed": seed} if tuned else {})}
                     for cells in question_rows(out / folder.name).values() for r in cells]
-            asked = len(DEPTHS.split(","))
             found += counts(rows, {r["haystack"]: label for r in rows}, "effective-length-4x", (shown(argv),),
                             method="yarn" if tuned else None, tuned=tuned, asked=asked)
     pairs = perplexity_pairs(out)
