@@ -59,3 +59,16 @@ def test_effective_length_is_relative_to_the_models_own_accuracy():
     assert effective_length(good, _rows("none", {16: 0.5}), 8, 0.1) == (None, None)
     # a model that cannot do the task within L: no bar to hold, no effective length
     assert effective_length(good, _rows("none", {4: 0.0, 8: 0.1}), 8, 0.1) == (None, pytest.approx(0.05))
+
+
+def test_a_target_with_a_lower_bound_needs_enough_trials():
+    """>= 0.9 with a Wilson lower bound >= 0.7: 9/9 and 10/10 pass (bounds 0.701, 0.722), 9/10 is
+    0.9 but its bound 0.596 fails, 18/20 likewise (0.699); the bounds are Wilson's formula with
+    z = 1.96 worked by hand: low = (p + z²/2n - z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)."""
+    from hf_posext.evaluation.retrieval.stats import target_verdict
+    assert target_verdict(10, 10, 0.9, 0.7) == "met"
+    assert target_verdict(9, 9, 0.9, 0.7) == "met"
+    assert target_verdict(9, 10, 0.9, 0.7) == "missed (accuracy 0.90, lower bound 0.60)"
+    assert target_verdict(18, 20, 0.9, 0.7) == "missed (accuracy 0.90, lower bound 0.70)"   # 0.699
+    assert target_verdict(8, 10, 0.8) == "met"
+    assert target_verdict(7, 10, 0.8) == "missed (accuracy 0.70 vs 0.8)"

@@ -63,6 +63,17 @@ def rate_text(k: int, n: int) -> str:
     return f"{k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}]"
 
 
+def target_verdict(k: int, n: int, accuracy: float, lower_bound: float | None = None) -> str:
+    """"met" when k/n reaches `accuracy` and, if a `lower_bound` is asked, the Wilson 95 % lower
+    bound reaches it too (a target such as ">= 0.9 with a lower bound >= 0.7" holds only on enough
+    trials: 9/9 has 0.70, 10/10 0.72); else "missed (...)" with the figures that missed."""
+    low = wilson(k, n)[0]
+    if k / n >= accuracy and (lower_bound is None or low >= lower_bound):
+        return "met"
+    return (f"missed (accuracy {k / n:.2f}, lower bound {low:.2f})" if lower_bound is not None
+            else f"missed (accuracy {k / n:.2f} vs {accuracy:g})")
+
+
 def pooled(rows: Sequence[dict]) -> tuple[int, int]:
     """(correct, trials) summed over rows (e.g. the depths of one length)."""
     return sum(int(r["correct"]) for r in rows), sum(int(r["trials"]) for r in rows)
