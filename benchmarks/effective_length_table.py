@@ -270,7 +270,8 @@ def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
     readings the cells are read against, then the numbered commands."""
     rows: dict[tuple, list] = {}
     order = list(METHODS)
-    for item in [*found, *ratios]:
+    items: list[Count | Ratio] = [*found, *ratios]
+    for item in items:
         if item.length > item.trained:
             rows.setdefault((order.index(item.method), item.length, item.tuned), []).append(item)
     commands: list[str] = []
