@@ -98,6 +98,11 @@ def reference_argv(haystack: str) -> list[str]:
             "--out", str(OUT / f"{haystack}-reference")]
 
 
+def folder_seed(folder: Path) -> int:
+    """The training seed a run folder's name carries (`...-seed1...`; 0 when it names none)."""
+    return int(folder.name.partition("-seed")[2].partition("-")[0] or 0)
+
+
 def perplexity_folder(seed: int = 0) -> Path:
     return OUT / ("perplexity-finetuned" + (f"-seed{seed}" if seed else ""))
 
@@ -162,7 +167,7 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
     if length > 8192 and len(cells) < wanted:   # a run stopped inside its first look: no verdict yet
         met = f"open: {len(cells)} of {wanted} depths ran"
     minutes = sum(float(r["seconds"]) for r in cells) / 60
-    seed = folder.name.partition("-seed")[2].partition("-")[0] or "0"
+    seed = folder_seed(folder)
     name = (f"fine-tuned: 4x retrieval recipe, seed {seed}" if "-finetuned" in folder.name else
             "unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}" if method == "yarn"
             else method)
@@ -172,7 +177,7 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
 
 def seeds_trained() -> list[int]:
     """The fine-tuned seeds with stored rows (any haystack, task or perplexity), in order."""
-    found = {0} | {int(f.name.partition("-seed")[2].partition("-")[0]) for f in OUT.glob("*-finetuned-seed*")}
+    found = {0} | {folder_seed(f) for f in OUT.glob("*-finetuned-seed*")}
     return sorted(found)
 
 
@@ -230,7 +235,7 @@ def table_lines(results: Path) -> list[str]:
     for haystack, label in LABELS.items():
         for _, folder, argv in steps(haystack):
             tuned = "-finetuned" in folder.name
-            seed = int(folder.name.partition("-seed")[2].partition("-")[0] or 0)
+            seed = folder_seed(folder)
             rows = [{**r, **({"training_seed": seed} if tuned else {})}
                     for cells in question_rows(out / folder.name).values() for r in cells]
             found += counts(rows, {r["haystack"]: label for r in rows}, "effective-length-4x", (shown(argv),),
