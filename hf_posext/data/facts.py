@@ -47,3 +47,26 @@ def draw_fact(rng: random.Random, fmt: Format, text: str) -> tuple[str, str]:
         return key, str(rng.randint(10 ** (digits - 1), 10 ** digits - 1))
     others = [w for w in words if w.lower() != key.lower()]
     return key, rng.choice(others) if others else "".join(rng.choices(string.ascii_lowercase, k=6))
+
+
+def draw_distractors(rng: random.Random, fmt: Format, text: str, key: str, value: str,
+                     n: int) -> list[tuple[str, str]]:
+    """`n` more (key, value) pairs of `fmt` for the same window, no word or number used twice among
+    all keys and values, the asked fact's included (case-insensitive; "A goes together with B"
+    reads both ways): facts of the same form as the asked one, which the answer must not be taken
+    from (RULER's niah_multikey distractors, in this module's wording)."""
+    seen, out = {key.lower(), value.lower()}, []
+    for _ in range(n):
+        for _attempt in range(64):
+            k, v = draw_fact(rng, fmt, text)
+            if k.lower() not in seen and v.lower() not in seen and k.lower() != v.lower():
+                break
+        else:   # a window with too few distinct words: made-up ones, redrawn until new
+            while k.lower() in seen:
+                k = "".join(rng.choices(string.ascii_uppercase, k=8))
+            while v.lower() in seen | {k.lower()}:
+                v = str(rng.randint(10 ** 6, 10 ** 7 - 1)) if fmt.value == "digits" else \
+                    "".join(rng.choices(string.ascii_lowercase, k=8))
+        seen |= {k.lower(), v.lower()}
+        out.append((k, v))
+    return out

@@ -51,7 +51,7 @@ def prepare_data(cfg, tokenizer, accelerator=None, log: Callable[[str], None] = 
     first = accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()
     sc, chunks = d.synthetic, cfg.pose.num_chunks if cfg.pose.enabled else 1
     if sc.share > 0:   # before tokenizing: a format that cannot fit, a source that cannot load, fail at once
-        check_formats_fit(tokenizer, sc.formats, t.seq_len, chunks)
+        check_formats_fit(tokenizer, sc.formats, t.seq_len, chunks, sc.distractors)
         hay_docs = datalib.haystack_documents(sc.haystacks, eval_docs, TRAINING_HAYSTACK)
     with first:   # rank 0 tokenizes and writes the cache; the others read it
         sequences, train_names = packed_sequences(train_docs, tokenizer, t.seq_len, bos, eos)

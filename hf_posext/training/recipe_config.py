@@ -26,7 +26,7 @@ from ..errors import ConfigError, check_seed, refuse_renamed
 from ..rope.config import RopeExtensionConfig
 from ..rope.knobs import RENAMED_TRAINED
 from .optim import SCHEDULES
-from .synthetic import FORMATS as SYNTHETIC_FORMATS, LOSSES as SYNTHETIC_LOSSES, TRAINING_HAYSTACK
+from .synthetic import FORMATS as SYNTHETIC_FORMATS, LOSSES as SYNTHETIC_LOSSES, MAX_DISTRACTORS, TRAINING_HAYSTACK
 
 @dataclass
 class ModelConfig:
@@ -50,6 +50,9 @@ class SyntheticConfig:
     # the text around the fact and the question, drawn per example from these: "training" (the
     # window's own document text) or a source like data.source (e.g. embedded:python-stdlib, code)
     haystacks: list[str] = field(default_factory=lambda: [TRAINING_HAYSTACK])
+    # facts of the same form with other keys written beside the asked one (RULER's niah_multikey
+    # asks among 3): 0 writes the asked fact alone, near the window's start
+    distractors: int = 0
 
 
 @dataclass
@@ -328,6 +331,9 @@ def _validate_synthetic(sc: SyntheticConfig, p: PoseConfig) -> None:
         raise ValueError(f"data.synthetic.min_span must be in (0, 1], got {sc.min_span!r}")
     if sc.loss not in SYNTHETIC_LOSSES:
         raise ValueError(f"data.synthetic.loss must be one of {SYNTHETIC_LOSSES}, got {sc.loss!r}")
+    if not (_is_int(sc.distractors) and 0 <= sc.distractors <= MAX_DISTRACTORS):
+        raise ValueError(f"data.synthetic.distractors must be a whole number in [0, {MAX_DISTRACTORS}] "
+                         f"(other facts of the asked one's form), got {sc.distractors!r}")
     hays = sc.haystacks
     if not (isinstance(hays, list) and hays and all(isinstance(h, str) and h for h in hays)):
         raise ValueError(f"data.synthetic.haystacks must be a non-empty list of sources, got {hays!r}; "

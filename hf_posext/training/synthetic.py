@@ -20,6 +20,10 @@ text. A model asked for a number inside code tends to answer in the code's idiom
 from the file) rather than the number; examples whose filler is code are what teach it otherwise
 (docs/finetuning_measurements.md, "Retrieval in code"). With the default list the draws, and so
 the mix, are unchanged.
+
+Distractors (`data.synthetic.distractors`): other facts of the asked one's form in the same window,
+so the answer has to be the asked key's value rather than any number written far back
+(`build_example`). With 0, the default, no draw is added and the mix is the one without them.
 Formats are this module's own wording: never the evaluation's needles (passkey's "The pass key
 is ...", RULER's "One of the special magic numbers for ... is: ...", "VAR X = Y"), which a test
 checks.
@@ -32,7 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from ..data.facts import Format, draw_fact, pieces
+from ..data.facts import Format, draw_distractors, draw_fact, pieces
 from ..errors import ConfigError
 from ..evaluation.shared.data import tokenizer_fingerprint
 
@@ -50,34 +54,63 @@ FORMATS = {
 }
 LOSSES = ("answer", "window")
 LONGEST_KEY, LONGEST_VALUE = "W" * 16, "9" * 7
+MAX_DISTRACTORS = 16   # data.synthetic.distractors: each fact costs window tokens
 
 
-def check_formats_fit(tokenizer, formats: Sequence[str], window: int, num_chunks: int) -> None:
-    """Every format, with the longest key and value it can draw, must leave room in the window
-    for one token of document text per PoSE cut between the fact and the question."""
+def check_formats_fit(tokenizer, formats: Sequence[str], window: int, num_chunks: int,
+                      distractors: int = 0) -> None:
+    """Every format, with the longest key and value it can draw and its distractor facts, must
+    leave room in the window for one token of document text per PoSE cut between the fact and
+    the question."""
     for name in formats:
-        n = sum(map(len, pieces(tokenizer, FORMATS[name], LONGEST_KEY, LONGEST_VALUE)))
+        fact, question, answer = pieces(tokenizer, FORMATS[name], LONGEST_KEY, LONGEST_VALUE)
+        n = len(fact) * (1 + distractors) + len(question) + len(answer)
         if n + max(num_chunks - 1, 0) > window:
-            raise ConfigError(f"data.synthetic.formats: {name!r} needs up to {n} tokens (fact + question "
+            raise ConfigError(f"data.synthetic.formats: {name!r} needs up to {n} tokens (fact"
+                              f"{f' and {distractors} distractors' if distractors else ''} + question "
                               f"+ answer) plus {max(num_chunks - 1, 0)} of text, more than the "
-                              f"{window}-token window; raise training.seq_len or drop the format.")
+                              f"{window}-token window; raise training.seq_len or drop the "
+                              f"format{' or lower data.synthetic.distractors' if distractors else ''}.")
 
 
 def build_example(window_ids: Sequence[int], tokenizer, format_name: str, rng: random.Random,
-                  num_chunks: int) -> dict:
+                  num_chunks: int, distractors: int = 0) -> dict:
     """One synthetic example of len(window_ids) tokens: document text, the fact within the first
-    W/16 tokens, document text, the question, the answer. Returns input_ids and the span columns
-    (fact_start, fact_end, question_start, answer_start: token indices)."""
+    W/16 tokens (without distractors), document text, the question, the answer. Returns input_ids and the span columns
+    (fact_start, fact_end, question_start, answer_start: token indices).
+
+    With `distractors` = d > 0, d more facts of the same format (other keys, other values) are
+    written too, and the d + 1 facts sit at random offsets of the document text with the asked
+    one at a random rank among them: the answer is bound to its key, not to "the fact near the
+    start" (where the asked one would always be otherwise). The PoSE cut falls after the asked
+    fact (`sample_spanning_position_ids`), so it is still up to the target length before the
+    question, while a distractor after the cut sits near it: RULER's niah_multikey case, whose
+    misses past the trained length are a distractor's value."""
     window, fmt = len(window_ids), FORMATS[format_name]
-    key, value = draw_fact(rng, fmt, tokenizer.decode(list(window_ids), skip_special_tokens=True))
+    text = tokenizer.decode(list(window_ids), skip_special_tokens=True)
+    key, value = draw_fact(rng, fmt, text)
     fact, question, answer = pieces(tokenizer, fmt, key, value)
-    room = window - len(fact) - len(question) - len(answer)      # document tokens kept
-    if room < max(num_chunks - 1, 0):
+    others = [pieces(tokenizer, fmt, k, v)[0] for k, v in draw_distractors(rng, fmt, text, key, value, distractors)]
+    room = window - len(fact) - sum(map(len, others)) - len(question) - len(answer)   # document tokens kept
+    cuts = max(num_chunks - 1, 0)
+    if room < cuts:
         raise ConfigError(f"data.synthetic: a {format_name!r} example ({window - room} tokens) does not fit "
                           f"the {window}-token window; raise training.seq_len.")
-    before = rng.randint(0, min(room - max(num_chunks - 1, 0), window // 16))   # "early": first W/16
-    ids = list(window_ids[:before]) + fact + list(window_ids[before:room]) + question + answer
-    return {"input_ids": ids, "fact_start": before, "fact_end": before + len(fact),
+    if not others:
+        before = rng.randint(0, min(room - cuts, window // 16))   # "early": first W/16
+        offsets, rank = [before], 0
+    else:   # text offsets of the d + 1 facts, leaving `cuts` text tokens after the last one
+        offsets, rank = sorted(rng.randint(0, room - cuts) for _ in range(len(others) + 1)), rng.randrange(len(others) + 1)
+    facts = others[:rank] + [fact] + others[rank:]
+    ids, start, done = [], 0, 0
+    for i, (offset, piece) in enumerate(zip(offsets, facts)):
+        ids += list(window_ids[done:offset])
+        done = offset
+        if i == rank:
+            start = len(ids)
+        ids += piece
+    ids += list(window_ids[done:room]) + question + answer
+    return {"input_ids": ids, "fact_start": start, "fact_end": start + len(fact),
             "question_start": window - len(question) - len(answer), "answer_start": window - len(answer),
             "format": format_name}
 
@@ -102,7 +135,7 @@ def mix_synthetic(packed, tokenizer, sc, *, seed: int, num_chunks: int, cache_di
     from .packing import cache_root
     plain = packed.with_format(None)
     window = len(plain[0]["input_ids"])
-    check_formats_fit(tokenizer, sc.formats, window, num_chunks)
+    check_formats_fit(tokenizer, sc.formats, window, num_chunks, sc.distractors)
     chosen, formats = chosen_rows(len(plain), sc.share, seed), list(sc.formats)
     others = {name: windows.with_format(None) for name, windows in (haystacks or {}).items()}
     missing = [h for h in sc.haystacks if h != TRAINING_HAYSTACK and h not in others]
@@ -121,7 +154,8 @@ def mix_synthetic(packed, tokenizer, sc, *, seed: int, num_chunks: int, cache_di
                 hay = sc.haystacks[rng.randrange(len(sc.haystacks))] if len(sc.haystacks) > 1 else sc.haystacks[0]
                 if hay != TRAINING_HAYSTACK:   # another source's window takes this one's place
                     ids = others[hay][rng.randrange(len(others[hay]))]["input_ids"]
-                rows.append({**build_example(ids, tokenizer, name, rng, num_chunks), "haystack": hay})
+                rows.append({**build_example(ids, tokenizer, name, rng, num_chunks, sc.distractors),
+                             "haystack": hay})
             else:
                 rows.append(_plain(ids))
         return {k: [r[k] for r in rows] for k in rows[0]}
