@@ -12,6 +12,7 @@ the unpatched model within L (8k) as the reference a method's accuracy is read a
     python benchmarks/effective_length_4x.py run noise --method dpe   # or self_extend
     python benchmarks/effective_length_4x.py run noise --method finetuned   # after training the 4x recipe
     python benchmarks/effective_length_4x.py run noise --method finetuned --task multi_key --seed 1
+    python benchmarks/effective_length_4x.py run noise --method finetuned-distractors --task multi_key
     python benchmarks/effective_length_4x.py perplexity      # the fine-tuned checkpoint past L, Hamlet
     python benchmarks/effective_length_4x.py reference code  # the unpatched model at 8k in code
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
@@ -20,6 +21,11 @@ the unpatched model within L (8k) as the reference a method's accuracy is read a
 A second seed of the recipe trains into its own folder, the one `--seed 1` asks:
     accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
         --training.seed 1 --output_dir runs/cpu-smollm2-retrieval-4x-seed1
+
+The recipe trained with three distractor facts beside each synthetic fact (what the multi_key
+misses point to) is its own arm, `--method finetuned-distractors`, trained with
+    accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
+        --data.synthetic.distractors 3 --output_dir runs/cpu-smollm2-retrieval-4x-distractors
 
 Each step is one `hf-posext retrieval` command (printed); a rerun resumes the stored looks.
 `--budget 3h` gives one invocation more wall time than the haystack's default (a 32k cell of four
@@ -39,23 +45,36 @@ PAGE = HERE / "results" / "effective_length_4x.md"
 BAR, DEPTHS, BUDGET = 0.7, "0,0.25,0.5,0.75,1", {"noise": "40m", "hamlet": "40m", "code": "30m"}
 # the attention-level methods' knobs: DPE's detected scales, Self-Extend's window (side_by_side.py)
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
-         "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"], "finetuned": []}
-# the 4x recipe's checkpoint (its output_dir's `final`, relative to the repository as the recipe's
-# command writes it); its config carries the extension, so it is asked with no method on top.
-# Seed 0 is the recipe's own output folder; another seed trains into a folder named by its seed.
+         "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"],
+         "finetuned": [], "finetuned-distractors": []}
+# the 4x recipe's checkpoints (an output_dir's `final`, relative to the repository as the recipe's
+# command writes it); a config carries the extension, so it is asked with no method on top.
+# arm -> (output folder of seed 0, the recipe flags it trains with, what the page adds to its name);
+# another seed trains into the folder named by its seed.
 RECIPE = "recipes/cpu-smollm2-retrieval-4x.yaml"
+FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
+             "finetuned-distractors": ("runs/cpu-smollm2-retrieval-4x-distractors", " --data.synthetic.distractors 3",
+                                       "mix with 3 distractor facts")}
 # task -> the target: accuracy, and the lower Wilson bound it needs (niah_single only)
 TASKS = {"niah_single": (0.9, 0.7), "multi_key": (0.8, None)}
 PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's training
 
 
-def finetuned(seed: int = 0) -> str:
-    return "runs/cpu-smollm2-retrieval-4x" + (f"-seed{seed}" if seed else "") + "/final"
+def finetuned(seed: int = 0, arm: str = "finetuned") -> str:
+    return FINETUNED[arm][0] + (f"-seed{seed}" if seed else "") + "/final"
 
 
-def train_command(seed: int = 0) -> str:
-    extra = f" --training.seed {seed} --output_dir {finetuned(seed).removesuffix('/final')}" if seed else ""
-    return f"accelerate launch --cpu --num_processes 1 recipes/finetune.py --config {RECIPE}{extra}"
+def train_command(seed: int = 0, arm: str = "finetuned") -> str:
+    folder, flags, _ = FINETUNED[arm]
+    extra = f" --training.seed {seed}" if seed else ""
+    extra += f" --output_dir {finetuned(seed, arm).removesuffix('/final')}" if seed or folder != FINETUNED["finetuned"][0] else ""
+    return f"accelerate launch --cpu --num_processes 1 recipes/finetune.py --config {RECIPE}{flags}{extra}"
+
+
+def arm_of(folder: Path) -> str | None:
+    """The fine-tuned arm a run folder holds (`noise-finetuned-distractors-seed1-multi_key`), None
+    for a training-free method's."""
+    return next((arm for arm in sorted(FINETUNED, key=len, reverse=True) if f"-{arm}" in folder.name), None)
 LABELS = {"noise": "RULER's noise", "hamlet": "Hamlet (held out)",
           "code": "source code (torch/_refs/__init__.py, torch 2.13.0)"}
 
@@ -81,10 +100,10 @@ def run_argv(haystack: str, method: str = "yarn", budget: str | None = None, tas
              seed: int = 0) -> list[str]:
     out = ["--dtype", "float32", "--dataset", dataset(haystack), "--no-progress",
            "--out", str(run_folder(haystack, method, task, seed))]
-    if method == "finetuned":
+    if method in FINETUNED:
         # a fixed grid of 2 needles a depth, the design of the 2x recipe's noise check, so the two
         # read side by side; 10/10 would clear the target (Wilson lower bound 0.72)
-        return ["retrieval", "--tasks", task, "--model", finetuned(seed), "--methods", "none", "--lengths", "32k",
+        return ["retrieval", "--tasks", task, "--model", finetuned(seed, method), "--methods", "none", "--lengths", "32k",
                 "--depths", DEPTHS, "--trials", "2", *out]
     return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", "32k", "--factor", "4",
             "--depths", DEPTHS, "--trials", "20", "--look", "4", "--sequential", "--bar", str(BAR),
@@ -167,27 +186,30 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
     if length > 8192 and len(cells) < wanted:   # a run stopped inside its first look: no verdict yet
         met = f"open: {len(cells)} of {wanted} depths ran"
     minutes = sum(float(r["seconds"]) for r in cells) / 60
-    seed = folder_seed(folder)
-    name = (f"fine-tuned: 4x retrieval recipe, seed {seed}" if "-finetuned" in folder.name else
+    seed, arm = folder_seed(folder), arm_of(folder)
+    name = (f"fine-tuned: 4x retrieval recipe{', ' + FINETUNED[arm][2] if FINETUNED[arm][2] else ''}, seed {seed}"
+            if arm else
             "unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}" if method == "yarn"
             else method)
     return (f"| {label} | {name} | {task} | {length // 1024}k | {k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}] | "
             f"{depths} | {decision} {bounds} | {met if length > 8192 else '(within L)'} | {minutes:.0f} min |")
 
 
-def seeds_trained() -> list[int]:
-    """The fine-tuned seeds with stored rows (any haystack, task or perplexity), in order."""
-    found = {0} | {folder_seed(f) for f in OUT.glob("*-finetuned-seed*")}
-    return sorted(found)
+def seeds_trained(arm: str = "finetuned", out: Path = OUT) -> list[int]:
+    """The arm's fine-tuned seeds with stored rows (any haystack, task or perplexity), in order;
+    seed 0 of the shipped recipe always (its absence is news), of another arm when it ran."""
+    found = {folder_seed(f) for f in out.glob(f"*-{arm}*") if arm_of(f) == arm}
+    return sorted(found | ({0} if arm == "finetuned" else set()))
 
 
-def steps(haystack: str):
-    """(what a missing run is called or None if its absence is not news, folder, argv) of every run."""
+def steps(haystack: str, out: Path = OUT):
+    """(what a missing run is called or None if its absence is not news, folder, argv) of every run,
+    the fine-tuned arms' seeds as found under `out`."""
     for method in KNOBS:
         for task in TASKS:
-            for seed in (seeds_trained() if method == "finetuned" else [0]):
+            for seed in (seeds_trained(method, out) if method in FINETUNED else [0]):
                 # missing and worth saying: niah_single for every method, multi_key for the fine-tuned
-                news = task == "niah_single" or method == "finetuned"
+                news = task == "niah_single" or method in FINETUNED
                 name = f"{method}" + (f" seed {seed}" if seed else "") + ("" if task == "niah_single" else f" {task}")
                 yield (name if news else None), run_folder(haystack, method, task, seed), \
                     run_argv(haystack, method, None, task, seed)
@@ -199,7 +221,7 @@ def perplexity_pairs(out: Path = OUT) -> list[tuple[int, dict, dict]]:
     step has stored both: the whole prompt and its own sliding 8k window over the same tokens."""
     from hf_posext.evaluation import read_rows
     pairs = []
-    for seed in seeds_trained():
+    for seed in seeds_trained(out=out):
         path = out / perplexity_folder(seed).name / "perplexity.json"
         rows = {r["protocol"]: r for r in (read_rows(path) if path.exists() else []) if int(r["length"]) == 32768}
         if {"truncate", "baseline"} <= set(rows):
@@ -233,13 +255,13 @@ def table_lines(results: Path) -> list[str]:
     labels = {dataset(h): LABELS[h] for h in ("noise", "hamlet")}
     found = []
     for haystack, label in LABELS.items():
-        for _, folder, argv in steps(haystack):
-            tuned = "-finetuned" in folder.name
-            seed = folder_seed(folder)
-            rows = [{**r, **({"training_seed": seed} if tuned else {})}
+        for _, folder, argv in steps(haystack, out):
+            arm, seed = arm_of(folder), folder_seed(folder)
+            rows = [{**r, **({"training_seed": seed} if arm else {})}
                     for cells in question_rows(out / folder.name).values() for r in cells]
             found += counts(rows, {r["haystack"]: label for r in rows}, "effective-length-4x", (shown(argv),),
-                            method="yarn" if tuned else None, tuned=tuned, asked=asked)
+                            method="yarn" if arm else None, tuned=arm is not None, asked=asked,
+                            note=FINETUNED[arm][2] if arm else "")
     pairs = perplexity_pairs(out)
     ratios = [own_window(pairs, labels, [shown(perplexity_argv(s)) for s, _, _ in pairs])] if pairs else []
     return build(results, labels, found, ratios)
@@ -287,7 +309,8 @@ def main() -> None:
     p.add_argument("step", choices=("run", "perplexity", "reference", "report", "table"))
     p.add_argument("haystack", nargs="?", choices=tuple(LABELS))
     p.add_argument("--method", choices=tuple(KNOBS), default="yarn",
-                   help=f"the method `run` measures (finetuned: the checkpoint at {finetuned()})")
+                   help=f"the method `run` measures (finetuned: the checkpoint at {finetuned()}; finetuned-distractors: "
+                   f"the recipe trained with{FINETUNED['finetuned-distractors'][1]}, at {finetuned(0, 'finetuned-distractors')})")
     p.add_argument("--task", choices=tuple(TASKS), default="niah_single", help="RULER's task `run` asks (default niah_single)")
     p.add_argument("--seed", type=int, default=0,
                    help="the fine-tuned recipe's seed: `run --method finetuned` and `perplexity` ask its checkpoint "
@@ -309,12 +332,12 @@ def main() -> None:
     given = {k for k in ("method", "task", "seed", "budget", "results") if getattr(args, k) != p.get_default(k)}
     if given - reads[args.step]:
         p.error(f"{args.step} does not read {', '.join('--' + k for k in sorted(given - reads[args.step]))}")
-    if args.seed < 0 or (args.seed and args.step == "run" and args.method != "finetuned"):
+    if args.seed < 0 or (args.seed and args.step == "run" and args.method not in FINETUNED):
         p.error(f"--seed {args.seed}: a seed names a fine-tuned checkpoint (0, 1, ...); use it with "
                 "`run --method finetuned` or `perplexity`")
-    if args.method == "finetuned" or args.step == "perplexity":
-        if not (HERE.parent / finetuned(args.seed)).is_dir():
-            p.error(f"no checkpoint at {finetuned(args.seed)}: train it first with `{train_command(args.seed)}`")
+    arm = args.method if args.method in FINETUNED else "finetuned"   # perplexity: the shipped recipe's
+    if (args.method in FINETUNED or args.step == "perplexity") and not (HERE.parent / finetuned(args.seed, arm)).is_dir():
+        p.error(f"no checkpoint at {finetuned(args.seed, arm)}: train it first with `{train_command(args.seed, arm)}`")
     if args.step == "run":
         cli(run_argv(args.haystack, args.method, args.budget, args.task, args.seed),
             run_folder(args.haystack, args.method, args.task, args.seed))

@@ -58,6 +58,7 @@ class Count:
     seeds: frozenset             # training seeds of a fine-tuned checkpoint
     seconds: float
     commands: tuple
+    note: str = ""               # the checkpoint's training setting, when not the recipe's own
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class Ratio:
 
 
 def counts(rows: Sequence[dict], labels: dict[str, str], source: str, commands: Sequence[str],
-           method: str | None = None, tuned: bool = False, asked: int = 0) -> list[Count]:
+           method: str | None = None, tuned: bool = False, asked: int = 0, note: str = "") -> list[Count]:
     """Merged retrieval rows -> one Count per (method, task, haystack, length) of the table's
     tasks; `method` names a fine-tuned checkpoint's extension (its rows say `none`); a row's
     `training_seed` (set by the caller) is the checkpoint's seed."""
@@ -90,7 +91,7 @@ def counts(rows: Sequence[dict], labels: dict[str, str], source: str, commands: 
                          labels.get(hay, Path(hay).name), source, dtype, k, n,
                          frozenset(float(r["depth"]) for r in cells), asked,
                          frozenset(int(r["training_seed"]) for r in cells if "training_seed" in r),
-                         sum(float(r["seconds"]) for r in cells), tuple(commands)))
+                         sum(float(r["seconds"]) for r in cells), tuple(commands), note))
     return out
 
 
@@ -251,15 +252,15 @@ def pooled_text(group: list[Count]) -> str:
              + ", ".join(f"{d:g}" for d in depths))
     seeds = set().union(*(c.seeds for c in group))
     return (f"{rate_text(k, n)} ({group[0].haystack}; {where}; {group[0].dtype}"
-            + (f"; {seeds_text(frozenset(seeds))}" if seeds else "") + ")")
+            + (f"; {seeds_text(frozenset(seeds))}" if seeds else "") + (f"; {group[0].note}" if group[0].note else "") + ")")
 
 
 def cell(items: list[Count], rank: dict[str, int]) -> str:
-    """A task's cell: each (source, haystack, dtype)'s pooled count, sources in the order read,
+    """A task's cell: each (source, haystack, dtype, training note)'s pooled count, sources in the order read,
     haystacks in `rank`'s (so noise comes first in every cell)."""
     groups: dict[tuple, list[Count]] = {}
     for c in items:
-        groups.setdefault((c.source, c.haystack, c.dtype), []).append(c)
+        groups.setdefault((c.source, c.haystack, c.dtype, c.note), []).append(c)
     sources = list(dict.fromkeys(c.source for c in items))
     ordered = sorted(groups.items(), key=lambda g: (sources.index(g[0][0]), rank[g[0][1]]))
     return "; ".join(pooled_text(g) for _, g in ordered) or NOT_RUN

@@ -44,6 +44,17 @@ def test_a_second_seed_without_its_checkpoint_names_its_own_training_command():
         assert "+ hf-posext" not in done.stdout
 
 
+def test_the_distractor_arm_without_its_checkpoint_names_its_training_command():
+    if (ROOT / "runs" / "cpu-smollm2-retrieval-4x-distractors" / "final").exists():
+        pytest.skip("a checkpoint of the distractor mix is present in this checkout")
+    done = run("run", "noise", "--method", "finetuned-distractors", "--task", "multi_key")
+    assert done.returncode == 2 and "+ hf-posext" not in done.stdout
+    error = done.stderr.strip().splitlines()[-1]
+    assert "no checkpoint at runs/cpu-smollm2-retrieval-4x-distractors/final" in error
+    assert ("recipes/cpu-smollm2-retrieval-4x.yaml --data.synthetic.distractors 3 "
+            "--output_dir runs/cpu-smollm2-retrieval-4x-distractors`") in error
+
+
 @pytest.mark.parametrize("argv, unread", [
     (("report", "--task", "multi_key"), "report does not read --task"),
     (("perplexity", "--method", "dpe"), "perplexity does not read --method"),

@@ -130,3 +130,19 @@ def test_only_the_shipped_setting_is_pooled(tmp_path):
     assert cells[3:5] == ["not run", "not run"] and cells[-1] == "3 min"
     assert "--seeds 0,1" in out and "--min-span 0.9" in out
     assert sum(line.startswith("|") for line in out.splitlines()) == 3   # head, rule, one row
+
+
+def test_a_fine_tuned_arm_of_another_mix_is_not_pooled_with_the_recipe(tmp_path):
+    """At 4x, the recipe's checkpoint and the one trained with distractor facts answer the same
+    task in the same haystack: two counts in the cell, the second named by its mix, never one sum."""
+    source = RESULTS / "effective-length-4x" / "noise-finetuned-multi_key"
+    template = stored(source / "retrieval.json")[0]
+    for name, cells in {"noise-finetuned-multi_key": [(1, 2), (2, 2)],
+                        "noise-finetuned-distractors-multi_key": [(0, 2), (2, 2), (1, 2)]}.items():
+        folder = tmp_path / "effective-length-4x" / name
+        folder.mkdir(parents=True)
+        rows = [{**template, "depth": d / 4, "correct": k, "trials": n, "seconds": 60.0} for d, (k, n) in enumerate(cells)]
+        (folder / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
+    cell = row_of(table("--results", str(tmp_path)), "YaRN", "4x (32k), fine-tuned")[3]
+    assert cell == (f"{rate(3, 4)} (RULER's noise; 2 of 5 depths ran; float32; seed 0); "
+                    f"{rate(3, 6)} (RULER's noise; 3 of 5 depths ran; float32; seed 0; mix with 3 distractor facts)")
