@@ -35,6 +35,18 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def recipe_model_forbidden(monkeypatch):
+    """The recipe's model loader fails the test if called: a bad configuration must be refused
+    before any model loads."""
+    from hf_posext.training import recipe
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the error")
+
+    monkeypatch.setattr(recipe, "load_recipe_model", no_model)
+
+
 @pytest.fixture(params=list(ARCHS))
 def arch(request):
     return request.param

@@ -284,13 +284,7 @@ def assets(tmp_path_factory):
     ({"training__seq_len": "32"}, r"'code_sentence' needs up to \d+ tokens .* more than the 32-token window"),
     ({"pose__num_chunks": "1"}, r"needs pose.num_chunks >= 2"),
 ])
-def test_bad_mix_inputs_fail_in_one_line_before_the_model_loads(assets, tmp_path, monkeypatch, over, match):
-    from hf_posext.training import recipe
-
-    def no_model(*a, **k):
-        raise AssertionError("the model was loaded before the error")
-
-    monkeypatch.setattr(recipe, "load_recipe_model", no_model)
+def test_bad_mix_inputs_fail_in_one_line_before_the_model_loads(assets, tmp_path, recipe_model_forbidden, over, match):
     out = tmp_path / "bad"
     with pytest.raises(ValueError, match=match) as err:
         finetune.main(recipe_argv(assets, out, data__synthetic__share=over.pop("data__synthetic__share", "0.5"),

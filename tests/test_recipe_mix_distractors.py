@@ -93,13 +93,7 @@ def assets(tmp_path_factory):
     ("17", r"data.synthetic.distractors must be a whole number in \[0, 16\] .*got 17"),
     ("16", r"needs up to \d+ tokens \(fact and 16 distractors .*lower data.synthetic.distractors"),
 ])
-def test_bad_distractor_counts_fail_in_one_line_before_the_model_loads(assets, tmp_path, monkeypatch, count, match):
-    from hf_posext.training import recipe
-
-    def no_model(*a, **k):
-        raise AssertionError("the model was loaded before the error")
-
-    monkeypatch.setattr(recipe, "load_recipe_model", no_model)
+def test_bad_distractor_counts_fail_in_one_line_before_the_model_loads(assets, tmp_path, recipe_model_forbidden, count, match):
     with pytest.raises(ValueError, match=match) as err:
         finetune.main(recipe_argv(assets, tmp_path / "bad", data__synthetic__share="0.5",
                                   data__synthetic__distractors=count, training__seq_len="128"))

@@ -112,13 +112,7 @@ def assets(tmp_path_factory):
     ("[training, /no/such/folder]", r"data.synthetic.haystacks: '/no/such/folder': .*no such file or folder"),
     ("HELD", r"data.synthetic.haystacks: '.*docs' holds a document held out for evaluation"),
 ])
-def test_bad_haystacks_fail_in_one_line_before_the_model_loads(assets, tmp_path, monkeypatch, hays, match):
-    from hf_posext.training import recipe
-
-    def no_model(*a, **k):
-        raise AssertionError("the model was loaded before the error")
-
-    monkeypatch.setattr(recipe, "load_recipe_model", no_model)
+def test_bad_haystacks_fail_in_one_line_before_the_model_loads(assets, tmp_path, recipe_model_forbidden, hays, match):
     hays = f"[training, {assets / 'docs'}]" if hays == "HELD" else hays
     with pytest.raises(ValueError, match=match) as err:
         finetune.main(recipe_argv(assets, tmp_path / "bad", data__synthetic__share="0.5", training__seq_len="128",
