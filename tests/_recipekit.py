@@ -8,6 +8,7 @@ import csv
 import importlib.util
 import os
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -110,3 +111,13 @@ def checkpoint_steps(out: Path) -> dict[str, int]:
     for p in sorted((out / "checkpoints").glob("checkpoint_*")):
         found[p.name] = int(json.loads((p / "recipe_state.json").read_text())["train"]["step"])
     return found
+
+
+def format_pattern(text: str) -> re.Pattern:
+    """A synthetic format's sentence (training/synthetic.py FORMATS) as a regex capturing the key
+    and the value; a second {key} must repeat the first."""
+    pattern = re.escape(text)
+    for name, group in (("key", "[A-Za-z]+"), ("value", r"\w+")):
+        field = re.escape("{" + name + "}")
+        pattern = pattern.replace(field, f"(?P<{name}>{group})", 1).replace(field, f"(?P={name})")
+    return re.compile(pattern)

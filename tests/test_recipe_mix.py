@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from _recipekit import char_tokenizer, load_finetune, make_assets, recipe_argv
+from _recipekit import char_tokenizer, format_pattern, load_finetune, make_assets, recipe_argv
 from hf_posext.data.documents import Document
 from hf_posext.evaluation.retrieval import TASKS, tasks
 from hf_posext.training.packing import packed_sequences
@@ -73,8 +73,7 @@ def test_examples_hold_an_early_fact_document_text_and_the_question_at_the_end(p
         fmt = FORMATS[r["format"]]
         fact = tok.decode(ids[a:b]).strip()
         # the fact is the format's sentence, its answer is the value written in it
-        pattern = re.escape(fmt.fact).replace(r"\{key\}", "(?P<key>[A-Za-z]+)").replace(r"\{value\}", "(?P<value>\\w+)")
-        m = re.fullmatch(pattern, fact)
+        m = format_pattern(fmt.fact).fullmatch(fact)
         assert m, fact
         assert tok.decode(ids[ans:]) == fmt.answer.format(value=m["value"])
         assert tok.decode(ids[q:ans]).strip() == fmt.question.format(key=m["key"])

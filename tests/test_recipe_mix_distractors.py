@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from _recipekit import load_finetune, make_assets, recipe_argv
+from _recipekit import format_pattern, load_finetune, make_assets, recipe_argv
 from hf_posext.training.pose import PoseCollator, span_of
 from hf_posext.training.recipe_config import SyntheticConfig, parse_args
 from hf_posext.training.synthetic import FORMATS, mix_synthetic
@@ -20,15 +20,6 @@ from test_recipe_mix import TARGET, WINDOW, packed, tok, wide_tokenizer  # noqa:
 finetune = load_finetune()
 pytestmark = pytest.mark.usefixtures("one_thread")
 D = 2                  # a 256-character window holds three facts of the longest format
-
-
-def _sentence(text: str) -> re.Pattern:
-    """A format's sentence as a regex capturing the key and the value (a second {key} must repeat the first)."""
-    pattern = re.escape(text)
-    for name, group in (("key", "[A-Za-z]+"), ("value", r"\w+")):
-        field = re.escape("{" + name + "}")
-        pattern = pattern.replace(field, f"(?P<{name}>{group})", 1).replace(field, f"(?P={name})")
-    return re.compile(pattern)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +32,7 @@ def _facts(tok, ids, fmt):  # noqa: F811
     """(key, value, char offset) of every fact line of `fmt` in the example's text before the question."""
     text = tok.decode(ids)
     body = text[:text.rindex("\n")]                       # the question is the last line
-    return [(m["key"], m["value"], m.start()) for m in re.finditer(r"(?<=\n)" + _sentence(fmt.fact).pattern + r"(?=\n)", body)]
+    return [(m["key"], m["value"], m.start()) for m in re.finditer(r"(?<=\n)" + format_pattern(fmt.fact).pattern + r"(?=\n)", body)]
 
 
 def test_each_example_holds_the_asked_fact_among_distractors_of_its_form(mixed, tok):  # noqa: F811
@@ -55,7 +46,7 @@ def test_each_example_holds_the_asked_fact_among_distractors_of_its_form(mixed, 
         words = [w.lower() for k, v, _ in facts for w in (k, v)]
         assert len(set(words)) == len(words)              # no key or value written twice
         q, ans = int(r["question_start"]), int(r["answer_start"])
-        asked = _sentence(fmt.question).fullmatch(tok.decode(ids[q:ans]).strip())["key"]
+        asked = format_pattern(fmt.question).fullmatch(tok.decode(ids[q:ans]).strip())["key"]
         (key, value, _), = [f for f in facts if f[0] == asked]
         assert tok.decode(ids[ans:]) == fmt.answer.format(value=value)
         # the span columns point at that fact's line
