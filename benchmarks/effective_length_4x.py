@@ -14,6 +14,7 @@ the unpatched model within L (8k) as the reference a method's accuracy is read a
     python benchmarks/effective_length_4x.py run noise --method finetuned --task multi_key --seed 1
     python benchmarks/effective_length_4x.py run noise --method finetuned-distractors --task multi_key
     python benchmarks/effective_length_4x.py perplexity      # the fine-tuned checkpoint past L, Hamlet
+    python benchmarks/effective_length_4x.py perplexity --method finetuned-documents   # the control, below
     python benchmarks/effective_length_4x.py reference code  # the unpatched model at 8k in code
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
     python benchmarks/effective_length_4x.py table           # its effective-length table only, printed
@@ -26,6 +27,11 @@ The recipe trained with three distractor facts beside each synthetic fact (what 
 misses point to) is its own arm, `--method finetuned-distractors`, trained with
     accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
         --data.synthetic.distractors 3 --output_dir runs/cpu-smollm2-retrieval-4x-distractors
+
+The same recipe with no synthetic examples (documents only, `--method finetuned-documents`) is the
+control for perplexity past L: what the recipe's windows and steps cost without the mix, trained with
+    accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
+        --data.synthetic.share 0 --output_dir runs/cpu-smollm2-retrieval-4x-documents
 
 Each step is one `hf-posext retrieval` command (printed); a rerun resumes the stored looks.
 `--budget 3h` gives one invocation more wall time than the haystack's default (a 32k cell of four
@@ -46,7 +52,7 @@ BAR, DEPTHS, BUDGET = 0.7, "0,0.25,0.5,0.75,1", {"noise": "40m", "hamlet": "40m"
 # the attention-level methods' knobs: DPE's detected scales, Self-Extend's window (side_by_side.py)
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
          "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"],
-         "finetuned": [], "finetuned-distractors": []}
+         "finetuned": [], "finetuned-distractors": [], "finetuned-documents": []}
 # the 4x recipe's checkpoints (an output_dir's `final`, relative to the repository as the recipe's
 # command writes it); a config carries the extension, so it is asked with no method on top.
 # arm -> (output folder of seed 0, the recipe flags it trains with, what the page adds to its name);
@@ -54,7 +60,11 @@ KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 
 RECIPE = "recipes/cpu-smollm2-retrieval-4x.yaml"
 FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
              "finetuned-distractors": ("runs/cpu-smollm2-retrieval-4x-distractors", " --data.synthetic.distractors 3",
-                                       "mix with 3 distractor facts")}
+                                       "mix with 3 distractor facts"),
+             "finetuned-documents": ("runs/cpu-smollm2-retrieval-4x-documents", " --data.synthetic.share 0",
+                                     "documents only, no synthetic examples")}
+# arms trained as controls: their retrieval is not asked, so its absence is not news
+CONTROLS = {"finetuned-documents"}
 # task -> the target: accuracy, and the lower Wilson bound it needs (niah_single only)
 TASKS = {"niah_single": (0.9, 0.7), "multi_key": (0.8, None)}
 PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's training
@@ -69,6 +79,11 @@ def train_command(seed: int = 0, arm: str = "finetuned") -> str:
     extra = f" --training.seed {seed}" if seed else ""
     extra += f" --output_dir {finetuned(seed, arm).removesuffix('/final')}" if seed or folder != FINETUNED["finetuned"][0] else ""
     return f"accelerate launch --cpu --num_processes 1 recipes/finetune.py --config {RECIPE}{flags}{extra}"
+
+
+def arm_name(arm: str, seed: int) -> str:
+    """How the page names a fine-tuned checkpoint: the recipe, its arm's change, its seed."""
+    return f"fine-tuned: 4x retrieval recipe{', ' + FINETUNED[arm][2] if FINETUNED[arm][2] else ''}, seed {seed}"
 
 
 def arm_of(folder: Path) -> str | None:
@@ -122,16 +137,16 @@ def folder_seed(folder: Path) -> int:
     return int(folder.name.partition("-seed")[2].partition("-")[0] or 0)
 
 
-def perplexity_folder(seed: int = 0) -> Path:
-    return OUT / ("perplexity-finetuned" + (f"-seed{seed}" if seed else ""))
+def perplexity_folder(seed: int = 0, arm: str = "finetuned") -> Path:
+    return OUT / (f"perplexity-{arm}" + (f"-seed{seed}" if seed else ""))
 
 
-def perplexity_argv(seed: int = 0) -> list[str]:
+def perplexity_argv(seed: int = 0, arm: str = "finetuned") -> list[str]:
     """The checkpoint at 32k on held-out Hamlet: `hf-posext eval` scores the whole 32k prompt and the
     same model's own sliding 8k window over the same tokens, per position bucket (so past L reads
     as the excess over the sliding window on positions 8k-32k)."""
-    return ["eval", "--model", finetuned(seed), "--methods", "none", "--dtype", "float32", "--lengths", "32768",
-            "--dataset", PERPLEXITY_TEXT, "--no-progress", "--out", str(perplexity_folder(seed))]
+    return ["eval", "--model", finetuned(seed, arm), "--methods", "none", "--dtype", "float32", "--lengths", "32768",
+            "--dataset", PERPLEXITY_TEXT, "--no-progress", "--out", str(perplexity_folder(seed, arm))]
 
 
 def cli(argv: list[str], folder: Path) -> None:
@@ -187,8 +202,7 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
         met = f"open: {len(cells)} of {wanted} depths ran"
     minutes = sum(float(r["seconds"]) for r in cells) / 60
     seed, arm = folder_seed(folder), arm_of(folder)
-    name = (f"fine-tuned: 4x retrieval recipe{', ' + FINETUNED[arm][2] if FINETUNED[arm][2] else ''}, seed {seed}"
-            if arm else
+    name = (arm_name(arm, seed) if arm else
             "unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}" if method == "yarn"
             else method)
     return (f"| {label} | {name} | {task} | {length // 1024}k | {k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}] | "
@@ -209,20 +223,20 @@ def steps(haystack: str, out: Path = OUT):
         for task in TASKS:
             for seed in (seeds_trained(method, out) if method in FINETUNED else [0]):
                 # missing and worth saying: niah_single for every method, multi_key for the fine-tuned
-                news = task == "niah_single" or method in FINETUNED
+                news = (task == "niah_single" or method in FINETUNED) and method not in CONTROLS
                 name = f"{method}" + (f" seed {seed}" if seed else "") + ("" if task == "niah_single" else f" {task}")
                 yield (name if news else None), run_folder(haystack, method, task, seed), \
                     run_argv(haystack, method, None, task, seed)
     yield None, OUT / f"{haystack}-reference", reference_argv(haystack)
 
 
-def perplexity_pairs(out: Path = OUT) -> list[tuple[int, dict, dict]]:
-    """(seed, truncate row, baseline row) at 32k of each fine-tuned checkpoint whose perplexity
+def perplexity_pairs(out: Path = OUT, arm: str = "finetuned") -> list[tuple[int, dict, dict]]:
+    """(seed, truncate row, baseline row) at 32k of each of the arm's checkpoints whose perplexity
     step has stored both: the whole prompt and its own sliding 8k window over the same tokens."""
     from hf_posext.evaluation import read_rows
     pairs = []
-    for seed in seeds_trained(out=out):
-        path = out / perplexity_folder(seed).name / "perplexity.json"
+    for seed in seeds_trained(arm, out):
+        path = out / perplexity_folder(seed, arm).name / "perplexity.json"
         rows = {r["protocol"]: r for r in (read_rows(path) if path.exists() else []) if int(r["length"]) == 32768}
         if {"truncate", "baseline"} <= set(rows):
             pairs.append((seed, rows["truncate"], rows["baseline"]))
@@ -234,14 +248,15 @@ def perplexity_lines() -> tuple[list[str], list[str]]:
     own sliding 8k window, and the mean NLL on positions past L (8,192) of the one less the other."""
     from hf_posext.training.arms_report import mean_nll
     lines, commands = [], []
-    for seed, truncate, baseline in perplexity_pairs():
-        trained = int(truncate["trained_length"])
-        past = mean_nll(truncate, trained) - mean_nll(baseline, trained)
-        minutes = (float(truncate["seconds"]) + float(baseline["seconds"])) / 60
-        lines.append(f"| fine-tuned: 4x retrieval recipe, seed {seed} | {truncate['perplexity']:.3f} | "
-                     f"{baseline['perplexity']:.3f} | {past:+.3f} | "
-                     f"{'met' if past <= 0.05 else f'missed by {past - 0.05:.3f}'} | {minutes:.0f} min |")
-        commands.append(shown(perplexity_argv(seed)))
+    for arm in FINETUNED:
+        for seed, truncate, baseline in perplexity_pairs(arm=arm):
+            trained = int(truncate["trained_length"])
+            past = mean_nll(truncate, trained) - mean_nll(baseline, trained)
+            minutes = (float(truncate["seconds"]) + float(baseline["seconds"])) / 60
+            lines.append(f"| {arm_name(arm, seed)} | {truncate['perplexity']:.3f} | "
+                         f"{baseline['perplexity']:.3f} | {past:+.3f} | "
+                         f"{'met' if past <= 0.05 else f'missed by {past - 0.05:.3f}'} | {minutes:.0f} min |")
+            commands.append(shown(perplexity_argv(seed, arm)))
     return lines, commands
 
 
@@ -308,9 +323,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=("run", "perplexity", "reference", "report", "table"))
     p.add_argument("haystack", nargs="?", choices=tuple(LABELS))
-    p.add_argument("--method", choices=tuple(KNOBS), default="yarn",
-                   help=f"the method `run` measures (finetuned: the checkpoint at {finetuned()}; finetuned-distractors: "
-                   f"the recipe trained with{FINETUNED['finetuned-distractors'][1]}, at {finetuned(0, 'finetuned-distractors')})")
+    p.add_argument("--method", choices=tuple(KNOBS),
+                   help=f"the method `run` measures (finetuned: the checkpoint at {finetuned()}; "
+                   + "; ".join(f"{a}: the recipe trained with{FINETUNED[a][1]}, at {finetuned(0, a)}" for a in FINETUNED
+                               if a != "finetuned") + "); default yarn for `run`; `perplexity` takes a fine-tuned one (default finetuned)")
     p.add_argument("--task", choices=tuple(TASKS), default="niah_single", help="RULER's task `run` asks (default niah_single)")
     p.add_argument("--seed", type=int, default=0,
                    help="the fine-tuned recipe's seed: `run --method finetuned` and `perplexity` ask its checkpoint "
@@ -327,7 +343,7 @@ def main() -> None:
     if args.step in ("report", "table") and args.haystack is not None:
         p.error(f"{args.step} reads every haystack's stored rows; give no haystack")
     # a flag the step does not read is refused, not ignored
-    reads = {"run": {"method", "task", "seed", "budget"}, "perplexity": {"seed"}, "reference": set(), "report": set(),
+    reads = {"run": {"method", "task", "seed", "budget"}, "perplexity": {"method", "seed"}, "reference": set(), "report": set(),
              "table": {"results"}}
     given = {k for k in ("method", "task", "seed", "budget", "results") if getattr(args, k) != p.get_default(k)}
     if given - reads[args.step]:
@@ -335,14 +351,18 @@ def main() -> None:
     if args.seed < 0 or (args.seed and args.step == "run" and args.method not in FINETUNED):
         p.error(f"--seed {args.seed}: a seed names a fine-tuned checkpoint (0, 1, ...); use it with "
                 "`run --method finetuned` or `perplexity`")
-    arm = args.method if args.method in FINETUNED else "finetuned"   # perplexity: the shipped recipe's
+    if args.step == "perplexity" and args.method not in (None, *FINETUNED):
+        p.error(f"perplexity --method {args.method}: perplexity measures a fine-tuned checkpoint against its own "
+                f"sliding window; give one of {', '.join(FINETUNED)}")
+    args.method = args.method or ("finetuned" if args.step == "perplexity" else "yarn")
+    arm = args.method if args.method in FINETUNED else "finetuned"
     if (args.method in FINETUNED or args.step == "perplexity") and not (HERE.parent / finetuned(args.seed, arm)).is_dir():
         p.error(f"no checkpoint at {finetuned(args.seed, arm)}: train it first with `{train_command(args.seed, arm)}`")
     if args.step == "run":
         cli(run_argv(args.haystack, args.method, args.budget, args.task, args.seed),
             run_folder(args.haystack, args.method, args.task, args.seed))
     elif args.step == "perplexity":
-        cli(perplexity_argv(args.seed), perplexity_folder(args.seed))
+        cli(perplexity_argv(args.seed, arm), perplexity_folder(args.seed, arm))
     elif args.step == "reference":
         cli(reference_argv(args.haystack), OUT / f"{args.haystack}-reference")
     elif args.step == "table":

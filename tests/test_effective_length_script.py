@@ -55,9 +55,22 @@ def test_the_distractor_arm_without_its_checkpoint_names_its_training_command():
             "--output_dir runs/cpu-smollm2-retrieval-4x-distractors`") in error
 
 
+def test_the_documents_control_without_its_checkpoint_names_its_training_command():
+    """The perplexity control (the recipe without its mix) has its own folder and command."""
+    if (ROOT / "runs" / "cpu-smollm2-retrieval-4x-documents" / "final").exists():
+        pytest.skip("a checkpoint of the documents-only control is present in this checkout")
+    done = run("perplexity", "--method", "finetuned-documents")
+    assert done.returncode == 2 and "+ hf-posext" not in done.stdout
+    error = done.stderr.strip().splitlines()[-1]
+    assert "no checkpoint at runs/cpu-smollm2-retrieval-4x-documents/final" in error
+    assert ("recipes/cpu-smollm2-retrieval-4x.yaml --data.synthetic.share 0 "
+            "--output_dir runs/cpu-smollm2-retrieval-4x-documents`") in error
+
+
 @pytest.mark.parametrize("argv, unread", [
     (("report", "--task", "multi_key"), "report does not read --task"),
-    (("perplexity", "--method", "dpe"), "perplexity does not read --method"),
+    (("perplexity", "--method", "dpe"), "perplexity --method dpe: perplexity measures a fine-tuned checkpoint"),
+    (("perplexity", "--method", "yarn"), "give one of finetuned, finetuned-distractors, finetuned-documents"),
     (("reference", "code", "--seed", "2"), "reference does not read --seed"),
     (("run", "noise", "--method", "dpe", "--seed", "1"), "a seed names a fine-tuned checkpoint"),
     (("perplexity", "hamlet"), "perplexity reads held-out Hamlet only"),

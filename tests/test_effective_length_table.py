@@ -146,3 +146,24 @@ def test_a_fine_tuned_arm_of_another_mix_is_not_pooled_with_the_recipe(tmp_path)
     cell = row_of(table("--results", str(tmp_path)), "YaRN", "4x (32k), fine-tuned")[3]
     assert cell == (f"{rate(3, 4)} (RULER's noise; 2 of 5 depths ran; float32; seed 0); "
                     f"{rate(3, 6)} (RULER's noise; 3 of 5 depths ran; float32; seed 0; mix with 3 distractor facts)")
+
+
+def test_the_documents_control_is_not_the_recipe_s_perplexity(tmp_path):
+    """The documents-only control's 32k perplexity is stored beside the recipe's; the table's 4x
+    fine-tuned perplexity cell stays the recipe's own, read from the recipe's file alone."""
+    source = RESULTS / "effective-length-4x" / "perplexity-finetuned" / "perplexity.json"
+    rows = stored(source)
+    truncate, baseline = (next(r for r in rows if r["protocol"] == p) for p in ("truncate", "baseline"))
+
+    def past_l(row: dict) -> float:   # mean NLL on positions >= 8,192 from the row's own buckets
+        edges, nll, tokens = (row[k] for k in ("bucket_edges", "bucket_nll", "bucket_tokens"))
+        keep = [i for i, e in enumerate(edges[:len(nll)]) if e >= 8192]
+        return sum(nll[i] for i in keep) / sum(tokens[i] for i in keep)
+    recipe = past_l(truncate) - past_l(baseline)
+    control = [{**r, "bucket_nll": [x * 2 for x in r["bucket_nll"]]} if r is truncate else r
+               for r in rows]   # a control whose whole-prompt reading costs twice as much
+    for name, planted in {"perplexity-finetuned": rows, "perplexity-finetuned-documents": control}.items():
+        (tmp_path / "effective-length-4x" / name).mkdir(parents=True)
+        (tmp_path / "effective-length-4x" / name / "perplexity.json").write_text(json.dumps({"schema": 2, "rows": planted}))
+    cell = row_of(table("--results", str(tmp_path)), "YaRN", "4x (32k), fine-tuned")[4]
+    assert f"= {recipe:+.3f} nats; seed 0)" in cell, cell
