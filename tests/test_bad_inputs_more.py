@@ -277,6 +277,18 @@ def test_recipe_output_dir_naming_a_file_fails_before_loading(assets, tmp_path, 
             load_finetune().main(recipe_argv(assets, out))
 
 
+def test_recipe_output_dir_through_a_dangling_link_fails_before_loading(assets, tmp_path, monkeypatch):
+    import hf_posext.training.recipe as recipe
+    monkeypatch.setattr(recipe, "load_recipe_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    monkeypatch.setattr(recipe, "prepare_data", lambda *a, **k: pytest.fail("the data was packed first"))
+    link = tmp_path / "runs-link"
+    os.symlink(tmp_path / "elsewhere", link)
+    for out in (link, link / "run"):
+        with pytest.raises(ConfigError, match=f"runs-link is a link to {tmp_path / 'elsewhere'}, which does not exist"):
+            load_finetune().main(recipe_argv(assets, out))
+    assert not (tmp_path / "elsewhere").exists()
+
+
 def test_recipe_resume_with_damaged_config_names_the_file(assets, tmp_path, monkeypatch):
     import hf_posext.training.recipe as recipe
     monkeypatch.setattr(recipe, "load_recipe_model", lambda *a, **k: pytest.fail("the model loaded first"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -84,7 +85,12 @@ def check_resume_config(saved: dict, cfg) -> None:
 
 def check_output_dir(out: Path) -> None:
     """output_dir must be (or become) a folder: refused before anything loads if it, or the
-    nearest existing folder above it, is a file."""
+    nearest existing folder above it, is a file, or a link on the way points nowhere (creating
+    the folder would fail only after the data is packed and the model loaded)."""
+    dangling = next((p for p in (out, *out.parents) if p.is_symlink() and not p.exists()), None)
+    if dangling is not None:
+        raise ConfigError(f"output_dir {out}: {dangling} is a link to {os.readlink(dangling)}, which does not exist; "
+                          "create that folder or remove the link.")
     existing = next((p for p in (out, *out.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise ConfigError(f"output_dir {out}: {existing} is a file, not a folder; choose a folder "
