@@ -49,10 +49,6 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "effective-length-4x"
 PAGE = HERE / "results" / "effective_length_4x.md"
 BAR, DEPTHS, BUDGET = 0.7, "0,0.25,0.5,0.75,1", {"noise": "40m", "hamlet": "40m", "code": "30m"}
-# the attention-level methods' knobs: DPE's detected scales, Self-Extend's window (side_by_side.py)
-KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
-         "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"],
-         "finetuned": [], "finetuned-distractors": [], "finetuned-documents": []}
 # the 4x recipe's checkpoints (an output_dir's `final`, relative to the repository as the recipe's
 # command writes it); a config carries the extension, so it is asked with no method on top.
 # arm -> (output folder of seed 0, the recipe flags it trains with, what the page adds to its name);
@@ -63,6 +59,11 @@ FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
                                        "mix with 3 distractor facts"),
              "finetuned-documents": ("runs/cpu-smollm2-retrieval-4x-documents", " --data.synthetic.share 0",
                                      "documents only, no synthetic examples")}
+# every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
+# Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
+KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
+         "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"],
+         **{arm: [] for arm in FINETUNED}}
 # arms trained as controls: their retrieval is not asked, so its absence is not news
 CONTROLS = {"finetuned-documents"}
 # task -> the target: accuracy, and the lower Wilson bound it needs (niah_single only)
