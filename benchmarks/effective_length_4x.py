@@ -33,6 +33,11 @@ control for perplexity past L: what the recipe's windows and steps cost without 
     accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
         --data.synthetic.share 0 --output_dir runs/cpu-smollm2-retrieval-4x-documents
 
+The same recipe on 4,096-token windows (`--method finetuned-4k-windows`: 4k real tokens between a
+synthetic fact and its question, where the far-needle diagnosis in Hamlet points), trained with
+    accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
+        --training.seq_len 4096 --training.max_steps 50 --data.synthetic.share 0.5 --output_dir runs/cpu-smollm2-retrieval-4x-4k-windows
+
 Each step is one `hf-posext retrieval` command (printed); a rerun resumes the stored looks.
 `--budget 3h` gives one invocation more wall time than the haystack's default (a 32k cell of four
 trials takes about an hour for DPE on 2 busy cores, more than the default budget).
@@ -58,7 +63,13 @@ FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
              "finetuned-distractors": ("runs/cpu-smollm2-retrieval-4x-distractors", " --data.synthetic.distractors 3",
                                        "mix with 3 distractor facts"),
              "finetuned-documents": ("runs/cpu-smollm2-retrieval-4x-documents", " --data.synthetic.share 0",
-                                     "documents only, no synthetic examples")}
+                                     "documents only, no synthetic examples"),
+             # the far-needle diagnosis's lead: a synthetic example's fact and question with 4k real
+             # tokens between them (not 1k); the same tokens seen as the recipe (50 x 4,096 = 200 x 1,024),
+             # half the windows synthetic (25 examples seen, where the recipe sees about 50)
+             "finetuned-4k-windows": ("runs/cpu-smollm2-retrieval-4x-4k-windows",
+                                      " --training.seq_len 4096 --training.max_steps 50 --data.synthetic.share 0.5",
+                                      "4k-token windows, 50 steps, half synthetic")}
 # every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
 # Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
