@@ -67,6 +67,26 @@ def test_the_documents_control_without_its_checkpoint_names_its_training_command
             "--output_dir runs/cpu-smollm2-retrieval-4x-documents`") in error
 
 
+@pytest.mark.parametrize("arm, folder", [("finetuned-distractors", "distractors"), ("finetuned-documents", "documents"),
+                                         ("finetuned-4k-windows", "4k-windows")])
+def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
+    """The command a missing checkpoint names must train that arm: the recipe's own parser and
+    validation accept its flags, and the output folder is the one the script then reads."""
+    if (ROOT / "runs" / f"cpu-smollm2-retrieval-4x-{folder}" / "final").exists():
+        pytest.skip(f"a checkpoint of {arm} is present in this checkout")
+    done = run("perplexity", "--method", arm)
+    assert done.returncode == 2, done.stderr
+    command = done.stderr.strip().splitlines()[-1].split("`")[1]
+    assert command.startswith("accelerate launch --cpu --num_processes 1 recipes/finetune.py "), command
+    from hf_posext.training.recipe_config import parse_args
+    argv = command.split("recipes/finetune.py ", 1)[1].split()
+    argv[argv.index("--config") + 1] = str(ROOT / argv[argv.index("--config") + 1])
+    cfg, _ = parse_args(argv)
+    assert cfg.output_dir == f"runs/cpu-smollm2-retrieval-4x-{folder}"
+    if arm == "finetuned-4k-windows":   # the same tokens as the recipe's 200 x 1,024
+        assert (cfg.training.seq_len, cfg.training.max_steps, cfg.data.synthetic.share) == (4096, 50, 0.5)
+
+
 @pytest.mark.parametrize("argv, unread", [
     (("report", "--task", "multi_key"), "report does not read --task"),
     (("perplexity", "--method", "dpe"), "perplexity --method dpe: perplexity measures a fine-tuned checkpoint"),
