@@ -37,6 +37,9 @@ The same recipe on 4,096-token windows (`--method finetuned-4k-windows`: 4k real
 synthetic fact and its question, where the far-needle diagnosis in Hamlet points), trained with
     accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
         --training.seq_len 4096 --training.max_steps 50 --data.synthetic.share 0.5 --output_dir runs/cpu-smollm2-retrieval-4x-4k-windows
+and for 100 steps (`--method finetuned-4k-windows-100steps`: as many synthetic examples as the recipe) with
+    accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
+        --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.5 --output_dir runs/cpu-smollm2-retrieval-4x-4k-windows-100
 
 Each step is one `hf-posext retrieval` command (printed); a rerun resumes the stored looks.
 `--budget 3h` gives one invocation more wall time than the haystack's default (a 32k cell of four
@@ -69,7 +72,12 @@ FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
              # half the windows synthetic (25 examples seen, where the recipe sees about 50)
              "finetuned-4k-windows": ("runs/cpu-smollm2-retrieval-4x-4k-windows",
                                       " --training.seq_len 4096 --training.max_steps 50 --data.synthetic.share 0.5",
-                                      "4k-token windows, 50 steps, half synthetic")}
+                                      "4k-token windows, 50 steps, half synthetic"),
+             # the same windows for as many steps as the recipe: as many synthetic examples (about 50)
+             # as the 1k recipe sees, twice its tokens; does the far needle come back with them?
+             "finetuned-4k-windows-100steps": ("runs/cpu-smollm2-retrieval-4x-4k-windows-100",
+                                               " --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.5",
+                                               "4k-token windows, 100 steps, half synthetic")}
 # every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
 # Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
