@@ -4,9 +4,10 @@ The two versions are the two venvs CI builds (`.ci/run`: `make test` in `.venv`,
 5.x, then `make test-tf4` in `.venv-tf4`, transformers 4.57), so while either suite runs the other
 venv's python exists next to the repo: `<repo>/.venv/bin/python` or `<repo>/.venv-tf4/bin/python`.
 `HF_POSEXT_OTHER_PYTHON=/path/to/python` points elsewhere (e.g. venvs kept outside a worktree).
-Without the other venv the test skips, except under CI=true in the 4.x run, where it fails: CI
-builds `.venv` first, so it always exists then, while `.venv-tf4` does not exist yet during the
-5.x run on a fresh clone. The 4.x run covers both directions on its own.
+A venv counts once its Makefile stamp (`.installed`) exists. Without the other venv the test
+skips, except under CI=true in the 4.x run, where it fails: CI builds `.venv` first, so it always
+exists then, while `.venv-tf4` may still be building in the background during the 5.x run on a
+fresh clone. The 4.x run covers both directions on its own.
 
 Both directions, every method, Llama and Mistral: save here / load there, and save there / load
 here, each load in a fresh process. Every method but `dynamic_yarn` must load with plain
@@ -85,8 +86,12 @@ LOAD = textwrap.dedent("""
 
 def other_python() -> Path | None:
     override = os.environ.get("HF_POSEXT_OTHER_PYTHON")
-    candidate = Path(override) if override else REPO / OTHER_VENV / "bin" / "python"
-    return candidate if candidate.exists() else None
+    if override:
+        return Path(override) if Path(override).exists() else None
+    # the Makefile's stamp, not the interpreter: CI builds .venv-tf4 in the background while the 5.x
+    # tiers run, and a venv whose python exists may still be installing its packages
+    venv = REPO / OTHER_VENV
+    return venv / "bin" / "python" if (venv / ".installed").exists() else None
 
 
 @pytest.fixture(scope="module")
