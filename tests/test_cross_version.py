@@ -6,8 +6,8 @@ venv's python exists next to the repo: `<repo>/.venv/bin/python` or `<repo>/.ven
 `HF_POSEXT_OTHER_PYTHON=/path/to/python` points elsewhere (e.g. venvs kept outside a worktree).
 A venv counts once its Makefile stamp (`.installed`) exists. Without the other venv the test
 skips, except under CI=true in the 4.x run, where it fails: CI builds `.venv` first, so it always
-exists then, while `.venv-tf4` may still be building in the background during the 5.x run on a
-fresh clone. The 4.x run covers both directions on its own.
+exists then. Under CI=true the 5.x run skips it: `.venv-tf4` is built in the background meanwhile
+and may or may not be ready, and the 4.x run covers both directions on its own.
 
 Both directions, every method, Llama and Mistral: save here / load there, and save there / load
 here, each load in a fresh process. Every method but `dynamic_yarn` must load with plain
@@ -96,6 +96,10 @@ def other_python() -> Path | None:
 
 @pytest.fixture(scope="module")
 def other():
+    if os.environ.get("CI", "").lower() == "true" and IS_V5:
+        # deterministic in CI: the 4.x run covers both directions, and .venv-tf4 may or may not
+        # have finished building in the background by the time the 5.x run reaches this test
+        pytest.skip("under CI=true the 4.x run (make test-tf4) checks both directions")
     python = other_python()
     if python is None:
         where = os.environ.get("HF_POSEXT_OTHER_PYTHON") or REPO / OTHER_VENV / "bin" / "python"
