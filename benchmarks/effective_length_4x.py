@@ -19,27 +19,14 @@ the unpatched model within L (8k) as the reference a method's accuracy is read a
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
     python benchmarks/effective_length_4x.py table           # its effective-length table only, printed
 
-A second seed of the recipe trains into its own folder, the one `--seed 1` asks:
+The fine-tuned arms (`FINETUNED` below: the recipe, a second seed, with distractor facts, documents
+only as the perplexity control, 4k-token windows for 50 or 100 steps, 4k document windows beside 1k
+synthetic examples) each train with the recipe's command plus the arm's flags into the arm's own
+folder; `run` or `perplexity` with `--method ARM` (and `--seed N`) prints that command when the
+checkpoint is missing, e.g. for the last arm
     accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
-        --training.seed 1 --output_dir runs/cpu-smollm2-retrieval-4x-seed1
-
-The recipe trained with three distractor facts beside each synthetic fact (what the multi_key
-misses point to) is its own arm, `--method finetuned-distractors`, trained with
-    accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
-        --data.synthetic.distractors 3 --output_dir runs/cpu-smollm2-retrieval-4x-distractors
-
-The same recipe with no synthetic examples (documents only, `--method finetuned-documents`) is the
-control for perplexity past L: what the recipe's windows and steps cost without the mix, trained with
-    accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
-        --data.synthetic.share 0 --output_dir runs/cpu-smollm2-retrieval-4x-documents
-
-The same recipe on 4,096-token windows (`--method finetuned-4k-windows`: 4k real tokens between a
-synthetic fact and its question, where the far-needle diagnosis in Hamlet points), trained with
-    accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
-        --training.seq_len 4096 --training.max_steps 50 --data.synthetic.share 0.5 --output_dir runs/cpu-smollm2-retrieval-4x-4k-windows
-and for 100 steps (`--method finetuned-4k-windows-100steps`: as many synthetic examples as the recipe) with
-    accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
-        --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.5 --output_dir runs/cpu-smollm2-retrieval-4x-4k-windows-100
+        --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.5 --data.synthetic.window 1024 \
+        --output_dir runs/cpu-smollm2-retrieval-4x-4k-docs-1k-examples
 
 Each step is one `hf-posext retrieval` command (printed); a rerun resumes the stored looks.
 `--budget 3h` gives one invocation more wall time than the haystack's default (a 32k cell of four
@@ -77,7 +64,14 @@ FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
              # as the 1k recipe sees, twice its tokens; does the far needle come back with them?
              "finetuned-4k-windows-100steps": ("runs/cpu-smollm2-retrieval-4x-4k-windows-100",
                                                " --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.5",
-                                               "4k-token windows, 100 steps, half synthetic")}
+                                               "4k-token windows, 100 steps, half synthetic"),
+             # 4k document windows (what lowered the perplexity cost) beside synthetic examples cut
+             # to 1k (the recipe's fact-to-question layout, what found the needle 32k back): the
+             # 100-step arm above with only the examples' length changed
+             "finetuned-4k-docs-1k-examples": ("runs/cpu-smollm2-retrieval-4x-4k-docs-1k-examples",
+                                               " --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.5"
+                                               " --data.synthetic.window 1024",
+                                               "4k-token document windows, 1k-token synthetic examples, 100 steps")}
 # every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
 # Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],

@@ -68,7 +68,8 @@ def test_the_documents_control_without_its_checkpoint_names_its_training_command
 
 
 @pytest.mark.parametrize("arm, folder", [("finetuned-distractors", "distractors"), ("finetuned-documents", "documents"),
-                                         ("finetuned-4k-windows", "4k-windows")])
+                                         ("finetuned-4k-windows", "4k-windows"),
+                                         ("finetuned-4k-docs-1k-examples", "4k-docs-1k-examples")])
 def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
     """The command a missing checkpoint names must train that arm: the recipe's own parser and
     validation accept its flags, and the output folder is the one the script then reads."""
@@ -85,6 +86,9 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
     assert cfg.output_dir == f"runs/cpu-smollm2-retrieval-4x-{folder}"
     if arm == "finetuned-4k-windows":   # the same tokens as the recipe's 200 x 1,024
         assert (cfg.training.seq_len, cfg.training.max_steps, cfg.data.synthetic.share) == (4096, 50, 0.5)
+    if arm == "finetuned-4k-docs-1k-examples":   # the 100-step 4k arm with only the examples cut to 1k
+        assert (cfg.training.seq_len, cfg.training.max_steps, cfg.data.synthetic.share,
+                cfg.data.synthetic.window) == (4096, 100, 0.5, 1024)
 
 
 @pytest.mark.parametrize("argv, unread", [

@@ -98,7 +98,7 @@ def test_collator_batches_and_is_deterministic_per_example():
     assert not torch.equal(other_seed, a["position_ids"])
     plain = PoseCollator(16, None)(examples, [0, 1, 2])["position_ids"]
     assert torch.equal(plain, torch.arange(16).expand(3, -1))
-    with pytest.raises(ValueError, match="exactly window=16"):
+    with pytest.raises(ValueError, match="must hold window=16 tokens"):
         col([torch.arange(15)], [0])
 
 

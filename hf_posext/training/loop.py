@@ -128,6 +128,15 @@ def sequence_parallel(accelerator, batch: dict, enabled: bool):
                                               no_restore_buffers=set(buffers))
 
 
+def global_tokens(accelerator, local: int, world: int) -> int:
+    """Tokens of a step over the data-parallel ranks: the sum over all processes, divided by the
+    ranks that share each batch (a context-parallel group reads one batch)."""
+    if accelerator.num_processes == 1:
+        return local
+    total = accelerator.reduce(torch.tensor([local], device=accelerator.device), "sum").item()
+    return int(total) * world // accelerator.num_processes
+
+
 def finite_or_stop(accelerator, model, loss_value: float, step: int) -> None:
     """Raise TrainingDiverged (on every rank at once: the flag is reduced) when the loss or any
     weight is non-finite, so no NaN/inf weights are ever checkpointed or saved. The weights are
@@ -158,14 +167,14 @@ def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t,
     (rank, world), accum = data_parallel_rank(accelerator), t.gradient_accumulation_steps
     split_sequence = context_parallel(accelerator)
     order = ExampleOrder(len(sequences), t.seed)
-    tokens_per_step = world * t.batch_size * accum * t.seq_len
+    tokens_before = state.rows[-1]["tokens"] if state.rows else 0
     bar = tqdm(total=t.max_steps, initial=state.step, desc="fine-tune",
                disable=not accelerator.is_local_main_process)
     elapsed_before = state.rows[-1]["elapsed_s"] if state.rows else 0.0
     start = time.time()
     with StopSignal() as stop:
         while state.step < t.max_steps:
-            step_start, losses, pre, post = time.time(), [], None, float("nan")
+            step_start, losses, pre, post, step_tokens = time.time(), [], None, float("nan"), 0
             for micro in range(accum):
                 indices = example_indices(state.step, micro, rank, world, t.batch_size, accum)
                 rows = [order(i) for i in indices]
@@ -173,6 +182,7 @@ def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t,
                     on_batch(indices, rows)
                 examples = [sequences[r] for r in rows]   # synthetic examples carry their spans
                 batch = collator([e["input_ids"] for e in examples], indices, [span_of(e) for e in examples])
+                step_tokens += batch["input_ids"].numel()   # this rank's; rows may be shorter than seq_len
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
                 with accelerator.accumulate(model), sequence_parallel(accelerator, batch, split_sequence):
                     loss = model(**batch).loss                    # mean over this micro-batch
@@ -187,15 +197,17 @@ def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t,
                         scheduler.step()
                         optimizer.zero_grad(set_to_none=True)
             loss_value = accelerator.reduce(torch.stack(losses).mean(), "mean").item()
+            step_tokens = global_tokens(accelerator, step_tokens, world)
             finite_or_stop(accelerator, model, loss_value, state.step + 1)
             state.step += 1
             now = time.time()
             row = {"step": state.step, "loss": loss_value, "lr": lr,
                    "grad_norm": float(pre) if pre is not None else float("nan"),
-                   "grad_norm_clipped": post, "tokens": state.step * tokens_per_step,
-                   "tokens_per_s": tokens_per_step / max(now - step_start, 1e-9),
+                   "grad_norm_clipped": post, "tokens": tokens_before + step_tokens,
+                   "tokens_per_s": step_tokens / max(now - step_start, 1e-9),
                    "memory_mb": memory_mb(accelerator.device), "elapsed_s": elapsed_before + now - start}
             state.rows.append(row)
+            tokens_before += step_tokens
             accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
             on_row(row)
             bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")

@@ -128,15 +128,19 @@ class PoseCollator:
         spans = list(spans) if spans is not None else [None] * len(examples)
         if not len(examples) == len(indices) == len(spans):
             raise ValueError(f"{len(examples)} examples but {len(indices)} indices and {len(spans)} spans")
-        for ex in examples:
-            if ex.shape != (self.window,):
-                raise ValueError(f"every example must hold exactly window={self.window} tokens, "
-                                 f"got shape {tuple(ex.shape)}")
-        input_ids = torch.stack(examples).long()                                       # [B, W]
+        # A batch holds one length: the window, or (data.synthetic.window) a shorter synthetic
+        # example's, whose span says where its pieces are.
+        n = examples[0].shape[-1] if examples else self.window
+        for ex, span in zip(examples, spans):
+            if ex.shape != (n,) or not (n == self.window or (span is not None and n < self.window)):
+                raise ValueError(f"every example of a batch must hold window={self.window} tokens (a "
+                                 f"synthetic example may hold fewer, all of a batch alike), got shapes "
+                                 f"{[tuple(e.shape) for e in examples]}")
+        input_ids = torch.stack(examples).long()                                       # [B, n]
         if self.target is None:
-            position_ids = torch.arange(self.window).expand(len(examples), -1).clone()  # [B, W]
+            position_ids = torch.arange(n).expand(len(examples), -1).clone()           # [B, n]
         else:
-            position_ids = torch.stack([self._positions(i, span) for i, span in zip(indices, spans)])
+            position_ids = torch.stack([self._positions(i, span, n) for i, span in zip(indices, spans)])
         labels = input_ids.clone()             # the model shifts labels by one internally
         for row, span in enumerate(spans):
             if span is not None and self.answer_only:
@@ -146,10 +150,10 @@ class PoseCollator:
                 "attention_mask": torch.ones_like(input_ids),  # see the module docstring
                 "position_ids": position_ids}
 
-    def _positions(self, index: int, span: Span | None) -> torch.Tensor:
+    def _positions(self, index: int, span: Span | None, n: int) -> torch.Tensor:
         g = example_generator(self.seed, index)
         if span is None:
-            return sample_pose_position_ids(self.window, self.target, self.num_chunks, g)
+            return sample_pose_position_ids(n, self.target, self.num_chunks, g)
         min_last = math.ceil(self.min_span * self.target) - 1
-        return sample_spanning_position_ids(self.window, self.target, self.num_chunks, span.fact_end,
+        return sample_spanning_position_ids(n, self.target, self.num_chunks, span.fact_end,
                                             span.question_start, min_last, g)

@@ -28,7 +28,7 @@ from .optim import build_optimizer, build_scheduler
 from .outputs import append_log, plot_loss, save_final, write_log
 from .packing import packed_sequences
 from .recipe_eval import evaluate_recipe
-from .synthetic import TRAINING_HAYSTACK, check_formats_fit, mix_synthetic
+from .synthetic import TRAINING_HAYSTACK, check_formats_fit, example_window, mix_synthetic
 
 # Sections whose change would make a resumed run a different run.
 _RESUME_SECTIONS = ("model", "data", "pose", "lora")
@@ -52,7 +52,7 @@ def prepare_data(cfg, tokenizer, accelerator=None, log: Callable[[str], None] = 
     first = accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()
     sc, chunks = d.synthetic, cfg.pose.num_chunks if cfg.pose.enabled else 1
     if sc.share > 0:   # before tokenizing: a format that cannot fit, a source that cannot load, fail at once
-        check_formats_fit(tokenizer, sc.formats, t.seq_len, chunks, sc.distractors)
+        check_formats_fit(tokenizer, sc.formats, example_window(sc, t.seq_len), chunks, sc.distractors)
         hay_docs = datalib.haystack_documents(sc.haystacks, eval_docs, TRAINING_HAYSTACK)
     with first:   # rank 0 tokenizes and writes the cache; the others read it
         sequences, train_names = packed_sequences(train_docs, tokenizer, t.seq_len, bos, eos)
@@ -60,7 +60,8 @@ def prepare_data(cfg, tokenizer, accelerator=None, log: Callable[[str], None] = 
             hays = {name: packed_sequences(docs, tokenizer, t.seq_len, bos, eos)[0] for name, docs in hay_docs.items()}
             sequences = mix_synthetic(sequences, tokenizer, sc, seed=t.seed, num_chunks=chunks, haystacks=hays)
             log(f"data: {round(sc.share * len(sequences))} of {len(sequences)} windows made synthetic "
-                f"long-range examples ({', '.join(sc.formats)}; in {', '.join(sc.haystacks)}; loss on the {sc.loss})")
+                f"long-range examples of {example_window(sc, t.seq_len)} tokens ({', '.join(sc.formats)}; "
+                f"in {', '.join(sc.haystacks)}; loss on the {sc.loss})")
     eval_names, eval_ids = [], []
     if cfg.eval.enabled:
         # The evaluation's own selection (the CLI's): the first eval.max_documents held-out

@@ -53,6 +53,10 @@ class SyntheticConfig:
     # facts of the same form with other keys written beside the asked one (RULER's niah_multikey
     # asks among 3): 0 writes the asked fact alone, near the window's start
     distractors: int = 0
+    # tokens per synthetic example, cut from the front of its window; null = training.seq_len.
+    # Shorter examples beside long document windows: the fact-to-question layout of a short-window
+    # recipe with the documents of a long one (docs/finetuning_mix.md); needs training.batch_size 1
+    window: int | None = None
 
 
 @dataclass
@@ -311,13 +315,13 @@ def _validate(cfg: RecipeConfig) -> None:
             raise ValueError("lora.target_modules is empty; name the layers to adapt (q_proj, ...).")
     if e.enabled and (not e.lengths or not all(_is_int(x) and x > 1 for x in e.lengths)):
         raise ValueError(f"eval.lengths must be a non-empty list of integers > 1, got {e.lengths!r}")
-    _validate_synthetic(cfg.data.synthetic, p)
+    _validate_synthetic(cfg.data.synthetic, p, t)
     h = cfg.data.eval_documents
     if not (_is_int(h) or (isinstance(h, list) and h and all(isinstance(x, str) for x in h))):
         raise ValueError(f"data.eval_documents must be a count or a list of document names, got {h!r}")
 
 
-def _validate_synthetic(sc: SyntheticConfig, p: PoseConfig) -> None:
+def _validate_synthetic(sc: SyntheticConfig, p: PoseConfig, t: TrainingConfig) -> None:
     if not (_finite(sc.share) and 0 <= sc.share <= 1):
         raise ValueError(f"data.synthetic.share must be a fraction in [0, 1], got {sc.share!r}")
     unknown = [f for f in sc.formats if f not in SYNTHETIC_FORMATS]
@@ -340,6 +344,14 @@ def _validate_synthetic(sc: SyntheticConfig, p: PoseConfig) -> None:
                          f"e.g. [{TRAINING_HAYSTACK}, embedded:python-stdlib]")
     if len(set(hays)) != len(hays):
         raise ValueError(f"data.synthetic.haystacks names a source twice: {hays!r}; name each once.")
+    if sc.window is not None:
+        if not (_is_int(sc.window) and 2 <= sc.window <= t.seq_len):
+            raise ValueError(f"data.synthetic.window must be a whole number of tokens in [2, training.seq_len="
+                             f"{t.seq_len}] or null (= training.seq_len), got {sc.window!r}")
+        if sc.window < t.seq_len and t.batch_size != 1:
+            raise ValueError(f"data.synthetic.window ({sc.window}) shorter than training.seq_len ({t.seq_len}) "
+                             f"makes windows of two lengths, which one batch cannot hold; set "
+                             f"training.batch_size 1 and raise training.gradient_accumulation_steps instead.")
     if sc.share > 0 and p.enabled and p.num_chunks < 2:
         raise ValueError("data.synthetic with PoSE needs pose.num_chunks >= 2 (the fact in the first "
                          "chunk, the question in the last); set pose.num_chunks: 2")

@@ -21,6 +21,11 @@ from the file) rather than the number; examples whose filler is code are what te
 (docs/finetuning_measurements.md, "Retrieval in code"). With the default list the draws, and so
 the mix, are unchanged.
 
+Shorter examples (`data.synthetic.window`): each example keeps only the first `window` tokens of
+its window, so long document windows (what lowers the perplexity cost past the trained length) can
+sit beside examples laid out as in a short-window recipe (what found the needle far back); the
+dataset then holds rows of two lengths, one per batch. Unset, every row is a full window.
+
 Distractors (`data.synthetic.distractors`): other facts of the asked one's form in the same window,
 so the answer has to be the asked key's value rather than any number written far back
 (`build_example`). With 0, the default, no draw is added and the mix is the one without them.
@@ -69,7 +74,8 @@ def check_formats_fit(tokenizer, formats: Sequence[str], window: int, num_chunks
             raise ConfigError(f"data.synthetic.formats: {name!r} needs up to {n} tokens (fact"
                               f"{f' and {distractors} distractors' if distractors else ''} + question "
                               f"+ answer) plus {max(num_chunks - 1, 0)} of text, more than the "
-                              f"{window}-token window; raise training.seq_len or drop the "
+                              f"{window}-token window; raise training.seq_len (and data.synthetic.window "
+                              f"if set) or drop the "
                               f"format{' or lower data.synthetic.distractors' if distractors else ''}.")
 
 
@@ -115,6 +121,11 @@ def build_example(window_ids: Sequence[int], tokenizer, format_name: str, rng: r
             "format": format_name}
 
 
+def example_window(sc, window: int) -> int:
+    """Tokens per synthetic example: data.synthetic.window, or the training window when unset."""
+    return window if sc.window is None else min(sc.window, window)
+
+
 def _plain(ids) -> dict:
     return {"input_ids": list(ids), "fact_start": NO_SPAN, "fact_end": NO_SPAN,
             "question_start": NO_SPAN, "answer_start": NO_SPAN, "format": "", "haystack": ""}
@@ -135,7 +146,8 @@ def mix_synthetic(packed, tokenizer, sc, *, seed: int, num_chunks: int, cache_di
     from .packing import cache_root
     plain = packed.with_format(None)
     window = len(plain[0]["input_ids"])
-    check_formats_fit(tokenizer, sc.formats, window, num_chunks, sc.distractors)
+    short = example_window(sc, window)   # an example is cut from the front of its window
+    check_formats_fit(tokenizer, sc.formats, short, num_chunks, sc.distractors)
     chosen, formats = chosen_rows(len(plain), sc.share, seed), list(sc.formats)
     others = {name: windows.with_format(None) for name, windows in (haystacks or {}).items()}
     missing = [h for h in sc.haystacks if h != TRAINING_HAYSTACK and h not in others]
@@ -154,7 +166,7 @@ def mix_synthetic(packed, tokenizer, sc, *, seed: int, num_chunks: int, cache_di
                 hay = sc.haystacks[rng.randrange(len(sc.haystacks))] if len(sc.haystacks) > 1 else sc.haystacks[0]
                 if hay != TRAINING_HAYSTACK:   # another source's window takes this one's place
                     ids = others[hay][rng.randrange(len(others[hay]))]["input_ids"]
-                rows.append({**build_example(ids, tokenizer, name, rng, num_chunks, sc.distractors),
+                rows.append({**build_example(ids[:short], tokenizer, name, rng, num_chunks, sc.distractors),
                              "haystack": hay})
             else:
                 rows.append(_plain(ids))
