@@ -56,12 +56,12 @@ FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
                                      "documents only, no synthetic examples"),
              # the far-needle diagnosis's lead: a synthetic example's fact and question with 4k real
              # tokens between them (not 1k); the same tokens seen as the recipe (50 x 4,096 = 200 x 1,024),
-             # half the windows synthetic (25 examples seen, where the recipe sees about 50)
+             # half the windows synthetic (its 50 steps read 19 examples, the recipe's 200 read 47)
              "finetuned-4k-windows": ("runs/cpu-smollm2-retrieval-4x-4k-windows",
                                       " --training.seq_len 4096 --training.max_steps 50 --data.synthetic.share 0.5",
                                       "4k-token windows, 50 steps, half synthetic"),
-             # the same windows for as many steps as the recipe: as many synthetic examples (about 50)
-             # as the 1k recipe sees, twice its tokens; does the far needle come back with them?
+             # the same windows for 100 steps: 36 synthetic examples read (the recipe's 47), twice the
+             # recipe's tokens; does the far needle come back with more examples?
              "finetuned-4k-windows-100steps": ("runs/cpu-smollm2-retrieval-4x-4k-windows-100",
                                                " --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.5",
                                                "4k-token windows, 100 steps, half synthetic"),

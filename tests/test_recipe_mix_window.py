@@ -82,7 +82,7 @@ def assets(tmp_path_factory):
     return make_assets(tmp_path_factory.mktemp("short_assets"), archs=("llama",))
 
 
-def test_recipe_trains_on_both_lengths_and_counts_their_tokens(assets, tmp_path, monkeypatch):
+def test_recipe_trains_on_both_lengths_and_counts_their_tokens(assets, tmp_path, monkeypatch, capsys):
     lengths = []
     call = PoseCollator.__call__
 
@@ -96,6 +96,9 @@ def test_recipe_trains_on_both_lengths_and_counts_their_tokens(assets, tmp_path,
     finetune.main(recipe_argv(assets, out, data__synthetic__share="0.5", data__synthetic__window="128",
                               training__seq_len="256", training__max_steps="6", eval__enabled="false"))
     assert set(lengths) == {(True, 128), (False, 256)}
+    # the count it announces is the count the collator was handed
+    synthetic = sum(is_example for is_example, _ in lengths)
+    assert f"the 6 steps read 6 windows, {synthetic} of them synthetic examples" in capsys.readouterr().out
     rows = list(csv.DictReader((out / "train_log.csv").open()))
     assert [int(float(r["tokens"])) for r in rows] == [sum(n for _, n in lengths[:k + 1]) for k in range(6)]
 

@@ -96,6 +96,16 @@ class ExampleOrder:
         return self._orders[epoch][pos]
 
 
+def synthetic_read(sequences, seed: int, examples: int) -> int:
+    """How many of the first `examples` global examples the loop reads (in ExampleOrder) are
+    synthetic: `data.synthetic.share` is a share of the windows, and a run shorter than an epoch
+    draws its own count from them."""
+    if "answer_start" not in sequences.column_names:
+        return 0
+    spans, order = sequences.with_format(None)["answer_start"], ExampleOrder(len(sequences), seed)
+    return sum(spans[order(i)] >= 0 for i in range(examples))
+
+
 def memory_mb(device) -> float:
     if getattr(device, "type", str(device)) == "cuda":
         return torch.cuda.max_memory_allocated() / 2**20

@@ -20,9 +20,9 @@ from ..data.embedded import load_tokenizer
 from ..errors import ConfigError
 from ..evaluation.shared.data import TokenCache, select_documents
 from . import data as datalib
-from .accel import make_accelerator, resume_path
+from .accel import data_parallel_rank, make_accelerator, resume_path
 from .checkpoint import load_checkpoint, verify_checkpoint
-from .loop import TrainState, train_loop
+from .loop import TrainState, synthetic_read, train_loop
 from .model import build_collator, check_window_fits_target, load_recipe_model, prepare_for_training, special_id
 from .optim import build_optimizer, build_scheduler
 from .outputs import append_log, plot_loss, save_final, write_log
@@ -145,6 +145,10 @@ def run(cfg, resume: str | None = None, on_step: Callable[[int], None] | None = 
     if checkpoint is not None:   # registered with accelerate (whose custom states are pickles)
         load_checkpoint(accelerator, state, scheduler, checkpoint, saved_state)
         log(f"resumed from {checkpoint} at step {state.step}")
+    if cfg.data.synthetic.share > 0:
+        reads = t.max_steps * data_parallel_rank(accelerator)[1] * t.batch_size * t.gradient_accumulation_steps
+        log(f"data: the {t.max_steps} steps read {reads} windows, "
+            f"{synthetic_read(data.sequences, t.seed, reads)} of them synthetic examples")
     log_path = out / "train_log.csv"
     if main:
         out.mkdir(parents=True, exist_ok=True)
@@ -190,11 +194,14 @@ def end_process_group() -> None:
 
 def loss_title(cfg, world: int = 1) -> str:
     t = cfg.training
+    sc = cfg.data.synthetic
+    short = (f" (synthetic examples: {sc.window} tokens)"
+             if sc.share > 0 and sc.window is not None and sc.window < t.seq_len else "")
     pose = (f"PoSE positions up to {cfg.pose.target}" if cfg.pose.target else
             "PoSE positions up to s x trained length") if cfg.pose.enabled else "no PoSE"
     return (f"{cfg.model.name} {cfg.model.method} s={cfg.model.factor:g}: fine-tuning loss\n"
             f"{world * t.batch_size * t.gradient_accumulation_steps} x {t.seq_len}-token windows per "
-            f"step, {pose}, lr {t.learning_rate:g}")
+            f"step{short}, {pose}, lr {t.learning_rate:g}")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
