@@ -71,7 +71,13 @@ FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
              "finetuned-4k-docs-1k-examples": ("runs/cpu-smollm2-retrieval-4x-4k-docs-1k-examples",
                                                " --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.5"
                                                " --data.synthetic.window 1024",
-                                               "4k-token document windows, 1k-token synthetic examples, 100 steps")}
+                                               "4k-token document windows, 1k-token synthetic examples, 100 steps"),
+             # the same with three quarters of the windows synthetic (76 examples read, 24 document
+             # windows): is the far needle a matter of how much of the signal is retrieval?
+             "finetuned-4k-docs-1k-examples-share0.75": ("runs/cpu-smollm2-retrieval-4x-4k-docs-1k-examples-75",
+                                                         " --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.75"
+                                                         " --data.synthetic.window 1024",
+                                                         "4k-token document windows, 1k-token synthetic examples, share 0.75, 100 steps")}
 # every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
 # Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
