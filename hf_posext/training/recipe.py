@@ -195,13 +195,13 @@ def end_process_group() -> None:
 def loss_title(cfg, world: int = 1) -> str:
     t = cfg.training
     sc = cfg.data.synthetic
-    short = (f" (synthetic examples: {sc.window} tokens)"
+    short = (f", of which synthetic examples {sc.window} tokens\n"
              if sc.share > 0 and sc.window is not None and sc.window < t.seq_len else "")
     pose = (f"PoSE positions up to {cfg.pose.target}" if cfg.pose.target else
             "PoSE positions up to s x trained length") if cfg.pose.enabled else "no PoSE"
     return (f"{cfg.model.name} {cfg.model.method} s={cfg.model.factor:g}: fine-tuning loss\n"
             f"{world * t.batch_size * t.gradient_accumulation_steps} x {t.seq_len}-token windows per "
-            f"step{short}, {pose}, lr {t.learning_rate:g}")
+            f"step{short or ', '}{pose}, lr {t.learning_rate:g}")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
