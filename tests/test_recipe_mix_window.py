@@ -107,6 +107,7 @@ def test_recipe_trains_on_both_lengths_and_counts_their_tokens(assets, tmp_path,
     ({"data__synthetic__window": "300"}, r"data.synthetic.window must be a whole number of tokens in \[2, "
                                          r"training.seq_len=256\] or null"),
     ({"data__synthetic__window": "1"}, r"data.synthetic.window must be"),
+    ({"data__synthetic__window": "128", "data__synthetic__share": "0"}, r"data.synthetic.share is 0, so no example"),
     ({"data__synthetic__window": "128", "training__batch_size": "2"},
      r"set training.batch_size 1 and raise training.gradient_accumulation_steps"),
     ({"data__synthetic__window": "24"}, r"more than the 24-token window; raise training.seq_len "
@@ -115,6 +116,6 @@ def test_recipe_trains_on_both_lengths_and_counts_their_tokens(assets, tmp_path,
 def test_bad_windows_fail_in_one_line_before_the_model_loads(assets, tmp_path, recipe_model_forbidden, over, match):
     out = tmp_path / "bad"
     with pytest.raises(ValueError, match=match) as err:
-        finetune.main(recipe_argv(assets, out, data__synthetic__share="0.5", training__seq_len="256", **over))
+        finetune.main(recipe_argv(assets, out, **{"data__synthetic__share": "0.5", "training__seq_len": "256", **over}))
     assert "\n" not in str(err.value)
     assert not (out / "train_log.csv").exists()

@@ -345,6 +345,9 @@ def _validate_synthetic(sc: SyntheticConfig, p: PoseConfig, t: TrainingConfig) -
     if len(set(hays)) != len(hays):
         raise ValueError(f"data.synthetic.haystacks names a source twice: {hays!r}; name each once.")
     if sc.window is not None:
+        if sc.share == 0:
+            raise ValueError(f"data.synthetic.window ({sc.window}) is set but data.synthetic.share is 0, so no "
+                             "example would be cut to it; set a share > 0 or drop the window.")
         if not (_is_int(sc.window) and 2 <= sc.window <= t.seq_len):
             raise ValueError(f"data.synthetic.window must be a whole number of tokens in [2, training.seq_len="
                              f"{t.seq_len}] or null (= training.seq_len), got {sc.window!r}")
