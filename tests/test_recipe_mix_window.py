@@ -119,3 +119,13 @@ def test_bad_windows_fail_in_one_line_before_the_model_loads(assets, tmp_path, r
         finetune.main(recipe_argv(assets, out, **{"data__synthetic__share": "0.5", "training__seq_len": "256", **over}))
     assert "\n" not in str(err.value)
     assert not (out / "train_log.csv").exists()
+
+
+@pytest.mark.parametrize("examples", [0, 5, 37, 40, 111])
+def test_the_synthetic_count_follows_the_loops_order_across_epochs(examples):
+    """The count the recipe logs, against the loop's own ExampleOrder read one example at a time."""
+    import datasets
+    from hf_posext.training.loop import ExampleOrder, synthetic_read
+    ds = datasets.Dataset.from_dict({"answer_start": [5 if i % 3 == 0 else -1 for i in range(37)]})
+    order = ExampleOrder(37, 4)
+    assert synthetic_read(ds, 4, examples) == sum(ds[order(i)]["answer_start"] >= 0 for i in range(examples))

@@ -194,9 +194,8 @@ def end_process_group() -> None:
 
 def loss_title(cfg, world: int = 1) -> str:
     t = cfg.training
-    sc = cfg.data.synthetic
-    short = (f", of which synthetic examples {sc.window} tokens\n"
-             if sc.share > 0 and sc.window is not None and sc.window < t.seq_len else "")
+    example = example_window(cfg.data.synthetic, t.seq_len)   # = seq_len unless examples are cut
+    short = f", of which synthetic examples {example} tokens\n" if example < t.seq_len else ""
     pose = (f"PoSE positions up to {cfg.pose.target}" if cfg.pose.target else
             "PoSE positions up to s x trained length") if cfg.pose.enabled else "no PoSE"
     return (f"{cfg.model.name} {cfg.model.method} s={cfg.model.factor:g}: fine-tuning loss\n"
