@@ -297,8 +297,8 @@ def table_lines(results: Path) -> list[str]:
             found += counts(rows, {r["haystack"]: label for r in rows}, "effective-length-4x", (shown(argv),),
                             method="yarn" if arm else None, tuned=arm is not None, asked=asked,
                             note=FINETUNED[arm][2] if arm else "")
-    pairs = perplexity_pairs(out)
-    ratios = [own_window(pairs, labels, [shown(perplexity_argv(s)) for s, _, _ in pairs])] if pairs else []
+    ratios = [own_window(pairs, labels, [shown(perplexity_argv(s, arm)) for s, _, _ in pairs], FINETUNED[arm][2])
+              for arm in FINETUNED if (pairs := perplexity_pairs(out, arm))]
     return build(results, labels, found, ratios)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -71,6 +71,7 @@ class Ratio:
     text: str
     seconds: float
     commands: tuple
+    note: str = ""               # as Count's
 
 
 def counts(rows: Sequence[dict], labels: dict[str, str], source: str, commands: Sequence[str],
@@ -154,7 +155,8 @@ def side_by_side(results: Path, labels: dict[str, str]) -> tuple[list[Count], li
     return found, ratios
 
 
-def own_window(pairs: Sequence[tuple[int, dict, dict]], labels: dict[str, str], commands: Sequence[str]) -> Ratio:
+def own_window(pairs: Sequence[tuple[int, dict, dict]], labels: dict[str, str], commands: Sequence[str],
+               note: str = "") -> Ratio:
     """A fine-tuned checkpoint's perplexity against its own sliding window over the same tokens,
     from (seed, truncate row, baseline row) pairs at one length: the ratio (its geometric mean
     over the seeds) and the mean NLL past L, also in nats (the recipe's target is stated in nats)."""
@@ -167,7 +169,7 @@ def own_window(pairs: Sequence[tuple[int, dict, dict]], labels: dict[str, str], 
                  f"{ratio:.4f}x its own sliding window ({text_of(first, labels)}, {length // 1024}k, {first['dtype']}; "
                  f"past L {math.exp(past):.4f}x = {past:+.3f} nats; "
                  f"{'mean over ' if len(pairs) > 1 else ''}{seeds_text(frozenset(s for s, _, _ in pairs))})",
-                 sum(float(r["seconds"]) for _, t, b in pairs for r in (t, b)), tuple(commands))
+                 sum(float(r["seconds"]) for _, t, b in pairs for r in (t, b)), tuple(commands), note)
 
 
 def shipped(done: dict) -> bool:
@@ -267,13 +269,16 @@ def cell(items: list[Count], rank: dict[str, int]) -> str:
 
 
 def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
-    """The page's section: one row per (method, setting) with anything stored, then the within-L
+    """The page's section: one row per (method, setting) with anything stored, the other training
+    settings of a fine-tuned row below it (a checkpoint with a note is an arm tried beside the
+    shipped recipe: listed apart, so the row reads as what the recipe gives), then the within-L
     readings the cells are read against, then the numbered commands."""
     rows: dict[tuple, list] = {}
     order = list(METHODS)
     items: list[Count | Ratio] = [*found, *ratios]
+    arms = [i for i in items if i.note and i.length > i.trained]
     for item in items:
-        if item.length > item.trained:
+        if item.length > item.trained and not item.note:
             rows.setdefault((order.index(item.method), item.length, item.tuned), []).append(item)
     commands: list[str] = []
     rank = {h: i for i, h in enumerate(dict.fromkeys(c.haystack for c in found))}
@@ -301,6 +306,16 @@ def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
         lines.append(f"| {METHODS[order[m]]} | {setting} | "
                      + " | ".join(cell([c for c in count if c.task == t], rank) for t in TASKS)
                      + f" | {'; '.join(r.text for r in ppl) or NOT_RUN} | {numbers(items)} | {minutes:.0f} min |")
+    if arms:
+        lines += ["", "Other training settings at 4x, each its own checkpoint from the 4x recipe with the flags its "
+                  "command shows (not pooled with the recipe's row; the reading below says what each one tests):", ""]
+        for note in dict.fromkeys(i.note for i in arms):
+            mine = [replace(i, note="") for i in arms if i.note == note]
+            count = [i for i in mine if isinstance(i, Count)]
+            lines.append(f"- {note}: " + "; ".join(
+                [f"{t} {cell([c for c in count if c.task == t], rank)}" for t in TASKS if any(c.task == t for c in count)]
+                + [f"perplexity {r.text}" for r in mine if isinstance(r, Ratio)])
+                + f"; {sum(i.seconds for i in mine) / 60:.0f} min; commands {numbers(mine)}")
     within = [c for c in found if c.length <= c.trained]
     if within:
         lines += ["", "Within L (8k), what the cells above are read against:", ""]

@@ -134,7 +134,8 @@ def test_only_the_shipped_setting_is_pooled(tmp_path):
 
 def test_a_fine_tuned_arm_of_another_mix_is_not_pooled_with_the_recipe(tmp_path):
     """At 4x, the recipe's checkpoint and the one trained with distractor facts answer the same
-    task in the same haystack: two counts in the cell, the second named by its mix, never one sum."""
+    task in the same haystack: the recipe's row holds its own count alone, the arm's is listed
+    below the table under its mix's name, never one sum."""
     source = RESULTS / "effective-length-4x" / "noise-finetuned-multi_key"
     template = stored(source / "retrieval.json")[0]
     for name, cells in {"noise-finetuned-multi_key": [(1, 2), (2, 2)],
@@ -143,9 +144,13 @@ def test_a_fine_tuned_arm_of_another_mix_is_not_pooled_with_the_recipe(tmp_path)
         folder.mkdir(parents=True)
         rows = [{**template, "depth": d / 4, "correct": k, "trials": n, "seconds": 60.0} for d, (k, n) in enumerate(cells)]
         (folder / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
-    cell = row_of(table("--results", str(tmp_path)), "YaRN", "4x (32k), fine-tuned")[3]
-    assert cell == (f"{rate(3, 4)} (RULER's noise; 2 of 5 depths ran; float32; seed 0); "
-                    f"{rate(3, 6)} (RULER's noise; 3 of 5 depths ran; float32; seed 0; mix with 3 distractor facts)")
+    out = table("--results", str(tmp_path))
+    assert row_of(out, "YaRN", "4x (32k), fine-tuned")[3] == f"{rate(3, 4)} (RULER's noise; 2 of 5 depths ran; float32; seed 0)"
+    arms = [line for line in out.splitlines() if line.startswith("- mix with 3 distractor facts: ")]
+    assert arms == [f"- mix with 3 distractor facts: multi_key {rate(3, 6)} (RULER's noise; 3 of 5 depths ran; "
+                    "float32; seed 0); 3 min; commands (2)"]
+    assert re.search(r"^2\. `hf-posext retrieval --tasks multi_key --model runs/cpu-smollm2-retrieval-4x-distractors/final ",
+                     out, re.M)
 
 
 def test_the_documents_control_is_not_the_recipe_s_perplexity(tmp_path):
@@ -165,5 +170,10 @@ def test_the_documents_control_is_not_the_recipe_s_perplexity(tmp_path):
     for name, planted in {"perplexity-finetuned": rows, "perplexity-finetuned-documents": control}.items():
         (tmp_path / "effective-length-4x" / name).mkdir(parents=True)
         (tmp_path / "effective-length-4x" / name / "perplexity.json").write_text(json.dumps({"schema": 2, "rows": planted}))
-    cell = row_of(table("--results", str(tmp_path)), "YaRN", "4x (32k), fine-tuned")[4]
-    assert f"= {recipe:+.3f} nats; seed 0)" in cell, cell
+    out = table("--results", str(tmp_path))
+    cell = row_of(out, "YaRN", "4x (32k), fine-tuned")[4]
+    assert f"= {recipe:+.3f} nats; seed 0)" in cell and cell.count("nats") == 1, cell
+    # the control is listed apart, under its own name, with its own (doubled) reading
+    doubled = past_l({**truncate, "bucket_nll": [x * 2 for x in truncate["bucket_nll"]]}) - past_l(baseline)
+    control_line = next(line for line in out.splitlines() if line.startswith("- documents only, no synthetic examples: "))
+    assert f"= {doubled:+.3f} nats; seed 0)" in control_line and abs(doubled - recipe) > 1
