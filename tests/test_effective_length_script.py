@@ -105,3 +105,18 @@ def test_a_flag_the_step_does_not_read_is_refused(argv, unread):
     done = run(*argv)
     assert done.returncode == 2 and unread in done.stderr, done.stderr
     assert "+ hf-posext" not in done.stdout
+
+
+def test_the_not_run_list_names_the_methods_and_the_shipped_recipe_not_the_arms(tmp_path):
+    """What the page lists as not run: each training-free method's niah_single and both tasks of
+    the shipped recipe (seed 0 always, seed 1 once it has rows); an arm tried beside the recipe
+    (here one with stored rows) is an experiment whose untried cells are not news."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("effective_length_4x_under_test", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for name in ("noise-finetuned-seed1", "noise-finetuned-4k-windows"):
+        (tmp_path / name).mkdir()
+    news = [name for name, _, _ in script.steps("noise", tmp_path) if name]
+    assert news == ["yarn", "dpe", "self_extend", "finetuned", "finetuned seed 1",
+                    "finetuned multi_key", "finetuned seed 1 multi_key"]
