@@ -308,7 +308,7 @@ def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
                      + f" | {'; '.join(r.text for r in ppl) or NOT_RUN} | {numbers(items)} | {minutes:.0f} min |")
     if arms:
         lines += ["", "Other training settings at 4x, each its own checkpoint from the 4x recipe with the flags its "
-                  "command shows (not pooled with the recipe's row; the reading below says what each one tests):", ""]
+                  "command shows (not pooled with the recipe's row; [what each one tests](effective_length_4x_training.md)):", ""]
         for note in dict.fromkeys(i.note for i in arms):
             mine = [replace(i, note="") for i in arms if i.note == note]
             count = [i for i in mine if isinstance(i, Count)]

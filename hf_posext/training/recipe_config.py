@@ -55,7 +55,7 @@ class SyntheticConfig:
     distractors: int = 0
     # tokens per synthetic example, cut from the front of its window; null = training.seq_len.
     # Shorter examples beside long document windows: the fact-to-question layout of a short-window
-    # recipe with the documents of a long one (benchmarks/results/effective_length_4x.md); batch_size 1
+    # recipe with the documents of a long one (benchmarks/results/effective_length_4x_training.md); batch_size 1
     window: int | None = None
 
 
