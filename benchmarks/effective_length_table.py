@@ -253,8 +253,12 @@ def pooled_text(group: list[Count]) -> str:
              "five depths" if len(depths) == 5 else "depth" + ("s " if len(depths) > 1 else " ")
              + ", ".join(f"{d:g}" for d in depths))
     seeds = set().union(*(c.seeds for c in group))
+    # a seed that ran fewer depths than the pool says so, lest "five depths" read as every seed's
+    short = [f"{seeds_text(c.seeds)}: {len(c.depths)} of {len(depths)} depths" for c in group
+             if c.seeds and len(seeds) > 1 and c.depths != frozenset(depths)]
     return (f"{rate_text(k, n)} ({group[0].haystack}; {where}; {group[0].dtype}"
-            + (f"; {seeds_text(frozenset(seeds))}" if seeds else "") + (f"; {group[0].note}" if group[0].note else "") + ")")
+            + (f"; {seeds_text(frozenset(seeds))}" if seeds else "") + (f" ({'; '.join(short)})" if short else "")
+            + (f"; {group[0].note}" if group[0].note else "") + ")")
 
 
 def cell(items: list[Count], rank: dict[str, int]) -> str:

@@ -126,7 +126,7 @@ def test_only_the_shipped_setting_is_pooled(tmp_path):
         (folder / "retrieval" / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
     out = table("--results", str(tmp_path))
     cells = row_of(out, "YaRN", "2x (16k), fine-tuned")
-    assert cells[2] == f"{rate(6, 8)} (RULER's noise; depths 0, 0.25; float32; seeds 0, 1)"
+    assert cells[2] == f"{rate(6, 8)} (RULER's noise; depths 0, 0.25; float32; seeds 0, 1 (seed 1: 1 of 2 depths))"
     assert cells[3:5] == ["not run", "not run"] and cells[-1] == "3 min"
     assert "--seeds 0,1" in out and "--min-span 0.9" in out
     assert sum(line.startswith("|") for line in out.splitlines()) == 3   # head, rule, one row
@@ -151,6 +151,19 @@ def test_a_fine_tuned_arm_of_another_mix_is_not_pooled_with_the_recipe(tmp_path)
                     "float32; seed 0); 3 min; commands (2)"]
     assert re.search(r"^2\. `hf-posext retrieval --tasks multi_key --model runs/cpu-smollm2-retrieval-4x-distractors/final ",
                      out, re.M)
+
+
+def test_a_seed_that_ran_fewer_depths_is_named_in_the_pooled_cell(tmp_path):
+    """Two seeds of the 4x recipe pooled, the second run at one depth only: the cell sums both and
+    says the second seed's depths, lest the pool's "depths 0, 0.25" read as every seed's."""
+    template = stored(RESULTS / "effective-length-4x" / "noise-finetuned" / "retrieval.json")[0]
+    for name, cells in {"noise-finetuned": [(2, 2), (1, 2)], "noise-finetuned-seed1": [(2, 2)]}.items():
+        folder = tmp_path / "effective-length-4x" / name
+        folder.mkdir(parents=True)
+        rows = [{**template, "depth": d / 4, "correct": k, "trials": n, "seconds": 60.0} for d, (k, n) in enumerate(cells)]
+        (folder / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
+    cell = row_of(table("--results", str(tmp_path)), "YaRN", "4x (32k), fine-tuned")[2]
+    assert cell == f"{rate(5, 6)} (RULER's noise; 2 of 5 depths ran; float32; seeds 0, 1 (seed 1: 1 of 2 depths))"
 
 
 def test_the_documents_control_is_not_the_recipe_s_perplexity(tmp_path):
