@@ -311,8 +311,9 @@ def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
                      + " | ".join(cell([c for c in count if c.task == t], rank) for t in TASKS)
                      + f" | {'; '.join(r.text for r in ppl) or NOT_RUN} | {numbers(items)} | {minutes:.0f} min |")
     if arms:
-        lines += ["", "Other training settings at 4x, each its own checkpoint from the 4x recipe with the flags its "
-                  "command shows (not pooled with the recipe's row; [what each one tests](effective_length_4x_training.md)):", ""]
+        lines += ["", "Other training settings at 4x, each its own checkpoint: the 4x recipe trained with the change "
+                  "its name gives (not pooled with the recipe's row; training commands and what each one tests: "
+                  "[training settings](effective_length_4x_training.md)):", ""]
         for note in dict.fromkeys(i.note for i in arms):
             mine = [replace(i, note="") for i in arms if i.note == note]
             count = [i for i in mine if isinstance(i, Count)]
