@@ -272,6 +272,11 @@ def cell(items: list[Count], rank: dict[str, int]) -> str:
     return "; ".join(pooled_text(g) for _, g in ordered) or NOT_RUN
 
 
+def task_cells(items: Sequence[Count], rank: dict[str, int]) -> list[str]:
+    """`<task> <cell>` for each of the table's tasks the counts answer (a list's line, not a row)."""
+    return [f"{t} {cell([c for c in items if c.task == t], rank)}" for t in TASKS if any(c.task == t for c in items)]
+
+
 def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
     """The page's section: one row per (method, setting) with anything stored, the other training
     settings of a fine-tuned row below it (a checkpoint with a note is an arm tried beside the
@@ -318,7 +323,7 @@ def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
             mine = [replace(i, note="") for i in arms if i.note == note]
             count = [i for i in mine if isinstance(i, Count)]
             lines.append(f"- {note}: " + "; ".join(
-                [f"{t} {cell([c for c in count if c.task == t], rank)}" for t in TASKS if any(c.task == t for c in count)]
+                task_cells(count, rank)
                 + [f"perplexity {r.text}" for r in mine if isinstance(r, Ratio)])
                 + f"; {sum(i.seconds for i in mine) / 60:.0f} min; commands {numbers(mine)}")
     within = [c for c in found if c.length <= c.trained]
@@ -327,8 +332,7 @@ def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
         for method, factor in dict.fromkeys((c.method, c.factor) for c in within):
             mine = [c for c in within if (c.method, c.factor) == (method, factor)]
             name = METHODS[method] + (f" s = {factor:g}" if method != "none" else "")
-            lines.append(f"- {name}: " + "; ".join(f"{t} {cell([c for c in mine if c.task == t], rank)}"
-                                                   for t in TASKS if any(c.task == t for c in mine))
+            lines.append(f"- {name}: " + "; ".join(task_cells(mine, rank))
                          + f"; {sum(c.seconds for c in mine) / 60:.0f} min; commands {numbers(mine)}")
     lines += ["", "Commands (`$TORCH` is the installed torch package's folder):", "",
               *(f"{i}. " + (f"`{c}`" if c.startswith(("hf-posext ", "python ")) else c)
