@@ -19,14 +19,14 @@ the unpatched model within L (8k) as the reference a method's accuracy is read a
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
     python benchmarks/effective_length_4x.py table           # its effective-length table only, printed
 
-The fine-tuned arms (`FINETUNED` below: the recipe, a second seed, with distractor facts, documents
-only as the perplexity control, 4k-token windows for 50 or 100 steps, 4k document windows beside 1k
-synthetic examples) each train with the recipe's command plus the arm's flags into the arm's own
-folder; `run` or `perplexity` with `--method ARM` (and `--seed N`) prints that command when the
-checkpoint is missing, e.g. for the last arm
+The fine-tuned arms (`FINETUNED` below: the recipe; the 1k-token-window setting it shipped with
+before, alone, with distractor facts and documents only as the perplexity control; 4k-token windows
+for 50 or 100 steps; 4k document windows beside 1k examples, half synthetic) each train with the
+recipe's command plus the arm's flags into the arm's own folder; `run` or `perplexity` with
+`--method ARM` (and `--seed N`) prints that command when the checkpoint is missing, e.g.
     accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
-        --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.5 --data.synthetic.window 1024 \
-        --output_dir runs/cpu-smollm2-retrieval-4x-4k-docs-1k-examples
+        --training.seq_len 1024 --training.max_steps 200 --data.synthetic.window null --data.synthetic.share 0.25 \
+        --output_dir runs/cpu-smollm2-retrieval-4x-1k-windows
 
 Each step is one `hf-posext retrieval` command (printed); a rerun resumes the stored looks.
 `--budget 3h` gives one invocation more wall time than the haystack's default (a 32k cell of four
@@ -49,35 +49,39 @@ BAR, DEPTHS, BUDGET = 0.7, "0,0.25,0.5,0.75,1", {"noise": "40m", "hamlet": "40m"
 # arm -> (output folder of seed 0, the recipe flags it trains with, what the page adds to its name);
 # another seed trains into the folder named by its seed.
 RECIPE = "recipes/cpu-smollm2-retrieval-4x.yaml"
+# The recipe's settings before its default changed (1k-token windows, a quarter synthetic, 200 steps),
+# restated so an arm trained on them still trains the same: the recipe's command plus these flags.
+OLD_DEFAULT = " --training.seq_len 1024 --training.max_steps 200 --data.synthetic.window null"
 FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
-             "finetuned-distractors": ("runs/cpu-smollm2-retrieval-4x-distractors", " --data.synthetic.distractors 3",
-                                       "mix with 3 distractor facts"),
-             "finetuned-documents": ("runs/cpu-smollm2-retrieval-4x-documents", " --data.synthetic.share 0",
-                                     "documents only, no synthetic examples"),
+             # the default until 2026-12: 1k-token windows, a quarter synthetic, 200 steps; its rows
+             # name its checkpoint runs/cpu-smollm2-retrieval-4x[-seedN], the folder it had then
+             "finetuned-1k-windows": ("runs/cpu-smollm2-retrieval-4x-1k-windows",
+                                      f"{OLD_DEFAULT} --data.synthetic.share 0.25",
+                                      "1k-token windows, a quarter synthetic, 200 steps (the default before)"),
+             "finetuned-distractors": ("runs/cpu-smollm2-retrieval-4x-distractors",
+                                       f"{OLD_DEFAULT} --data.synthetic.share 0.25 --data.synthetic.distractors 3",
+                                       "1k-token windows, mix with 3 distractor facts"),
+             "finetuned-documents": ("runs/cpu-smollm2-retrieval-4x-documents", f"{OLD_DEFAULT} --data.synthetic.share 0",
+                                     "1k-token windows, documents only, no synthetic examples"),
              # the far-needle diagnosis's lead: a synthetic example's fact and question with 4k real
-             # tokens between them (not 1k); the same tokens seen as the recipe (50 x 4,096 = 200 x 1,024),
-             # half the windows synthetic (its 50 steps read 19 examples, the recipe's 200 read 47)
+             # tokens between them (not 1k); the same tokens seen as the 1k-window setting
+             # (50 x 4,096 = 200 x 1,024), half the windows synthetic (its 50 steps read 19 examples, the
+             # 1k-window setting's 200 read 47)
              "finetuned-4k-windows": ("runs/cpu-smollm2-retrieval-4x-4k-windows",
-                                      " --training.seq_len 4096 --training.max_steps 50 --data.synthetic.share 0.5",
+                                      " --training.max_steps 50 --data.synthetic.share 0.5 --data.synthetic.window null",
                                       "4k-token windows, 50 steps, half synthetic"),
-             # the same windows for 100 steps: 36 synthetic examples read (the recipe's 47), twice the
-             # recipe's tokens; does the far needle come back with more examples?
+             # the same windows for 100 steps: 36 synthetic examples read (the 1k-window setting's 47),
+             # twice its tokens; does the far needle come back with more examples?
              "finetuned-4k-windows-100steps": ("runs/cpu-smollm2-retrieval-4x-4k-windows-100",
-                                               " --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.5",
+                                               " --data.synthetic.share 0.5 --data.synthetic.window null",
                                                "4k-token windows, 100 steps, half synthetic"),
              # 4k document windows (what lowered the perplexity cost) beside synthetic examples cut
-             # to 1k (the recipe's fact-to-question layout, what found the needle 32k back): the
-             # 100-step arm above with only the examples' length changed
+             # to 1k (the 1k-window setting's fact-to-question layout, what found the needle 32k back):
+             # the 100-step arm above with only the examples' length changed; the recipe is this arm
+             # with three quarters of the windows synthetic (76 examples read, 24 document windows)
              "finetuned-4k-docs-1k-examples": ("runs/cpu-smollm2-retrieval-4x-4k-docs-1k-examples",
-                                               " --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.5"
-                                               " --data.synthetic.window 1024",
-                                               "4k-token document windows, 1k-token synthetic examples, 100 steps"),
-             # the same with three quarters of the windows synthetic (76 examples read, 24 document
-             # windows): is the far needle a matter of how much of the signal is retrieval?
-             "finetuned-4k-docs-1k-examples-share0.75": ("runs/cpu-smollm2-retrieval-4x-4k-docs-1k-examples-75",
-                                                         " --training.seq_len 4096 --training.max_steps 100 --data.synthetic.share 0.75"
-                                                         " --data.synthetic.window 1024",
-                                                         "4k-token document windows, 1k-token synthetic examples, share 0.75, 100 steps")}
+                                               " --data.synthetic.share 0.5",
+                                               "4k-token document windows, 1k-token synthetic examples, half synthetic")}
 # every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
 # Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
@@ -331,7 +335,7 @@ def write_page() -> Path:
     if ppl_lines:
         text += ["Perplexity of the fine-tuned checkpoints at 32k on held-out Hamlet, each against itself "
                  "reading the same tokens in sliding 8k windows (target for the recipe: NLL past L within +0.05 nats; "
-                 "the documents-only control, where it ran, is the recipe without its synthetic examples):", "",
+                 "the documents-only control, where it ran, is the 1k-window setting without its synthetic examples):", "",
                  "| checkpoint | perplexity, 32k prompt | perplexity, own sliding 8k | NLL past 8k minus own sliding "
                  "| target (<= +0.05) | wall time |", "|---|---|---|---|---|---|", *ppl_lines, ""]
     text += ["Commands (`$TORCH` is the installed torch package's folder):", "", "```bash",

@@ -52,7 +52,8 @@ def test_the_distractor_arm_without_its_checkpoint_names_its_training_command():
     assert done.returncode == 2 and "+ hf-posext" not in done.stdout
     error = done.stderr.strip().splitlines()[-1]
     assert "no checkpoint at runs/cpu-smollm2-retrieval-4x-distractors/final" in error
-    assert ("recipes/cpu-smollm2-retrieval-4x.yaml --data.synthetic.distractors 3 "
+    assert ("recipes/cpu-smollm2-retrieval-4x.yaml --training.seq_len 1024 --training.max_steps 200 "
+            "--data.synthetic.window null --data.synthetic.share 0.25 --data.synthetic.distractors 3 "
             "--output_dir runs/cpu-smollm2-retrieval-4x-distractors`") in error
 
 
@@ -64,11 +65,13 @@ def test_the_documents_control_without_its_checkpoint_names_its_training_command
     assert done.returncode == 2 and "+ hf-posext" not in done.stdout
     error = done.stderr.strip().splitlines()[-1]
     assert "no checkpoint at runs/cpu-smollm2-retrieval-4x-documents/final" in error
-    assert ("recipes/cpu-smollm2-retrieval-4x.yaml --data.synthetic.share 0 "
+    assert ("recipes/cpu-smollm2-retrieval-4x.yaml --training.seq_len 1024 --training.max_steps 200 "
+            "--data.synthetic.window null --data.synthetic.share 0 "
             "--output_dir runs/cpu-smollm2-retrieval-4x-documents`") in error
 
 
-@pytest.mark.parametrize("arm, folder", [("finetuned-distractors", "distractors"), ("finetuned-documents", "documents"),
+@pytest.mark.parametrize("arm, folder", [("finetuned-1k-windows", "1k-windows"), ("finetuned-distractors", "distractors"),
+                                         ("finetuned-documents", "documents"),
                                          ("finetuned-4k-windows", "4k-windows"),
                                          ("finetuned-4k-docs-1k-examples", "4k-docs-1k-examples")])
 def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
@@ -85,8 +88,20 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
     argv[argv.index("--config") + 1] = str(ROOT / argv[argv.index("--config") + 1])
     cfg, _ = parse_args(argv)
     assert cfg.output_dir == f"runs/cpu-smollm2-retrieval-4x-{folder}"
-    if arm == "finetuned-4k-windows":   # the same tokens as the recipe's 200 x 1,024
-        assert (cfg.training.seq_len, cfg.training.max_steps, cfg.data.synthetic.share) == (4096, 50, 0.5)
+    if arm in ("finetuned-1k-windows", "finetuned-distractors", "finetuned-documents"):
+        # the default before, as it trained: the 2x recipe with its spans scaled to 4x (the two arms
+        # beside it change one key of its mix)
+        import dataclasses
+        two, _ = parse_args(["--config", str(ROOT / "recipes" / "cpu-smollm2-retrieval.yaml")])
+        change = {"finetuned-1k-windows": {}, "finetuned-distractors": {"distractors": 3},
+                  "finetuned-documents": {"share": 0.0}}[arm]
+        mix = dataclasses.replace(two.data.synthetic, **change)
+        assert cfg.model == dataclasses.replace(two.model, factor=4.0)
+        assert cfg.data == dataclasses.replace(two.data, synthetic=mix)
+        assert (cfg.training, cfg.pose, cfg.lora) == (two.training, two.pose, two.lora)
+    if arm == "finetuned-4k-windows":   # the same tokens as the 1k-window setting's 200 x 1,024
+        assert (cfg.training.seq_len, cfg.training.max_steps, cfg.data.synthetic.share,
+                cfg.data.synthetic.window) == (4096, 50, 0.5, None)
     if arm == "finetuned-4k-docs-1k-examples":   # the 100-step 4k arm with only the examples cut to 1k
         assert (cfg.training.seq_len, cfg.training.max_steps, cfg.data.synthetic.share,
                 cfg.data.synthetic.window) == (4096, 100, 0.5, 1024)
@@ -95,7 +110,7 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
 @pytest.mark.parametrize("argv, unread", [
     (("report", "--task", "multi_key"), "report does not read --task"),
     (("perplexity", "--method", "dpe"), "perplexity --method dpe: perplexity measures a fine-tuned checkpoint"),
-    (("perplexity", "--method", "yarn"), "give one of finetuned, finetuned-distractors, finetuned-documents"),
+    (("perplexity", "--method", "yarn"), "give one of finetuned, finetuned-1k-windows, finetuned-distractors"),
     (("reference", "code", "--seed", "2"), "reference does not read --seed"),
     (("run", "noise", "--method", "dpe", "--seed", "1"), "a seed names a fine-tuned checkpoint"),
     (("perplexity", "hamlet"), "perplexity reads held-out Hamlet only"),

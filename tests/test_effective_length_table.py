@@ -136,7 +136,7 @@ def test_a_fine_tuned_arm_of_another_mix_is_not_pooled_with_the_recipe(tmp_path)
     """At 4x, the recipe's checkpoint and the one trained with distractor facts answer the same
     task in the same haystack: the recipe's row holds its own count alone, the arm's is listed
     below the table under its mix's name, never one sum."""
-    source = RESULTS / "effective-length-4x" / "noise-finetuned-multi_key"
+    source = RESULTS / "effective-length-4x" / "noise-finetuned-1k-windows-multi_key"
     template = stored(source / "retrieval.json")[0]
     for name, cells in {"noise-finetuned-multi_key": [(1, 2), (2, 2)],
                         "noise-finetuned-distractors-multi_key": [(0, 2), (2, 2), (1, 2)]}.items():
@@ -146,8 +146,8 @@ def test_a_fine_tuned_arm_of_another_mix_is_not_pooled_with_the_recipe(tmp_path)
         (folder / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
     out = table("--results", str(tmp_path))
     assert row_of(out, "YaRN", "4x (32k), fine-tuned")[3] == f"{rate(3, 4)} (RULER's noise; 2 of 5 depths ran; float32; seed 0)"
-    arms = [line for line in out.splitlines() if line.startswith("- mix with 3 distractor facts: ")]
-    assert arms == [f"- mix with 3 distractor facts: multi_key {rate(3, 6)} (RULER's noise; 3 of 5 depths ran; "
+    arms = [line for line in out.splitlines() if line.startswith("- 1k-token windows, mix with 3 distractor facts: ")]
+    assert arms == [f"- 1k-token windows, mix with 3 distractor facts: multi_key {rate(3, 6)} (RULER's noise; 3 of 5 depths ran; "
                     "float32; seed 0); 3 min; commands (2)"]
     assert re.search(r"^2\. `hf-posext retrieval --tasks multi_key --model runs/cpu-smollm2-retrieval-4x-distractors/final ",
                      out, re.M)
@@ -188,5 +188,5 @@ def test_the_documents_control_is_not_the_recipe_s_perplexity(tmp_path):
     assert f"= {recipe:+.3f} nats; seed 0)" in cell and cell.count("nats") == 1, cell
     # the control is listed apart, under its own name, with its own (doubled) reading
     doubled = past_l({**truncate, "bucket_nll": [x * 2 for x in truncate["bucket_nll"]]}) - past_l(baseline)
-    control_line = next(line for line in out.splitlines() if line.startswith("- documents only, no synthetic examples: "))
+    control_line = next(line for line in out.splitlines() if line.startswith("- 1k-token windows, documents only, no synthetic examples: "))
     assert f"= {doubled:+.3f} nats; seed 0)" in control_line and abs(doubled - recipe) > 1

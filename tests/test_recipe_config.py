@@ -164,8 +164,9 @@ def test_multi_cpu_config_starts_one_process_without_mpirun():
 
 def test_the_4x_retrieval_recipe_is_the_2x_mix_with_its_spans_scaled():
     """recipes/cpu-smollm2-retrieval-4x.yaml: the 2x recipe but for the factor (4), the
-    evaluation's lengths and the folder; its synthetic questions sit at position ids in
-    [ceil(0.9 x 32,768) - 1, 32,768) after a fact in the first chunk (PoSE over 4 x 8,192)."""
+    evaluation's lengths, the folder and its four training settings (4k-token document windows,
+    examples cut to 1k, three quarters synthetic, 100 steps); its synthetic questions sit at position
+    ids in [ceil(0.9 x 32,768) - 1, 32,768) after a fact in the first chunk (PoSE over 4 x 8,192)."""
     import dataclasses
 
     import torch
@@ -174,18 +175,24 @@ def test_the_4x_retrieval_recipe_is_the_2x_mix_with_its_spans_scaled():
     import hf_posext
     from hf_posext.training.model import build_collator
     from hf_posext.training.pose import Span
+    from hf_posext.training.synthetic import example_window
 
     two, _ = parse_args(["--config", str(RECIPES / "cpu-smollm2-retrieval.yaml")])
     four, _ = parse_args(["--config", str(RECIPES / "cpu-smollm2-retrieval-4x.yaml")])
     assert four.model == dataclasses.replace(two.model, factor=4.0)
-    assert (four.data, four.training, four.pose, four.lora) == (two.data, two.training, two.pose, two.lora)
+    assert four.data == dataclasses.replace(two.data, synthetic=dataclasses.replace(two.data.synthetic, share=0.75,
+                                                                                     window=1024))
+    assert four.training == dataclasses.replace(two.training, seq_len=4096, max_steps=100)
+    assert (four.pose, four.lora) == (two.pose, two.lora)
     assert four.eval == dataclasses.replace(two.eval, lengths=[8192, 32768])
     # the collator the recipe builds for a model trained at 8,192 and extended by the recipe's factor
     model = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, vocab_size=64, max_position_embeddings=8192))
     hf_posext.patch(model, four.model.method, four.model.factor)
     collate = build_collator(four, model, log=lambda *_: None)
-    window = four.training.seq_len
+    # a synthetic example holds data.synthetic.window tokens, cut from its 4k window's front
+    window = example_window(four.data.synthetic, four.training.seq_len)
+    assert window == 1024
     span = Span(fact_end=100, question_start=window - 60, answer_start=window - 20)
     batch = collate([torch.zeros(window, dtype=torch.long)] * 8, list(range(8)), [span] * 8)
     last = batch["position_ids"][:, -1]

@@ -69,6 +69,6 @@ def test_a_target_with_a_lower_bound_needs_enough_trials():
     assert target_verdict(10, 10, 0.9, 0.7) == "met"
     assert target_verdict(9, 9, 0.9, 0.7) == "met"
     assert target_verdict(9, 10, 0.9, 0.7) == "missed (accuracy 0.90, lower bound 0.60)"
-    assert target_verdict(18, 20, 0.9, 0.7) == "missed (accuracy 0.90, lower bound 0.70)"   # 0.699
+    assert target_verdict(18, 20, 0.9, 0.7) == "missed (accuracy 0.90, lower bound 0.699)"   # not "0.70"
     assert target_verdict(8, 10, 0.8) == "met"
     assert target_verdict(7, 10, 0.8) == "missed (accuracy 0.70 vs 0.8)"

@@ -70,7 +70,9 @@ def target_verdict(k: int, n: int, accuracy: float, lower_bound: float | None = 
     low = wilson(k, n)[0]
     if k / n >= accuracy and (lower_bound is None or low >= lower_bound):
         return "met"
-    return (f"missed (accuracy {k / n:.2f}, lower bound {low:.2f})" if lower_bound is not None
+    # a bound just under the bar is shown with the digit that misses it (18/20: 0.699, not "0.70")
+    shown = f"{low:.2f}" if lower_bound is None or round(low, 2) < lower_bound else f"{low:.3f}"
+    return (f"missed (accuracy {k / n:.2f}, lower bound {shown})" if lower_bound is not None
             else f"missed (accuracy {k / n:.2f} vs {accuracy:g})")
 
 
