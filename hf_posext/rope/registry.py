@@ -64,6 +64,8 @@ EXPLICIT_REFUSALS: dict[str, str] = {
              "and its sliding-window layers are the local ones long-context configs leave alone"),
     "zaya": ("its rope dict is nested by layer types without full_attention ('hybrid', "
              "'hybrid_sliding'), and no long-context config of it says which entry to scale"),
+    "ergo": ("its full-attention layers carry no rope (rope_parameters['full_attention'] is None) "
+             "and its sliding-window layers are the local ones long-context configs leave alone"),
     # found and following the shared pattern, but hf_posext's tests cannot build a tiny model
     "dbrx": ("not verified: DbrxConfig keeps its rope base in attn_config, and a tiny Dbrx with a "
              "rope dict fails inside transformers ('DbrxAttentionConfig' has no rope_theta), so "
@@ -77,6 +79,8 @@ EXPLICIT_REFUSALS: dict[str, str] = {
                        "compare it"),
     "cohere_compass_text": ("not verified: its config carries no rope dict by default, so "
                             "hf_posext's tests cannot compare it"),
+    "kolibri1_1": ("not verified: its indexed-attention layers need settings (index_num_heads, "
+                   "index_layers) a tiny test config lacks, so hf_posext's tests cannot compare it"),
     "blt": ("not verified: its smallest model (byte patcher and latent transformer sub-configs) "
             "is too large for hf_posext's tiny-model tests"),
     "emu3": ("not verified: its smallest model (with the VQ image tokenizer) is too large for "
