@@ -18,7 +18,7 @@ import torch
 
 import hf_posext
 from hf_posext.data import embedded
-from hf_posext.evaluation.perplexity.loss import decoder_and_head
+from hf_posext.evaluation.lm_head import decoder_and_head
 
 # method -> knobs (the demo's, README; `auto` fitted to each length)
 METHODS: dict[str, dict | None] = {"none": None,

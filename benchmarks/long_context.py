@@ -191,7 +191,7 @@ def cost_cells(config: str, layers: int, reps: int, lengths: list[int], run: Run
     the transient memory of one layer are those of the full model at a fraction of the cost."""
     import statistics
 
-    from hf_posext.evaluation.perplexity.loss import decoder_and_head
+    from hf_posext.evaluation.lm_head import decoder_and_head
 
     model, tok = load("none", run), run.tokenizer()
     decoder, _ = decoder_and_head(model)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.facts import draw_fact, pieces
-from ..evaluation.perplexity.loss import decoder_and_head
+from ..evaluation.lm_head import check_lm_head, decoder_and_head
 from ..patcher import patch, unpatch
 from ..rope.compat import rotary_dim
 from .needle import WORDING
@@ -123,13 +123,13 @@ def probe_document(doc: np.ndarray, tokenizer, target: int, seed: int) -> tuple[
 def probe_score(model, ids: torch.Tensor, answers: list[list[int]]) -> dict[str, float]:
     """Teacher-forced: the share of needles whose answer tokens are all the argmax, and the mean
     answer-token NLL."""
-    decoder, head = decoder_and_head(model)
+    decoder, head = decoder_and_head(model)[0], check_lm_head(model)
     with torch.no_grad():
         hidden = decoder(input_ids=ids[None], use_cache=False).last_hidden_state[0]
         found, nll = 0, []
         for span in answers:
             pred = torch.tensor(span) - 1                       # the token before predicts it
-            logits = F.linear(hidden[pred].float(), head.weight.float())
+            logits = head(hidden[pred])
             found += bool((logits.argmax(-1) == ids[span]).all())
             nll.append(F.cross_entropy(logits, ids[span], reduction="none"))
     return {"found": found / len(answers), "nll": float(torch.cat(nll).mean())}

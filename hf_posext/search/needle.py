@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..evaluation.perplexity.loss import IGNORE_INDEX
+from ..evaluation.lm_head import IGNORE_INDEX
 from ..data.facts import Format, draw_fact, pieces
 from .objective import masked_nll
 

@@ -8,10 +8,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
-from ..evaluation.perplexity.loss import IGNORE_INDEX, decoder_and_head
+from ..evaluation.lm_head import IGNORE_INDEX, check_lm_head, chunked_nll_sum, decoder_and_head
 
 
 def proxy_chunks(target: int, proxy: int, pieces: int = 4) -> list[tuple[int, int]]:
@@ -42,20 +40,13 @@ def masked_nll(model, ids: torch.Tensor, pos: torch.Tensor, targets: torch.Tenso
     """Mean NLL of `targets` (the next token at each of the [T] positions; IGNORE_INDEX: no loss)
     for one sequence `ids` read at positions `pos`. Differentiable; the LM head + cross-entropy
     checkpointed per chunk so [T × vocab] logits never exist at once (evaluation/perplexity/loss.py)."""
-    decoder, head = decoder_and_head(model)
+    decoder, head = decoder_and_head(model)[0], check_lm_head(model)
     # An explicit all-ones mask: without one (and without a cache) transformers 5.x reads a jump
     # in position_ids as the start of another packed sequence (masking_utils
     # `find_packed_sequence_indices`) and no span would attend to the ones before it.
     hidden = decoder(input_ids=ids[None], position_ids=pos[None], attention_mask=torch.ones_like(ids)[None],
                      use_cache=False).last_hidden_state[0]
-    total = hidden.new_zeros((), dtype=torch.float32)
-
-    def piece(h, t):
-        return F.cross_entropy(F.linear(h.float(), head.weight.float()), t, reduction="sum")
-
-    for i in range(0, targets.numel(), chunk):
-        total = total + checkpoint(piece, hidden[i:i + chunk], targets[i:i + chunk], use_reentrant=False)
-    return total / (targets != IGNORE_INDEX).sum()
+    return chunked_nll_sum(head, hidden, targets, chunk) / (targets != IGNORE_INDEX).sum()
 
 
 def objective(model, docs: Sequence[np.ndarray], spans, grad: bool) -> torch.Tensor:

@@ -2,31 +2,20 @@
 
 At long lengths the logits dominate memory: 32k tokens × 49,152 vocab in float32 is 6.4 GB, and
 the plain `model(input_ids, labels=...)` loss path allocates a log-softmax copy of the same size
-(docs/evaluation.md, "Memory"). So we run the decoder to hidden states once, then apply the LM head and the
-cross-entropy to chunks of scored positions, in float32, and only keep the running sum.
+(docs/evaluation.md, "Memory"). So we run the decoder to hidden states once, then apply the LM
+head (as the family's forward does: ../lm_head.py) and the cross-entropy to chunks of scored
+positions, in float32.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100  # the label value transformers (and F.cross_entropy) skip
-
-
-# Any, not torch.nn.Module: torch types every submodule attribute as `Tensor | Module`.
-def decoder_and_head(model: Any) -> tuple[Any, Any]:
-    """(decoder stack returning hidden states, LM head) of a transformers causal LM."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    decoder = getattr(model, getattr(model, "base_model_prefix", "model"), None)
-    if head is None or decoder is None or decoder is model:
-        raise TypeError(f"{type(model).__name__} is not a causal LM with a decoder and an LM head "
-                        "(expected e.g. LlamaForCausalLM: .model and .lm_head).")
-    return decoder, head
+from ..lm_head import IGNORE_INDEX, check_lm_head, decoder_and_head
 
 
 def _layer_progress(decoder: torch.nn.Module, bar):
@@ -57,8 +46,9 @@ def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.Te
     targets = targets.reshape(-1)                            # [T]
     if targets.numel() != input_ids.shape[1]:
         raise ValueError(f"targets has {targets.numel()} entries for {input_ids.shape[1]} input tokens")
-    decoder, head = decoder_and_head(model)
-    device = head.weight.device
+    head = check_lm_head(model)        # the family's own logits, or a clear refusal (lm_head.py)
+    decoder, _ = decoder_and_head(model)
+    device = head.linear.weight.device
     scored = (targets != IGNORE_INDEX).nonzero().squeeze(1)  # [N] positions that are scored
     n_chunks = max(1, -(-scored.numel() // chunk_size))
     bar = None
@@ -72,8 +62,6 @@ def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.Te
     finally:
         for h in hooks:
             h.remove()
-    weight = head.weight.float()                              # [V, H], float32 once, not per chunk
-    bias = head.bias.float() if getattr(head, "bias", None) is not None else None
     out = torch.full((targets.numel(),), float("nan"), dtype=torch.float64)   # [T]
     # Usually the scored positions are one contiguous run: slice views instead of gathers.
     contiguous = scored.numel() > 0 and int(scored[-1] - scored[0]) + 1 == scored.numel()
@@ -84,7 +72,7 @@ def token_nll(model: torch.nn.Module, input_ids: torch.Tensor, targets: torch.Te
             h, labels = hidden[a:b], targets[a:b]             # [c, H], [c]
         else:
             h, labels = hidden[pos.to(hidden.device)], targets[pos]
-        logits = F.linear(h.float(), weight, bias)            # [c, V] float32
+        logits = head(h)                                      # [c, V] float32
         labels = labels.to(logits.device)
         out[pos] = F.cross_entropy(logits, labels, reduction="none").double().cpu()   # [c]
         if bar is not None:
