@@ -29,6 +29,7 @@ FLAGS = [
     (dict(training__max_steps="0"), "training.max_steps"), (dict(training__warmup_steps="-1"), "training.warmup_steps"),
     (dict(training__batch_size="0"), "training.batch_size"), (dict(training__save_every="0"), "training.save_every"),
     (dict(training__keep_checkpoints="0"), "training.keep_checkpoints"),
+    (dict(training__loss_chunk="-1"), "training.loss_chunk", "-1"), (dict(training__loss_chunk="0.5"), "training.loss_chunk"),
     (dict(training__lr_schedule="bogus"), "training.lr_schedule 'bogus'"),
     (dict(training__mixed_precision="fp8"), "training.mixed_precision", "'fp8'"),
     (dict(model__dtype="float8"), "model.dtype"), (dict(pose__num_chunks="0"), "pose.num_chunks"),

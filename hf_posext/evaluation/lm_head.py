@@ -84,6 +84,7 @@ class LMHead:
     tail applied; gradients flow through it (the searches and the fine-tuning loss use it)."""
 
     def __init__(self, model: Any):
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model   # PEFT
         self.model_type = getattr(model.config, "model_type", "")
         _, self.linear = decoder_and_head(model)
         self.tail = LOGIT_TAILS.get(self.model_type, lambda m: Tail())(model)

@@ -24,6 +24,7 @@ import torch
 from ..errors import TrainingDiverged
 from .accel import context_parallel, data_parallel_rank, full_gradients
 from .checkpoint import save_checkpoint
+from .loss import training_loss
 from .data import epoch_order
 from .optim import grad_norm
 from .pose import span_of
@@ -197,7 +198,7 @@ def train_loop(accelerator, model, optimizer, scheduler, sequences, collator, t,
                 step_tokens += batch["input_ids"].numel()   # this rank's; rows may be shorter than seq_len
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
                 with accelerator.accumulate(model), sequence_parallel(accelerator, batch, split_sequence):
-                    loss = model(**batch).loss                    # mean over this micro-batch
+                    loss = training_loss(model, batch, t.loss_chunk)   # mean over this micro-batch
                     accelerator.backward(loss)
                     losses.append(loss.detach())
                     if accelerator.sync_gradients:               # the last micro-batch

@@ -86,6 +86,7 @@ class TrainingConfig:
     lr_schedule: str = "constant_with_warmup"
     max_grad_norm: float = 1.0
     gradient_checkpointing: bool = True
+    loss_chunk: int = 0                   # positions per LM-head chunk in the loss; 0: full logits
     mixed_precision: str = "auto"         # auto | no | bf16 | fp16
     seed: int = 0
     save_every: int = 10                  # optimizer steps between accelerate checkpoints
@@ -284,6 +285,9 @@ def _validate(cfg: RecipeConfig) -> None:
         if not _is_int(v) or v < 1:
             raise ValueError(f"training.{name} must be a positive integer, got {v!r}")
     check_seed("training.seed", t.seed)
+    if not _is_int(t.loss_chunk) or t.loss_chunk < 0:
+        raise ValueError(f"training.loss_chunk must be a whole number of positions >= 0 (0: the full "
+                         f"logits), got {t.loss_chunk!r}")
     if not _is_int(t.warmup_steps) or t.warmup_steps < 0:
         raise ValueError(f"training.warmup_steps must be an integer >= 0, got {t.warmup_steps!r}")
     if not (_finite(t.learning_rate) and t.learning_rate > 0):
