@@ -1,4 +1,5 @@
-"""The one version shim: read and write rope settings in transformers 4.x and 5.x layouts.
+"""The one version shim: read and write rope settings in transformers 4.x and 5.x layouts (and
+switch layer checkpointing, renamed in 5.x).
 
 5.x: `config.rope_parameters = {"rope_type", "rope_theta", <type's keys>}`.
 4.x: `config.rope_scaling = {"rope_type", <type's keys>}` (None for default RoPE) and
@@ -145,3 +146,16 @@ def rotary_dim(config, layer_type: str | None = None) -> int:
     factor = get_rope_parameters(config, layer_type).get("partial_rotary_factor",
                                              getattr(config, "partial_rotary_factor", 1.0)) or 1.0
     return int(head_dim * factor)
+
+
+def checkpointing(model, enable: bool) -> None:
+    """Checkpoint (non-reentrant) or stop checkpointing the model's layers: transformers 5.x
+    renamed `gradient_checkpointing_*` to `activation_checkpointing_*` (the old names warn and go
+    in 6.0); 4.57 has only the old ones."""
+    new = hasattr(model, "activation_checkpointing_enable")
+    if enable and new:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif enable:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()

@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..rope.compat import checkpointing
 from .log import SearchLog
 from .run import SearchOptions, SearchResult, run_search
 from .space import Factors
@@ -82,20 +83,14 @@ class Gradient:
 
     @contextmanager
     def session(self, model):
-        """Layers checkpointed (transformers 5.x renamed gradient_checkpointing_* to
-        activation_checkpointing_*; 4.57 has the old names), in training mode, where
-        transformers checkpoints (these models have no dropout)."""
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            disable = model.activation_checkpointing_disable
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            disable = model.gradient_checkpointing_disable
+        """Layers checkpointed, in training mode, where transformers checkpoints (these models
+        have no dropout)."""
+        checkpointing(model, True)
         model.train()
         try:
             yield
         finally:
-            disable()
+            checkpointing(model, False)
             model.eval()
 
 

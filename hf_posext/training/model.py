@@ -8,7 +8,7 @@ import torch
 from ..data import embedded
 from ..errors import ConfigError
 from ..portability.portable import method_spec
-from ..rope.compat import text_config
+from ..rope.compat import checkpointing, text_config
 from .pose import PoseCollator
 
 
@@ -101,7 +101,7 @@ def apply_lora(model, lc):
 def prepare_for_training(model, cfg):
     """Gradient checkpointing (non-reentrant), LoRA, train mode."""
     if cfg.training.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing(model, True)
         model.config.use_cache = False
     if cfg.lora.enabled:
         model = apply_lora(model, cfg.lora)

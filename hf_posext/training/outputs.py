@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..adapters import is_extended, save_adapter
-from ..rope.compat import text_config
+from ..rope.compat import checkpointing, text_config
 from .loop import LOG_COLUMNS
 
 TRAILING = 10   # steps in the trailing mean of the loss plot (one-window losses are noisy)
@@ -82,7 +82,7 @@ def save_final(accelerator, model, tokenizer, final_dir: Path, lora: bool, gradi
         return None
     unwrapped = accelerator.unwrap_model(model)
     if gradient_checkpointing:
-        unwrapped.gradient_checkpointing_disable()
+        checkpointing(unwrapped, False)
         unwrapped.config.use_cache = True
     unwrapped.eval()
     if lora:
