@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ("deepseek_v3", dict(mla=True, softmax_from_rope=True, layout="interleaved (rope_interleave)")),
     ("llama4_text", dict(nope_layers=True, chunked=True, layout="interleaved (complex)")),
     ("glm4", dict(layout="interleaved")),
+    ("longcat_flash", dict(layout="interleaved", mla=True)),   # DeepSeek's interleave, no switch
     ("phi", dict(layout="half-split")),
     ("exaone4", dict(rope_if="self.sliding_window is None or self.is_sliding", nope_layers=False)),
     ("deepseek_v3", dict(rope_if=None)),   # its `if rope_interleave` picks a layout, not NoPE

@@ -114,6 +114,8 @@ def _layout(module: ModuleType, fields: set[str], src: str) -> str:
     if re.search(r"view_as_complex|torch\.polar", src):
         return "interleaved (complex)"
     rotate = getattr(module, "rotate_half", None)
+    if rotate is None and hasattr(module, "apply_rotary_pos_emb_interleave"):
+        return "interleaved"   # DeepSeek's pairs (x0, x1), (x2, x3), ... with no switch (HY-V4 in 5.25)
     if rotate is None:
         return "half-split" if re.search(r"torch\.chunk\(x, 2, dim=-1\)", src) else "unknown"
     x = torch.arange(8.0)
