@@ -6,6 +6,8 @@ loaded model (docs/evaluation.md).
 
     shared/         the run machinery every evaluation shares: the grid (cells, resume, reuse),
                     ranks, settings, identity, results files, token cache, CLI inputs, tables
+    lm_head.py      a family's logits from its decoder's hidden states, a chunk at a time, as its
+                    own forward computes them (Granite's scaling, Gemma's soft cap, ...)
     perplexity/     chunked loss, the truncate and sliding-window protocols, position buckets
     passkey.py      passkey retrieval (Landmark Attention §4.2), a task of the retrieval suite
     retrieval/      the RULER-style retrieval suite: tasks, haystacks, prefix-cached decoding,
