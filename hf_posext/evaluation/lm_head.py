@@ -7,7 +7,7 @@ searches, the fine-tuning loss). Most families' head is one linear layer, but so
 its output, and a plain `lm_head(h)` would then score other logits than the model's: Granite
 divides by `logits_scaling` 16, Cohere multiplies by `logit_scale` 0.0625, Gemma 2 soft-caps at
 30. `LOGIT_TAILS` lists what each such family's `*ForCausalLM.forward` does after its decoder,
-read from transformers' modeling files (named per entry); `lm_head(model)` applies it, and
+read from transformers' modeling files (named per entry); `LMHead(model)` applies it, and
 `check_lm_head` compares the result with the model's own logits on a short probe before any
 long run, so a family whose forward does something this table does not know is refused, not
 scored wrong.
@@ -110,7 +110,7 @@ _CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 @torch.no_grad()
 def check_lm_head(model: Any, tokens: int = 16) -> LMHead:
     """The model's LMHead, after checking once per model object that decoder + LMHead give the
-    logits of the model's own forward on a short probe (ids 0..tokens-1 of its vocabulary).
+    logits of the model's own forward on a short probe (`tokens` ids spread over its vocabulary).
     Raises ValueError naming the family when they differ: its forward post-processes the logits
     in a way LOGIT_TAILS does not know, and every chunked score would be wrong."""
     head = LMHead(model)

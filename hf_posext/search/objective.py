@@ -39,7 +39,7 @@ def masked_nll(model, ids: torch.Tensor, pos: torch.Tensor, targets: torch.Tenso
                chunk: int = 1024) -> torch.Tensor:
     """Mean NLL of `targets` (the next token at each of the [T] positions; IGNORE_INDEX: no loss)
     for one sequence `ids` read at positions `pos`. Differentiable; the LM head + cross-entropy
-    checkpointed per chunk so [T × vocab] logits never exist at once (evaluation/perplexity/loss.py)."""
+    checkpointed per chunk so [T × vocab] logits never exist at once (evaluation/lm_head.py)."""
     decoder, head = decoder_and_head(model)[0], check_lm_head(model)
     # An explicit all-ones mask: without one (and without a cache) transformers 5.x reads a jump
     # in position_ids as the start of another packed sequence (masking_utils
