@@ -115,7 +115,10 @@ def arm(text: str, args) -> dict:
     config = AutoConfig.from_pretrained(path)
     weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
     stamp = ",".join(f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights)
-    return {"label": label or path.name, "path": str(path.resolve()), "stamp": stamp,
+    # stored relative to the working directory when inside it: rows name no machine's folders
+    here, full = Path.cwd(), path.resolve()
+    shown = full.relative_to(here) if full.is_relative_to(here) else full
+    return {"label": label or path.name, "path": str(shown), "stamp": stamp,
             "tokenizer": AutoTokenizer.from_pretrained(path), "max_length": int(config.max_position_embeddings)}
 
 
