@@ -8,7 +8,8 @@ the factor search, which trains no weights, is hf_posext/search/):
 - synthetic.py: synthetic long-range examples mixed into the packed windows (`data.synthetic`);
 - model.py: tokenizer, extended model, LoRA; pose.py: the PoSE collator;
 - optim.py: AdamW and `transformers.get_scheduler`;
-- loop.py: the training loop; loss.py: transformers' loss or the chunked one (`training.loss_chunk`); outputs.py: log, loss plot, final model; recipe_eval.py: evaluation;
+- loop.py: the training loop; loss.py: transformers' loss or the chunked one (`training.loss_chunk`);
+  outputs.py: log, loss plot, final model; recipe_eval.py: evaluation;
 - recipe.py: `run`, the stages in order;
 - arms.py, arms_report.py: the fine-tuning experiment's arms (training-free, documents, documents
   + synthetic; benchmarks/finetune_retrieval.py runs them): their recipe arguments, settings and
