@@ -27,11 +27,16 @@ from torch.utils.checkpoint import checkpoint
 IGNORE_INDEX = -100  # the label value transformers (and F.cross_entropy) skip
 
 
+def _base(model: Any) -> Any:
+    """The transformers model a PEFT wrapper holds (its adapters in place), else the model."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 # Any, not torch.nn.Module: torch types every submodule attribute as `Tensor | Module`.
 def decoder_and_head(model: Any) -> tuple[Any, Any]:
     """(decoder stack returning hidden states, output linear layer) of a transformers causal LM
     (of the model a PEFT wrapper holds, its adapters in place)."""
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    model = _base(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     # the decoder under the base-model prefix (`gpt_neox`), else `.model` (Llama 4's text model
     # keeps `model` although its prefix names `language_model`)
@@ -84,7 +89,7 @@ class LMHead:
     tail applied; gradients flow through it (the searches and the fine-tuning loss use it)."""
 
     def __init__(self, model: Any):
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model   # PEFT
+        model = _base(model)
         self.model_type = getattr(model.config, "model_type", "")
         _, self.linear = decoder_and_head(model)
         self.tail = LOGIT_TAILS.get(self.model_type, lambda m: Tail())(model)
