@@ -19,14 +19,11 @@ the unpatched model within L (8k) as the reference a method's accuracy is read a
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
     python benchmarks/effective_length_4x.py table           # its effective-length table only, printed
 
-The fine-tuned arms (`FINETUNED` below: the recipe; the 1k-token-window setting it shipped with
-before, alone, with distractor facts and documents only as the perplexity control; 4k-token windows
-for 50 or 100 steps; 4k document windows beside 1k examples, half synthetic) each train with the
-recipe's command plus the arm's flags into the arm's own folder; `run` or `perplexity` with
+The fine-tuned arms (`FINETUNED` below: the recipe and the settings it was chosen among) each train
+with the recipe's command plus the arm's flags into the arm's own folder; `run` or `perplexity` with
 `--method ARM` (and `--seed N`) prints that command when the checkpoint is missing, e.g.
     accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
-        --training.seq_len 1024 --training.max_steps 200 --data.synthetic.window null --data.synthetic.share 0.25 \
-        --output_dir runs/cpu-smollm2-retrieval-4x-1k-windows
+        --data.synthetic.window null --output_dir runs/cpu-smollm2-retrieval-4x-4k-examples
 
 Each step is one `hf-posext retrieval` command (printed); a rerun resumes the stored looks.
 `--budget 3h` gives one invocation more wall time than the haystack's default (a 32k cell of four
@@ -81,7 +78,11 @@ FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
              # with three quarters of the windows synthetic (76 examples read, 24 document windows)
              "finetuned-4k-docs-1k-examples": ("runs/cpu-smollm2-retrieval-4x-4k-docs-1k-examples",
                                                " --data.synthetic.share 0.5",
-                                               "4k-token document windows, 1k-token synthetic examples, half synthetic")}
+                                               "4k-token document windows, 1k-token synthetic examples, half synthetic"),
+             # the recipe with whole 4k examples (~3.7k real tokens between fact and question, not ~0.9k),
+             # its example count kept: does a long real filler teach the heads a fact 32k back in a play?
+             "finetuned-4k-examples": ("runs/cpu-smollm2-retrieval-4x-4k-examples", " --data.synthetic.window null",
+                                       "4k-token synthetic examples, three quarters synthetic")}
 # every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
 # Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
