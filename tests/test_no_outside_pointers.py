@@ -120,6 +120,20 @@ def test_nothing_in_the_repository_points_outside_it():
     assert not found, "pointers outside the repository (say what is meant instead):\n" + "\n".join(found)
 
 
+def test_recorded_results_name_no_machine_folder():
+    """Recorded data is exempt from the wording checks above (it holds what a run wrote, model
+    answers included), not from the machine-path one: a row names its checkpoint, haystack and
+    folder relative to the repository (`runs/...`, `benchmarks/...`) or the installed torch's
+    files as `$TORCH/...`, never a folder of the machine that ran it."""
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    data = [f for f in out.decode().split("\0") if DATA.match(f) and (ROOT / f).is_file()]
+    assert len(data) > 100   # the recorded results are there to read
+    path = FORBIDDEN[0][1]
+    found = [f"{f}:{n}" for f in data for n, line in enumerate((ROOT / f).read_text().splitlines(), 1)
+             if path.search(line)]
+    assert not found, "machine paths in recorded results (store them relative to the repository):\n" + "\n".join(found)
+
+
 def test_readme_is_a_five_minute_page():
     """The front page stays short: at most 1,300 words, no line over 250 characters outside code
     blocks (the detail goes to the pages its table links)."""
