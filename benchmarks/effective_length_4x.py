@@ -25,9 +25,8 @@ with the recipe's command plus the arm's flags into the arm's own folder; `run` 
     accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
         --data.synthetic.window null --output_dir runs/cpu-smollm2-retrieval-4x-4k-examples
 
-Each step is one `hf-posext retrieval` command (printed); a rerun resumes the stored looks.
-`--budget 3h` gives one invocation more wall time than the haystack's default (a 32k cell of four
-trials takes about an hour for DPE on 2 busy cores, more than the default budget).
+Each step is one `hf-posext retrieval` command (printed); a rerun resumes the stored looks. `--budget 3h`
+gives one invocation more time than the haystack's default (a 32k DPE cell of four trials: ~1 h on 2 busy cores).
 """
 
 from __future__ import annotations
@@ -119,7 +118,8 @@ LABELS = {"noise": "RULER's noise", "hamlet": "Hamlet (held out)",
 
 def code_path() -> str:
     import torch
-    return str(Path(torch.__file__).parent / "_refs" / "__init__.py")
+    path = Path(torch.__file__).parent / "_refs" / "__init__.py"   # inside the repository: relative, so
+    return str(path.relative_to(HERE.parent)) if path.is_relative_to(HERE.parent) else str(path)   # rows name no machine folder
 
 
 def dataset(haystack: str) -> str:
