@@ -175,6 +175,13 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
         raise ConfigError("method is None: name a method (one of hf_posext.METHODS, e.g. 'yarn'); "
                           "to undo a patch use hf_posext.unpatch(model).")
     if method is None:
+        if not attn_spec.changes_positions and rope.get("rope_type", "default") != "default":
+            # log-n alone keeps the rope it is given, but a patch starts from plain RoPE: on a
+            # checkpoint saved extended it would silently drop the saved extension
+            raise ConfigError(f"'logn' alone would replace this model's saved rope_type "
+                              f"{rope.get('rope_type')!r} with plain RoPE. Add log-n to the extension "
+                              f"instead: patch(model, '<its method>', <its factor>, logn=True) "
+                              f"(CLI: --methods <its method> --knobs <its method>:logn=true).")
         s = _attention_factor(factor, target, trained)
         return PatchPlan(dict(base), round(trained * s), None, attn_spec, theta)
     if isinstance(method, str) and method.lower() in PASSTHROUGH_TYPES:

@@ -13,6 +13,7 @@ from conftest import TRAINED, tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_posext
+from hf_posext.evaluation.shared.inputs import InputError, check_cells
 from hf_posext.rope.compat import IS_V5
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -121,3 +122,21 @@ def test_register_refuses_a_name_someone_else_holds():
     finally:
         AttentionInterface.register(IMPLEMENTATION, hf_posext_attention)
     register()
+
+
+def test_logn_alone_refuses_to_drop_a_saved_extension(tokens, tmp_path):
+    """A checkpoint saved extended (YaRN s = 3) asked for `logn` alone: a patch starts from plain
+    RoPE, so it would run the checkpoint on plain RoPE (found running a 4x fine-tuned checkpoint,
+    whose answers turned to noise); refused, and the fix it names gives transformers' own YaRN
+    with log-n, as on the base model."""
+    base = tiny_model("llama", attn_implementation="sdpa")
+    reference = logits(hf_posext.patch(base, "yarn", 3.0, logn=True), tokens)
+    hf_posext.unpatch(base)
+    hf_posext.patch(base, "yarn", 3.0).save_pretrained(tmp_path)
+    saved = hf_posext.from_pretrained(tmp_path, attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="replace this model's saved rope_type 'yarn' with plain RoPE"):
+        hf_posext.patch(saved, "logn")
+    with pytest.raises(InputError, match="saved rope_type 'yarn'"):   # the CLI: before weights load
+        check_cells(saved.config, ["logn"], [3 * TRAINED], ["1"], {})
+    assert not hf_posext.is_patched(saved)
+    torch.testing.assert_close(logits(hf_posext.patch(saved, "yarn", 3.0, logn=True), tokens), reference)
