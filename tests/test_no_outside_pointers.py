@@ -52,11 +52,13 @@ FORBIDDEN = (
 )
 
 
-def tracked_files() -> list[str]:
+def _git_files() -> list[str]:
     out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    files = [f for f in out.decode().split("\0") if f]
-    return [f for f in files
-            if f != SELF and not DATA.match(f) and not f.lower().endswith(BINARY) and (ROOT / f).is_file()]
+    return [f for f in out.decode().split("\0") if f and (ROOT / f).is_file()]
+
+
+def tracked_files() -> list[str]:
+    return [f for f in _git_files() if f != SELF and not DATA.match(f) and not f.lower().endswith(BINARY)]
 
 
 def _text(path: Path) -> str | None:
@@ -125,8 +127,7 @@ def test_recorded_results_name_no_machine_folder():
     answers included), not from the machine-path one: a row names its checkpoint, haystack and
     folder relative to the repository (`runs/...`, `benchmarks/...`) or the installed torch's
     files as `$TORCH/...`, never a folder of the machine that ran it."""
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    data = [f for f in out.decode().split("\0") if DATA.match(f) and (ROOT / f).is_file()]
+    data = [f for f in _git_files() if DATA.match(f)]
     assert len(data) > 100   # the recorded results are there to read
     path = FORBIDDEN[0][1]
     found = [f"{f}:{n}" for f in data for n, line in enumerate((ROOT / f).read_text().splitlines(), 1)
