@@ -174,14 +174,11 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
     if method is None and attn_spec is None:   # patch(model, None, ...) would only raise max_pos
         raise ConfigError("method is None: name a method (one of hf_posext.METHODS, e.g. 'yarn'); "
                           "to undo a patch use hf_posext.unpatch(model).")
+    if method is None and not attn_spec.changes_positions and rope.get("rope_type", "default") != "default":
+        # log-n alone keeps the rope it is given: a checkpoint saved extended keeps its extension
+        method = _kept_extension(rope, max_pos, factor, target)
+        factor = target = None
     if method is None:
-        if not attn_spec.changes_positions and rope.get("rope_type", "default") != "default":
-            # log-n alone keeps the rope it is given, but a patch starts from plain RoPE: on a
-            # checkpoint saved extended it would silently drop the saved extension
-            raise ConfigError(f"'logn' alone would replace this model's saved rope_type "
-                              f"{rope.get('rope_type')!r} with plain RoPE. Add log-n to the extension "
-                              f"instead: patch(model, '<its method>', <its factor>, logn=True) "
-                              f"(CLI: --methods <its method> --knobs <its method>:logn=true).")
         s = _attention_factor(factor, target, trained)
         return PatchPlan(dict(base), round(trained * s), None, attn_spec, theta)
     if isinstance(method, str) and method.lower() in PASSTHROUGH_TYPES:
@@ -208,6 +205,18 @@ def plan(rope: dict[str, Any], max_pos: int, method, factor=None, target=None,
         # which the construction-time frequencies hold: L here, s·L in fine-tuned mode.
         return PatchPlan(new_rope, L, spec, attn_spec, theta)
     return PatchPlan(new_rope, target or round(L * spec.factor), spec, attn_spec, theta)
+
+
+def _kept_extension(rope: dict[str, Any], max_pos: int, factor, target) -> RopeExtensionConfig:
+    """The saved extension `logn` alone runs on. Its factor only records a target length, which the
+    saved one covers up to its own s; a larger one would need another extension, so it is refused."""
+    spec = RopeExtensionConfig.from_rope_dict(rope, max_pos)
+    asked = factor if target is None else target / spec.trained_length
+    if asked is not None and float(asked) > spec.factor * (1 + 1e-9):
+        raise ConfigError(f"'logn' keeps this model's saved {spec.method!r} at factor {spec.factor:g}, "
+                          f"short of {float(asked):g}. Re-extend with log-n on top instead: "
+                          f"patch(model, {spec.method!r}, {float(asked):g}, logn=True).")
+    return spec
 
 
 def _from_attention_config(config, factor, target, params, trained: int):

@@ -124,19 +124,30 @@ def test_register_refuses_a_name_someone_else_holds():
     register()
 
 
-def test_logn_alone_refuses_to_drop_a_saved_extension(tokens, tmp_path):
-    """A checkpoint saved extended (YaRN s = 3) asked for `logn` alone: a patch starts from plain
-    RoPE, so it would run the checkpoint on plain RoPE (found running a 4x fine-tuned checkpoint,
-    whose answers turned to noise); refused, and the fix it names gives transformers' own YaRN
-    with log-n, as on the base model."""
+def test_logn_alone_keeps_a_saved_extension(tokens, tmp_path):
+    """A checkpoint saved extended (YaRN s = 3) asked for `logn` alone: log-n keeps the rope it is
+    given, so the patch is the saved YaRN with log-n on top, equal to the base model patched with
+    YaRN + log-n (a patch starts from plain RoPE: this once ran the checkpoint on plain RoPE, found
+    on a 4x fine-tuned checkpoint whose answers turned to noise). A factor it does not have is
+    refused before any change; the CLI's cell check (before weights load) accepts the cells the saved
+    extension covers (its own length and shorter) and refuses a longer one."""
     base = tiny_model("llama", attn_implementation="sdpa")
     reference = logits(hf_posext.patch(base, "yarn", 3.0, logn=True), tokens)
+    plain_logn = logits(hf_posext.patch(base, "logn", 3.0), tokens)
     hf_posext.unpatch(base)
     hf_posext.patch(base, "yarn", 3.0).save_pretrained(tmp_path)
     saved = hf_posext.from_pretrained(tmp_path, attn_implementation="sdpa")
-    with pytest.raises(ValueError, match="replace this model's saved rope_type 'yarn' with plain RoPE"):
-        hf_posext.patch(saved, "logn")
-    with pytest.raises(InputError, match="saved rope_type 'yarn'"):   # the CLI: before weights load
-        check_cells(saved.config, ["logn"], [3 * TRAINED], ["1"], {})
+    with pytest.raises(ValueError, match=r"saved 'yarn' at factor 3, short of 4\. .*patch\(model, 'yarn', 4, logn=True\)"):
+        hf_posext.patch(saved, "logn", 4.0)
     assert not hf_posext.is_patched(saved)
-    torch.testing.assert_close(logits(hf_posext.patch(saved, "yarn", 3.0, logn=True), tokens), reference)
+    check_cells(saved.config, ["logn"], [2 * TRAINED, 3 * TRAINED], ["auto"], {})
+    with pytest.raises(InputError, match="short of 4"):
+        check_cells(saved.config, ["logn"], [4 * TRAINED], ["auto"], {})
+    got = logits(hf_posext.patch(saved, "logn"), tokens)
+    torch.testing.assert_close(got, reference)
+    assert (got - plain_logn).abs().max() > 1e-3   # not plain RoPE under the log-n
+    assert saved.config.max_position_embeddings == 3 * TRAINED
+    assert saved.config.rope_parameters["rope_type"] == "yarn" if hasattr(saved.config, "rope_parameters") \
+        else saved.config.rope_scaling["rope_type"] == "yarn"
+    hf_posext.unpatch(saved)
+    torch.testing.assert_close(logits(hf_posext.patch(saved, "logn", 3.0), tokens), reference)
