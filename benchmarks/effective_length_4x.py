@@ -19,8 +19,8 @@ the unpatched model within L (8k) as the reference a method's accuracy is read a
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
     python benchmarks/effective_length_4x.py table           # its effective-length table only, printed
 
-The fine-tuned arms (`FINETUNED` below: the recipe and the settings it was chosen among) each train
-with the recipe's command plus the arm's flags into the arm's own folder; `run` or `perplexity` with
+The fine-tuned arms (effective_length_4x_arms.py: the recipe and the settings it was chosen among)
+each train with the recipe's command plus the arm's flags into the arm's own folder; `run` or `perplexity` with
 `--method ARM` (and `--seed N`) prints that command when the checkpoint is missing, e.g.
     accelerate launch --cpu --num_processes 1 recipes/finetune.py --config recipes/cpu-smollm2-retrieval-4x.yaml \
         --data.synthetic.window null --output_dir runs/cpu-smollm2-retrieval-4x-4k-examples
@@ -36,52 +36,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "effective-length-4x"
 PAGE = HERE / "results" / "effective_length_4x.md"
 BAR, DEPTHS, BUDGET = 0.7, "0,0.25,0.5,0.75,1", {"noise": "40m", "hamlet": "40m", "code": "30m"}
-# the 4x recipe's checkpoints (an output_dir's `final`, relative to the repository as the recipe's
-# command writes it); a config carries the extension, so it is asked with no method on top.
-# arm -> (output folder of seed 0, the recipe flags it trains with, what the page adds to its name);
-# another seed trains into the folder named by its seed.
-RECIPE = "recipes/cpu-smollm2-retrieval-4x.yaml"
-# The recipe's settings before its default changed (1k-token windows, a quarter synthetic, 200 steps),
-# restated so an arm trained on them still trains the same: the recipe's command plus these flags.
-OLD_DEFAULT = " --training.seq_len 1024 --training.max_steps 200 --data.synthetic.window null"
-FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
-             # the default until 2026-12: 1k-token windows, a quarter synthetic, 200 steps; its rows
-             # name its checkpoint runs/cpu-smollm2-retrieval-4x[-seedN], the folder it had then
-             "finetuned-1k-windows": ("runs/cpu-smollm2-retrieval-4x-1k-windows",
-                                      f"{OLD_DEFAULT} --data.synthetic.share 0.25",
-                                      "1k-token windows, a quarter synthetic, 200 steps (the default before)"),
-             "finetuned-distractors": ("runs/cpu-smollm2-retrieval-4x-distractors",
-                                       f"{OLD_DEFAULT} --data.synthetic.share 0.25 --data.synthetic.distractors 3",
-                                       "1k-token windows, mix with 3 distractor facts"),
-             "finetuned-documents": ("runs/cpu-smollm2-retrieval-4x-documents", f"{OLD_DEFAULT} --data.synthetic.share 0",
-                                     "1k-token windows, documents only, no synthetic examples"),
-             # the far-needle diagnosis's lead: a synthetic example's fact and question with 4k real
-             # tokens between them (not 1k); the same tokens seen as the 1k-window setting
-             # (50 x 4,096 = 200 x 1,024), half the windows synthetic (its 50 steps read 19 examples, the
-             # 1k-window setting's 200 read 47)
-             "finetuned-4k-windows": ("runs/cpu-smollm2-retrieval-4x-4k-windows",
-                                      " --training.max_steps 50 --data.synthetic.share 0.5 --data.synthetic.window null",
-                                      "4k-token windows, 50 steps, half synthetic"),
-             # the same windows for 100 steps: 36 synthetic examples read (the 1k-window setting's 47),
-             # twice its tokens; does the far needle come back with more examples?
-             "finetuned-4k-windows-100steps": ("runs/cpu-smollm2-retrieval-4x-4k-windows-100",
-                                               " --data.synthetic.share 0.5 --data.synthetic.window null",
-                                               "4k-token windows, 100 steps, half synthetic"),
-             # 4k document windows (what lowered the perplexity cost) beside synthetic examples cut
-             # to 1k (the 1k-window setting's fact-to-question layout, what found the needle 32k back):
-             # the 100-step arm above with only the examples' length changed; the recipe is this arm
-             # with three quarters of the windows synthetic (76 examples read, 24 document windows)
-             "finetuned-4k-docs-1k-examples": ("runs/cpu-smollm2-retrieval-4x-4k-docs-1k-examples",
-                                               " --data.synthetic.share 0.5",
-                                               "4k-token document windows, 1k-token synthetic examples, half synthetic"),
-             # the recipe with whole 4k examples (~3.7k real tokens between fact and question, not ~0.9k),
-             # its example count kept: does a long real filler teach the heads a fact 32k back in a play?
-             "finetuned-4k-examples": ("runs/cpu-smollm2-retrieval-4x-4k-examples", " --data.synthetic.window null",
-                                       "4k-token synthetic examples, three quarters synthetic")}
 # every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
 # Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
@@ -92,26 +52,6 @@ TASKS = {"niah_single": (0.9, 0.7), "multi_key": (0.8, None)}
 PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's training
 
 
-def finetuned(seed: int = 0, arm: str = "finetuned") -> str:
-    return FINETUNED[arm][0] + (f"-seed{seed}" if seed else "") + "/final"
-
-
-def train_command(seed: int = 0, arm: str = "finetuned") -> str:
-    folder, flags, _ = FINETUNED[arm]
-    extra = f" --training.seed {seed}" if seed else ""
-    extra += f" --output_dir {finetuned(seed, arm).removesuffix('/final')}" if seed or folder != FINETUNED["finetuned"][0] else ""
-    return f"accelerate launch --cpu --num_processes 1 recipes/finetune.py --config {RECIPE}{flags}{extra}"
-
-
-def arm_name(arm: str, seed: int) -> str:
-    """How the page names a fine-tuned checkpoint: the recipe, its arm's change, its seed."""
-    return f"fine-tuned: 4x retrieval recipe{', ' + FINETUNED[arm][2] if FINETUNED[arm][2] else ''}, seed {seed}"
-
-
-def arm_of(folder: Path) -> str | None:
-    """The fine-tuned arm a run folder holds (`noise-finetuned-distractors-seed1-multi_key`), None
-    for a training-free method's."""
-    return next((arm for arm in sorted(FINETUNED, key=len, reverse=True) if f"-{arm}" in folder.name), None)
 LABELS = {"noise": "RULER's noise", "hamlet": "Hamlet (held out)",
           "code": "source code (torch/_refs/__init__.py, torch 2.13.0)"}
 
