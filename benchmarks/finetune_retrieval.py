@@ -76,6 +76,10 @@ def parse(argv=None) -> argparse.Namespace:
     # experiment's arms ran with share 0.5 and min_span 0.5 (their commands now say so)
     p.add_argument("--share", type=float, default=0.25, help="mix arm: share of synthetic windows (default %(default)s)")
     p.add_argument("--min-span", type=float, default=0.9, help="mix arm: data.synthetic.min_span (default %(default)s)")
+    # the 4x recipe's layout (long document windows, short examples) at 2x: e.g. --window 2048 --example-window 1024
+    p.add_argument("--example-window", type=int, default=None,
+                   help="mix arm: data.synthetic.window, the synthetic examples' tokens, cut from the front of "
+                        "their --window (default: the whole window)")
     p.add_argument("--lengths", default="4096,8192,16384", help="perplexity lengths")
     # 8k (= L, the within-L control) and 16k (2 x L). A finished run given more lengths adds only
     # their cells (run_arm): the first run had 16k on every arm and 8k on the training-free one.
@@ -112,6 +116,10 @@ def parse(argv=None) -> argparse.Namespace:
         p.error(f"--share must be in (0, 1], got {args.share}")
     if args.trials < 1 or args.steps < 1:
         p.error("--trials and --steps must be >= 1")
+    if args.example_window is not None and "mix" not in args.arms:
+        p.error("--example-window sets the mix arm's synthetic examples; add mix to --arms or drop it")
+    if args.example_window is not None and not 2 <= args.example_window <= args.window:
+        p.error(f"--example-window {args.example_window}: give a token count in [2, --window {args.window}]")
     try:
         check_grid(args)
     except ValueError as error:

@@ -100,6 +100,20 @@ def test_the_shipped_retrieval_recipe_is_the_mix_arm_measured(tmp_path):
     assert docs.data.synthetic.share == 0.0
 
 
+def test_example_window_reaches_the_mix_arms_recipe_and_its_settings(tmp_path):
+    """--example-window is the recipe's data.synthetic.window for the mix arm only, and a stored
+    setting of that arm (so a run made without it is not resumed as one made with it)."""
+    from hf_posext.training.arms import recipe_argv, settings
+    from hf_posext.training.recipe_config import parse_args
+    args = Namespace(**json.loads((MEASURED / "done.json").read_text()), example_window=1024)
+    args.window, args.sequential, args.haystacks, args.free_lengths = 2048, False, "noise", ""
+    demo = RECIPES / "cpu-smollm2-demo.yaml"
+    mix, _ = parse_args(recipe_argv(args, "mix", demo, tmp_path))
+    docs, _ = parse_args(recipe_argv(args, "docs", demo, tmp_path))
+    assert (mix.data.synthetic.window, mix.training.seq_len, docs.data.synthetic.window) == (1024, 2048, None)
+    assert settings(args, "mix")["example_window"] == 1024 and "example_window" not in settings(args, "docs")
+
+
 # the script's defaults, as its --help states them (test_defaults_are_the_best_setting_measured)
 GRID = dict(model="embedded:smollm2-135m", dataset="embedded:shakespeare", eval_document="hamlet", tasks="single_needle",
             haystacks="noise", seeds="0", sequential=False, look=None, bar=None, trials=20,
@@ -142,7 +156,9 @@ def test_the_default_grid_passes_and_the_sequential_one_gets_its_defaults():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("argv,flag", [(["--arms", "docs,nope"], "--arms"), (["--trials", "0"], "--trials"),
-                                       (["--seeds", "0,0"], "--seeds")])
+                                       (["--seeds", "0,0"], "--seeds"),
+                                       (["--arms", "docs", "--example-window", "512"], "add mix to --arms"),
+                                       (["--window", "1024", "--example-window", "2048"], "--example-window 2048")])
 def test_bad_settings_are_refused_before_training(argv, flag, tmp_path):
     proc = run_script(argv + ["--out", str(tmp_path / "out")])
     assert proc.returncode == 2 and flag in proc.stderr and not (tmp_path / "out").exists()

@@ -111,6 +111,8 @@ def settings(args, arm: str, seed: int = 0) -> dict:
         extra.update(trials=args.look, sequential=True, max_trials=args.trials, bar=args.bar)
     if seed and arm != "free":
         extra["seed"] = seed
+    if arm == "mix" and getattr(args, "example_window", None) is not None:
+        extra["example_window"] = args.example_window
     return {**{k: getattr(args, k) for k in keys}, **extra,
             "retrieval_lengths": ",".join(map(str, retrieval_lengths(args, arm)))}
 
@@ -162,6 +164,8 @@ def recipe_argv(args, arm: str, config: Path, out: Path, seed: int = 0) -> list[
         argv += ["--data.bos_token", "auto", "--data.eos_token", "auto"]
     if arm == "mix":
         argv += ["--data.synthetic.share", str(args.share), "--data.synthetic.min_span", str(args.min_span)]
+        if getattr(args, "example_window", None) is not None:
+            argv += ["--data.synthetic.window", str(args.example_window)]
     else:
         argv += ["--data.synthetic.share", "0"]
     return argv
