@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_posext
 from hf_posext.evaluation.shared.inputs import InputError, check_cells
-from hf_posext.rope.compat import IS_V5
+from hf_posext.rope.compat import IS_V5, get_rope_parameters
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -128,7 +128,7 @@ def test_logn_alone_keeps_a_saved_extension(tokens, tmp_path):
     """A checkpoint saved extended (YaRN s = 3) asked for `logn` alone: log-n keeps the rope it is
     given, so the patch is the saved YaRN with log-n on top, equal to the base model patched with
     YaRN + log-n (a patch starts from plain RoPE: this once ran the checkpoint on plain RoPE, found
-    on a 4x fine-tuned checkpoint whose answers turned to noise). A factor it does not have is
+    on a 4x fine-tuned checkpoint whose answers turned to noise). A factor past the saved one is
     refused before any change; the CLI's cell check (before weights load) accepts the cells the saved
     extension covers (its own length and shorter) and refuses a longer one."""
     base = tiny_model("llama", attn_implementation="sdpa")
@@ -147,7 +147,6 @@ def test_logn_alone_keeps_a_saved_extension(tokens, tmp_path):
     torch.testing.assert_close(got, reference)
     assert (got - plain_logn).abs().max() > 1e-3   # not plain RoPE under the log-n
     assert saved.config.max_position_embeddings == 3 * TRAINED
-    assert saved.config.rope_parameters["rope_type"] == "yarn" if hasattr(saved.config, "rope_parameters") \
-        else saved.config.rope_scaling["rope_type"] == "yarn"
+    assert get_rope_parameters(saved.config)["rope_type"] == "yarn"
     hf_posext.unpatch(saved)
     torch.testing.assert_close(logits(hf_posext.patch(saved, "logn", 3.0), tokens), reference)
