@@ -29,7 +29,9 @@ past L shows "—" for the past-L column).
 
 Resumable: each arm writes into its own folder under --out (default
 benchmarks/results/finetune-retrieval/<arm>/); an arm with a `done.json` is skipped, an
-interrupted one continues (training from its last checkpoint, evaluation from its stored cells).
+interrupted one continues (training from its last checkpoint, evaluation from its stored cells),
+and a finished one asked for more retrieval lengths, haystacks or tasks (the rest unchanged) runs
+only the new cells on its saved checkpoint.
 `report.md` in --out is rewritten from the stored results at the end. The arms' settings, checks
 and report are hf_posext.training's (arms.py, arms_report.py); this script runs them.
 
@@ -44,7 +46,7 @@ import json
 import sys
 from pathlib import Path
 
-from hf_posext.training.arms import (ARMS, added_lengths, check_grid, eval_source, recipe_argv, arm_grid,
+from hf_posext.training.arms import (ARMS, added_cells, check_grid, eval_source, recipe_argv, arm_grid,
                                      run_name, settings)
 from hf_posext.commands.retrieval_plan import refuse_max_trials
 from hf_posext.evaluation.retrieval.sequential import DEFAULT_LOOK
@@ -202,12 +204,12 @@ def run_arm(args, arm: str, seed: int = 0) -> None:
         if have == wanted:
             print(f"{name}: done, skipped", flush=True)
             return
-        if not added_lengths(have, wanted):
+        added = added_cells(have, wanted)
+        if not added:
             raise SystemExit(f"{folder} holds results made with other settings; pass another --out.")
-        # Only retrieval lengths were added: their cells run on the model as saved (the results
-        # store resumes, so the cells already there are kept, not recomputed).
-        print(f"{name}: adding retrieval lengths {wanted['retrieval_lengths']} "
-              f"(had {have['retrieval_lengths']})", flush=True)
+        # Only retrieval cells were added (lengths, haystacks, tasks): they run on the model as
+        # saved (the results store resumes, so the cells already there are kept, not recomputed).
+        print(f"{name}: adding {'; '.join(added)}", flush=True)
         retrieval(args, name, model(), folder)
         done.write_text(json.dumps(wanted, indent=2))
         return

@@ -114,6 +114,24 @@ def test_example_window_reaches_the_mix_arms_recipe_and_its_settings(tmp_path):
     assert settings(args, "mix")["example_window"] == 1024 and "example_window" not in settings(args, "docs")
 
 
+def test_a_finished_arm_grows_only_by_retrieval_cells():
+    """added_cells: lengths, haystacks and tasks may grow (a done.json leaves out the first runs'
+    defaults, noise and single_needle); any other change, a value dropped, or nothing added is []."""
+    from hf_posext.training.arms import added_cells
+    have = {"depths": "0,0.5", "trials": 2, "tasks": "niah_single", "retrieval_lengths": "16384"}
+    assert added_cells(have, {**have, "haystacks": "noise,hamlet"}) == ["haystacks noise,hamlet (had noise)"]
+    assert added_cells(have, {**have, "tasks": "niah_single,multi_key", "retrieval_lengths": "8192,16384"}) == [
+        "retrieval lengths 8192,16384 (had 16384)", "tasks niah_single,multi_key (had niah_single)"]
+    first = {k: v for k, v in have.items() if k != "tasks"}                    # single_needle's run
+    assert added_cells(first, {**have, "tasks": "single_needle,niah_single"}) == [
+        "tasks single_needle,niah_single (had single_needle)"]
+    assert added_cells(first, have) == []                                       # single_needle dropped
+    assert added_cells(have, {**have, "haystacks": "hamlet"}) == []
+    assert added_cells(have, {**have, "haystacks": "noise"}) == []              # the default, spelled out
+    assert added_cells(have, {**have, "haystacks": "noise,hamlet", "depths": "0"}) == []
+    assert added_cells(have, {**have, "trials": 4, "retrieval_lengths": "8192,16384"}) == []
+
+
 # the script's defaults, as its --help states them (test_defaults_are_the_best_setting_measured)
 GRID = dict(model="embedded:smollm2-135m", dataset="embedded:shakespeare", eval_document="hamlet", tasks="single_needle",
             haystacks="noise", seeds="0", sequential=False, look=None, bar=None, trials=20,
@@ -234,6 +252,18 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path):
     assert [line.count("not run") for line in table] == [0, 0, 0]
     # a length dropped is not "added"
     assert "other settings" in run_script(argv + ["--retrieval-lengths", "384", "--free-lengths", ""]).stderr
+    # A haystack added to the finished arms: its cells run, RULER's noise cells stay as they were.
+    grown = argv + ["--retrieval-lengths", "384,512", "--free-lengths", "", "--haystacks", "noise,held"]
+    before = {arm: stored_rows(out / arm) for arm in ARMS}
+    added = run_script(grown)
+    assert added.returncode == 0 and added.stdout.count("adding haystacks noise,held (had noise)") == 3
+    for arm in ARMS:
+        rows = read_rows(out / arm / "retrieval" / "retrieval.json")
+        noise = [r for r in rows if r["haystack"] == "noise"]
+        assert {int(r["length"]): {k: r[k] for k in ("trials", "correct", "outputs")} for r in noise} == before[arm]
+        assert sorted(int(r["length"]) for r in rows if r["haystack"].endswith("held.txt")) == [384, 512]
+    assert run_script(grown).stdout.count("done, skipped") == 3
+    assert "other settings" in run_script(grown[:-1] + ["held"]).stderr   # a haystack dropped
 
 
 @pytest.mark.slow

@@ -117,11 +117,22 @@ def settings(args, arm: str, seed: int = 0) -> dict:
             "retrieval_lengths": ",".join(map(str, retrieval_lengths(args, arm)))}
 
 
-def added_lengths(have: dict, wanted: dict) -> bool:
-    """True when two arms' settings differ only by retrieval lengths added to the finished ones."""
-    lengths = [set(d["retrieval_lengths"].split(",")) for d in (have, wanted)]
-    rest = [{k: v for k, v in d.items() if k != "retrieval_lengths"} for d in (have, wanted)]
-    return rest[0] == rest[1] and lengths[0] < lengths[1]
+# The retrieval settings a finished arm can grow by (each a comma list; the value a done.json
+# leaves out when it is the first runs' default): new cells run on the model as saved.
+GROWABLE = {"retrieval_lengths": "", "haystacks": "noise", "tasks": "single_needle"}
+
+
+def added_cells(have: dict, wanted: dict) -> list[str]:
+    """What `wanted` adds to a finished arm's settings `have`, one phrase per grown setting
+    ("haystacks noise,hamlet (had noise)"); [] when anything else differs, a value was dropped,
+    or nothing was added (then the arm is redone elsewhere or skipped, never mixed)."""
+    def items(d: dict, key: str) -> set[str]:
+        return set(comma_items(str(d.get(key, GROWABLE[key]))))
+    rest = [{k: v for k, v in d.items() if k not in GROWABLE} for d in (have, wanted)]
+    if rest[0] != rest[1] or any(not items(have, k) <= items(wanted, k) for k in GROWABLE):
+        return []
+    return [f"{k.replace('_', ' ')} {wanted.get(k, GROWABLE[k])} (had {have.get(k, GROWABLE[k])})"
+            for k in GROWABLE if items(have, k) < items(wanted, k)]
 
 
 def retrieval_lengths(args, arm: str) -> list[int]:
