@@ -179,7 +179,10 @@ def shipped(done: dict) -> bool:
     wanted = {"share": recipe["data"]["synthetic"]["share"], "min_span": recipe["data"]["synthetic"]["min_span"],
               "steps": recipe["training"]["max_steps"], "factor": recipe["model"]["factor"],
               "window": recipe["training"]["seq_len"], "lr": recipe["training"]["learning_rate"]}
-    return all(k in done and float(done[k]) == float(v) for k, v in wanted.items())
+    # examples cut to a window of their own (data.synthetic.window) are another setting; a
+    # done.json leaves the key out when they were not cut
+    cut = recipe["data"]["synthetic"].get("window")
+    return all(k in done and float(done[k]) == float(v) for k, v in wanted.items()) and done.get("example_window") == cut
 
 
 def finetune_command(done: dict, seeds: Sequence[int], folder: Path) -> str:

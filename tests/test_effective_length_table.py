@@ -113,14 +113,17 @@ def test_every_command_is_one_the_repository_gives_and_no_machine_path_shows(pag
 
 def test_only_the_shipped_setting_is_pooled(tmp_path):
     """Two seeds of the shipped setting in one folder are pooled; an arm of another setting beside
-    them (min_span 0.5) is not; a cell with nothing stored reads "not run"."""
+    them (min_span 0.5) is not, nor one whose examples were cut to a window of their own (the
+    recipe's settings otherwise); a cell with nothing stored reads "not run"."""
     template = stored(SPAN09 / "mix" / "retrieval" / "retrieval.json")[0]
     planted = {"ours/mix": (SPAN09 / "mix", [(3, 4), (1, 2)]), "ours/mix-seed1": (SPAN09 / "mix-seed1", [(2, 2)]),
-               "other/mix": (RESULTS / "finetune-retrieval-share025-200" / "mix", [(0, 9)])}
+               "other/mix": (RESULTS / "finetune-retrieval-share025-200" / "mix", [(0, 9)]),
+               "cut/mix": (SPAN09 / "mix", [(0, 7)])}
     for name, (source, cells) in planted.items():
         folder = tmp_path / f"finetune-retrieval-{name}"
         (folder / "retrieval").mkdir(parents=True)
-        shutil.copy(source / "done.json", folder / "done.json")
+        done = json.loads((source / "done.json").read_text())
+        (folder / "done.json").write_text(json.dumps({**done, "example_window": 512} if name == "cut/mix" else done))
         rows = [{**template, "depth": d / 4, "correct": k, "trials": n, "seeds_list": ",".join(map(str, range(n))),
                  "seconds": 60.0} for d, (k, n) in enumerate(cells)]
         (folder / "retrieval" / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
