@@ -172,17 +172,27 @@ def own_window(pairs: Sequence[tuple[int, dict, dict]], labels: dict[str, str], 
                  sum(float(r["seconds"]) for _, t, b in pairs for r in (t, b)), tuple(commands), note)
 
 
-def shipped(done: dict) -> bool:
-    """Whether an arm's done.json is the shipped recipe's setting (recipes/cpu-smollm2-retrieval.yaml)."""
+# The 2x recipe's setting before its default moved (1k-token windows, a quarter synthetic, whole
+# examples, 200 steps) as its arms' done.json keys: its seeds are listed apart, under this name.
+PREVIOUS_2X = ({"share": 0.25, "min_span": 0.9, "steps": 200, "factor": 2.0, "window": 1024, "lr": 2e-5,
+                "example_window": None}, "1k-token windows, a quarter synthetic, 200 steps (the default before)")
+
+
+def shipped_2x() -> dict:
+    """The shipped recipe's setting (recipes/cpu-smollm2-retrieval.yaml) as done.json keys."""
     import yaml
     recipe = yaml.safe_load(RECIPE.read_text())
-    wanted = {"share": recipe["data"]["synthetic"]["share"], "min_span": recipe["data"]["synthetic"]["min_span"],
-              "steps": recipe["training"]["max_steps"], "factor": recipe["model"]["factor"],
-              "window": recipe["training"]["seq_len"], "lr": recipe["training"]["learning_rate"]}
-    # examples cut to a window of their own (data.synthetic.window) are another setting; a
-    # done.json leaves the key out when they were not cut
-    cut = recipe["data"]["synthetic"].get("window")
-    return all(k in done and float(done[k]) == float(v) for k, v in wanted.items()) and done.get("example_window") == cut
+    synthetic = recipe["data"]["synthetic"]
+    return {"share": synthetic["share"], "min_span": synthetic["min_span"], "steps": recipe["training"]["max_steps"],
+            "factor": recipe["model"]["factor"], "window": recipe["training"]["seq_len"],
+            "lr": recipe["training"]["learning_rate"], "example_window": synthetic.get("window")}
+
+
+def matches(done: dict, setting: dict) -> bool:
+    """Whether an arm's done.json is this setting (a done.json leaves example_window out when the
+    examples were not cut to a window of their own)."""
+    return all(done.get(k) is None if v is None else k in done and float(done[k]) == float(v)
+               for k, v in setting.items())
 
 
 def finetune_command(done: dict, seeds: Sequence[int], folder: Path) -> str:
@@ -199,18 +209,29 @@ def finetune_command(done: dict, seeds: Sequence[int], folder: Path) -> str:
 
 
 def finetuned_2x(results: Path, labels: dict[str, str]) -> tuple[list[Count], list[Ratio]]:
-    """The shipped retrieval recipe (YaRN s = 2): every `mix` arm folder under
-    finetune-retrieval*/ whose done.json is the recipe's setting, its seeds pooled, with the
-    `<run>-grid` folders beside them (Hamlet, multi_key); perplexity at the longest length."""
+    """The 2x retrieval recipe (YaRN s = 2): every `mix` arm folder under finetune-retrieval*/
+    whose done.json is the shipped setting, its seeds pooled, with the `<run>-grid` folders beside
+    them (Hamlet, multi_key); perplexity at the longest length. The setting before it, likewise,
+    under its own name (listed apart from the recipe's row)."""
+    found: list[Count] = []
+    ratios: list[Ratio] = []
+    for setting, note in ((shipped_2x(), ""), PREVIOUS_2X):
+        counted, ratio = setting_2x(results, labels, setting, note)
+        found += counted
+        ratios += ratio
+    return found, ratios
+
+
+def setting_2x(results: Path, labels: dict[str, str], setting: dict, note: str) -> tuple[list[Count], list[Ratio]]:
     from hf_posext.evaluation import read_rows
     runs: dict[int, Path] = {}
     for done_file in sorted(results.glob("finetune-retrieval*/mix*/done.json")):
         done = json.loads(done_file.read_text())
-        if done_file.parent.name.partition("-seed")[0] != "mix" or not shipped(done):
+        if done_file.parent.name.partition("-seed")[0] != "mix" or not matches(done, setting):
             continue
         seed = int(done.get("seed", 0))
         if seed in runs:   # the same checkpoint twice would count its trials twice
-            raise ValueError(f"seed {seed} of the shipped recipe is in {runs[seed]} and {done_file.parent}")
+            raise ValueError(f"seed {seed} of the 2x setting {setting} is in {runs[seed]} and {done_file.parent}")
         runs[seed] = done_file.parent
     if not runs:
         return [], []
@@ -222,15 +243,16 @@ def finetuned_2x(results: Path, labels: dict[str, str]) -> tuple[list[Count], li
     pairs = []
     for seed, folder in sorted(runs.items()):
         found += counts(merged(folder / "retrieval" / "retrieval.json", training_seed=seed), labels,
-                        "finetune", (command,), method="yarn", tuned=True)
+                        "finetune", (command,), method="yarn", tuned=True, note=note)
         found += counts(merged(folder.with_name(folder.name + "-grid") / "retrieval" / "retrieval.json",
-                               training_seed=seed), labels, "finetune", (GRID_COMMAND,), method="yarn", tuned=True)
+                               training_seed=seed), labels, "finetune", (GRID_COMMAND,), method="yarn", tuned=True,
+                        note=note)
         ppl = folder / "perplexity" / "perplexity.json"
         longest = {r["protocol"]: r for r in (read_rows(ppl) if ppl.exists() else [])
                    if int(r["length"]) == int(settings["lengths"].split(",")[-1])}
         if {"truncate", "baseline"} <= set(longest):
             pairs.append((seed, longest["truncate"], longest["baseline"]))
-    return found, [own_window(pairs, labels, (command,))] if pairs else []
+    return found, [own_window(pairs, labels, (command,), note)] if pairs else []
 
 
 def seeds_text(seeds: frozenset) -> str:
@@ -319,13 +341,14 @@ def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
                      + " | ".join(cell([c for c in count if c.task == t], rank) for t in TASKS)
                      + f" | {'; '.join(r.text for r in ppl) or NOT_RUN} | {numbers(items)} | {minutes:.0f} min |")
     if arms:
-        lines += ["", "Other training settings at 4x, each its own checkpoint: the 4x recipe trained with the change "
-                  "its name gives (not pooled with the recipe's row; training commands and what each one tests: "
-                  "[training settings](effective_length_4x_training.md)):", ""]
-        for note in dict.fromkeys(i.note for i in arms):
-            mine = [replace(i, note="") for i in arms if i.note == note]
+        lines += ["", "Other training settings, each its own checkpoint: the recipe of its factor trained with the "
+                  "change its name gives (not pooled with the recipe's row; at 2x: "
+                  "[the fine-tuning measurements](../../docs/finetuning_mix.md); at 4x, training commands and "
+                  "what each one tests: [training settings](effective_length_4x_training.md)):", ""]
+        for length, note in dict.fromkeys((i.length, i.note) for i in sorted(arms, key=lambda i: i.length)):
+            mine = [replace(i, note="") for i in arms if (i.length, i.note) == (length, note)]
             count = [i for i in mine if isinstance(i, Count)]
-            lines.append(f"- {note}: " + "; ".join(
+            lines.append(f"- {length // mine[0].trained}x, {note}: " + "; ".join(
                 task_cells(count, rank)
                 + [f"perplexity {r.text}" for r in mine if isinstance(r, Ratio)])
                 + f"; {sum(i.seconds for i in mine) / 60:.0f} min; commands {numbers(mine)}")

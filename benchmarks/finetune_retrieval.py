@@ -73,9 +73,11 @@ def parse(argv=None) -> argparse.Namespace:
     # about an hour for the two fine-tuned arms; see recipes/README.md for the measured probe.
     p.add_argument("--steps", type=int, default=200, help="optimizer steps of each fine-tuned arm (default %(default)s)")
     p.add_argument("--lr", type=float, default=2e-5, help="learning rate (the recipe's, YaRN §4.1; default %(default)s)")
-    # the best setting measured (docs/finetuning_mix.md): share 0.25 with min_span 0.9
-    # found niah_single at 16k 59/60 over six seeds at +0.035 nats past L (mean); the first
-    # experiment's arms ran with share 0.5 and min_span 0.5 (their commands now say so)
+    # the 1k-window setting (docs/finetuning_mix.md): share 0.25 with min_span 0.9 found
+    # niah_single at 16k 59/60 over six seeds at +0.035 nats past L (mean); the measurements
+    # page's commands leave these defaults unsaid, so they stay. The shipped recipe is
+    # --window 2048 --example-window 1024 --share 0.5 --steps 100; the first experiment's
+    # arms ran with share 0.5 and min_span 0.5 (their commands say so)
     p.add_argument("--share", type=float, default=0.25, help="mix arm: share of synthetic windows (default %(default)s)")
     p.add_argument("--min-span", type=float, default=0.9, help="mix arm: data.synthetic.min_span (default %(default)s)")
     # the 4x recipe's layout (long document windows, short examples) at 2x: e.g. --window 2048 --example-window 1024

@@ -89,13 +89,15 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
     cfg, _ = parse_args(argv)
     assert cfg.output_dir == f"runs/cpu-smollm2-retrieval-4x-{folder}"
     if arm in ("finetuned-1k-windows", "finetuned-distractors", "finetuned-documents"):
-        # the default before, as it trained: the 2x recipe with its spans scaled to 4x (the two arms
-        # beside it change one key of its mix)
+        # the default before, as it trained: the 2x recipe of then (1k-token windows, a quarter
+        # synthetic, whole examples, 200 steps) with its spans scaled to 4x (the two arms beside it
+        # change one key of its mix)
         import dataclasses
-        two, _ = parse_args(["--config", str(ROOT / "recipes" / "cpu-smollm2-retrieval.yaml")])
+        now, _ = parse_args(["--config", str(ROOT / "recipes" / "cpu-smollm2-retrieval.yaml")])
+        two = dataclasses.replace(now, training=dataclasses.replace(now.training, seq_len=1024, max_steps=200))
         change = {"finetuned-1k-windows": {}, "finetuned-distractors": {"distractors": 3},
                   "finetuned-documents": {"share": 0.0}}[arm]
-        mix = dataclasses.replace(two.data.synthetic, **change)
+        mix = dataclasses.replace(two.data.synthetic, **{"share": 0.25, "window": None, **change})
         assert cfg.model == dataclasses.replace(two.model, factor=4.0)
         assert cfg.data == dataclasses.replace(two.data, synthetic=mix)
         assert (cfg.training, cfg.pose, cfg.lora) == (two.training, two.pose, two.lora)

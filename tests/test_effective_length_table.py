@@ -19,8 +19,10 @@ from _recipekit import ROOT, SUBPROCESS_ENV
 pytestmark = pytest.mark.slow   # a subprocess that imports torch and reads every source
 RESULTS = ROOT / "benchmarks" / "results"
 SPAN09 = RESULTS / "finetune-retrieval-span09"
-# the shipped recipe's six seeds, as docs/finetuning_mix.md names them
+# the 2x recipe's setting before (1k-token windows): its six seeds, as docs/finetuning_mix.md names them
 SEEDS = ["mix", *(f"mix-seed{s}" for s in range(1, 6))]
+# the shipped 2x recipe's setting (2k-token windows, 1k examples): its seeds
+SHIPPED = RESULTS / "finetune-retrieval-2k-windows"
 
 
 def table(*argv: str) -> str:
@@ -57,24 +59,47 @@ def page_table() -> str:
     return table()
 
 
-def test_the_2x_fine_tuned_cell_is_the_six_seed_folders_summed(page_table):
+def past_l_by_seed(ppl: list[dict]) -> list[float]:
+    """NLL past 8k of each seed's truncate minus its baseline row, from the buckets (file order)."""
+    past = [sum(r["bucket_nll"][r["bucket_edges"].index(8192):]) / sum(r["bucket_tokens"][r["bucket_edges"].index(8192):])
+            for r in ppl]
+    return [past[i] - past[i + 1] if ppl[i]["protocol"] == "truncate" else past[i + 1] - past[i]
+            for i in range(0, len(ppl), 2)]
+
+
+def test_the_2x_fine_tuned_cell_is_the_shipped_settings_seeds_summed(page_table):
+    seeds = sorted(p.name for p in SHIPPED.glob("mix*") if (p / "done.json").exists())
+    assert seeds[:2] == ["mix", "mix-seed1"]
+    rows = [r for name in seeds for r in stored(SHIPPED / name / "retrieval" / "retrieval.json")
+            if r["task"] == "niah_single" and r["length"] == 16384]
+    noise = [r for r in rows if r["haystack"] == "noise"]
+    k, n = sum(r["correct"] for r in noise), sum(r["trials"] for r in noise)
+    cells = row_of(page_table, "YaRN", "2x (16k), fine-tuned")
+    assert cells[2].startswith(f"{rate(k, n)} (RULER's noise; five depths; float32; seeds 0")
+    ppl = [r for name in seeds for r in stored(SHIPPED / name / "perplexity" / "perplexity.json") if r["length"] == 16384]
+    minutes = sum(float(r["seconds"]) for r in [*rows, *ppl]) / 60
+    assert cells[-1] == f"{minutes:.0f} min"
+    by_seed = past_l_by_seed(ppl)
+    assert f"= {sum(by_seed) / len(by_seed):+.3f} nats; mean over seeds 0" in cells[4]
+    assert "--window 2048" in page_table and "--example-window 1024" in page_table
+
+
+def test_the_2x_setting_before_is_listed_apart_its_six_seeds_summed(page_table):
     rows = [r for name in SEEDS for r in stored(SPAN09 / name / "retrieval" / "retrieval.json")
             if r["task"] == "niah_single" and r["haystack"] == "noise" and r["length"] == 16384]
     k, n = sum(r["correct"] for r in rows), sum(r["trials"] for r in rows)
-    assert (k, n) == (59, 60)   # the figure docs/finetuning_mix.md and README.md give
-    cells = row_of(page_table, "YaRN", "2x (16k), fine-tuned")
-    assert cells[2].startswith(f"{rate(k, n)} (RULER's noise; five depths; float32; seeds 0-5)")
-    # wall time: the seconds of every row the row reads (the seeds' retrieval, their grids, the
-    # 16k perplexity pairs), summed here from the files
+    assert (k, n) == (59, 60)   # the figure docs/finetuning_mix.md gives
+    line = next(x for x in page_table.splitlines()
+                if x.startswith("- 2x, 1k-token windows, a quarter synthetic, 200 steps (the default before): "))
+    assert f"niah_single {rate(k, n)} (RULER's noise; five depths; float32; seeds 0-5)" in line
+    # wall time: the seconds of every row it reads (the seeds' retrieval, their grids, the 16k
+    # perplexity pairs), summed here from the files
     grids = [r for name in ("mix-grid", "mix-seed1-grid") for r in stored(SPAN09 / name / "retrieval" / "retrieval.json")]
     ppl = [r for name in SEEDS for r in stored(SPAN09 / name / "perplexity" / "perplexity.json") if r["length"] == 16384]
     minutes = sum(float(r["seconds"]) for r in [*rows, *grids, *ppl]) / 60
-    assert cells[-1] == f"{minutes:.0f} min"
-    past = [sum(r["bucket_nll"][r["bucket_edges"].index(8192):]) / sum(r["bucket_tokens"][r["bucket_edges"].index(8192):])
-            for r in ppl]   # truncate and baseline of each seed, in file order
-    by_seed = [past[i] - past[i + 1] if ppl[i]["protocol"] == "truncate" else past[i + 1] - past[i]
-               for i in range(0, len(ppl), 2)]
-    assert f"= {sum(by_seed) / len(by_seed):+.3f} nats; mean over seeds 0-5" in cells[4]
+    assert f"; {minutes:.0f} min; commands (" in line
+    by_seed = past_l_by_seed(ppl)
+    assert f"= {sum(by_seed) / len(by_seed):+.3f} nats; mean over seeds 0-5" in line
 
 
 def test_the_4x_cells_are_their_folders_summed(page_table):
@@ -112,12 +137,13 @@ def test_every_command_is_one_the_repository_gives_and_no_machine_path_shows(pag
 
 def test_only_the_shipped_setting_is_pooled(tmp_path):
     """Two seeds of the shipped setting in one folder are pooled; an arm of another setting beside
-    them (min_span 0.5) is not, nor one whose examples were cut to a window of their own (the
-    recipe's settings otherwise); a cell with nothing stored reads "not run"."""
+    them (min_span 0.5) is not, nor one whose examples were cut to another window (the recipe's
+    settings otherwise); the setting before the shipped one is listed apart under its name; a cell
+    with nothing stored reads "not run"."""
     template = stored(SPAN09 / "mix" / "retrieval" / "retrieval.json")[0]
-    planted = {"ours/mix": (SPAN09 / "mix", [(3, 4), (1, 2)]), "ours/mix-seed1": (SPAN09 / "mix-seed1", [(2, 2)]),
+    planted = {"ours/mix": (SHIPPED / "mix", [(3, 4), (1, 2)]), "ours/mix-seed1": (SHIPPED / "mix-seed1", [(2, 2)]),
                "other/mix": (RESULTS / "finetune-retrieval-share025-200" / "mix", [(0, 9)]),
-               "cut/mix": (SPAN09 / "mix", [(0, 7)])}
+               "cut/mix": (SHIPPED / "mix", [(0, 7)]), "before/mix": (SPAN09 / "mix", [(1, 3)])}
     for name, (source, cells) in planted.items():
         folder = tmp_path / f"finetune-retrieval-{name}"
         (folder / "retrieval").mkdir(parents=True)
@@ -130,8 +156,11 @@ def test_only_the_shipped_setting_is_pooled(tmp_path):
     cells = row_of(out, "YaRN", "2x (16k), fine-tuned")
     assert cells[2] == f"{rate(6, 8)} (RULER's noise; depths 0, 0.25; float32; seeds 0, 1 (seed 1: 1 of 2 depths))"
     assert cells[3:5] == ["not run", "not run"] and cells[-1] == "3 min"
-    assert "--seeds 0,1" in out and "--min-span 0.9" in out
+    assert "--seeds 0,1" in out and "--window 2048" in out and "--example-window 1024" in out
     assert sum(line.startswith("|") for line in out.splitlines()) == 3   # head, rule, one row
+    assert [line for line in out.splitlines() if line.startswith("- 2x")] == [
+        f"- 2x, 1k-token windows, a quarter synthetic, 200 steps (the default before): niah_single {rate(1, 3)} "
+        "(RULER's noise; depth 0; float32; seed 0); 1 min; commands (2)"]
 
 
 def test_a_fine_tuned_arm_of_another_mix_is_not_pooled_with_the_recipe(tmp_path):
@@ -148,8 +177,8 @@ def test_a_fine_tuned_arm_of_another_mix_is_not_pooled_with_the_recipe(tmp_path)
         (folder / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
     out = table("--results", str(tmp_path))
     assert row_of(out, "YaRN", "4x (32k), fine-tuned")[3] == f"{rate(3, 4)} (RULER's noise; 2 of 5 depths ran; float32; seed 0)"
-    arms = [line for line in out.splitlines() if line.startswith("- 1k-token windows, mix with 3 distractor facts: ")]
-    assert arms == [f"- 1k-token windows, mix with 3 distractor facts: multi_key {rate(3, 6)} (RULER's noise; 3 of 5 depths ran; "
+    arms = [line for line in out.splitlines() if line.startswith("- 4x, 1k-token windows, mix with 3 distractor facts: ")]
+    assert arms == [f"- 4x, 1k-token windows, mix with 3 distractor facts: multi_key {rate(3, 6)} (RULER's noise; 3 of 5 depths ran; "
                     "float32; seed 0); 3 min; commands (2)"]
     assert re.search(r"^2\. `hf-posext retrieval --tasks multi_key --model runs/cpu-smollm2-retrieval-4x-distractors/final ",
                      out, re.M)
@@ -190,5 +219,5 @@ def test_the_documents_control_is_not_the_recipe_s_perplexity(tmp_path):
     assert f"= {recipe:+.3f} nats; seed 0)" in cell and cell.count("nats") == 1, cell
     # the control is listed apart, under its own name, with its own (doubled) reading
     doubled = past_l({**truncate, "bucket_nll": [x * 2 for x in truncate["bucket_nll"]]}) - past_l(baseline)
-    control_line = next(line for line in out.splitlines() if line.startswith("- 1k-token windows, documents only, no synthetic examples: "))
+    control_line = next(line for line in out.splitlines() if line.startswith("- 4x, 1k-token windows, documents only, no synthetic examples: "))
     assert f"= {doubled:+.3f} nats; seed 0)" in control_line and abs(doubled - recipe) > 1

@@ -23,8 +23,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 SCRIPT = ROOT / "benchmarks" / "finetune_retrieval.py"
 SCRIPT_NAME = "benchmarks/" + "finetune_retrieval.py"   # as the README names it
 ARMS = ("free", "docs", "mix")                            # as the script's docstring names them
-# the best setting measured (docs/finetuning_mix.md): its mix arm's stored settings and config
+# the script's defaults: the 1k-window setting (docs/finetuning_mix.md), its mix arm's stored settings
 MEASURED = ROOT / "benchmarks" / "results" / "finetune-retrieval-span09" / "mix"
+# the shipped recipe's setting (2k windows, 1k examples, half synthetic, 100 steps), seed 0
+SHIPPED = ROOT / "benchmarks" / "results" / "finetune-retrieval-2k-windows" / "mix"
 # the flags an arm's recipe arguments are made of (arms.recipe_argv), by their settings' names
 RECIPE_FLAGS = {"--model": "model", "--dataset": "dataset", "--eval-document": "eval_document", "--factor": "factor",
                 "--window": "window", "--steps": "steps", "--lr": "lr", "--share": "share", "--min-span": "min_span"}
@@ -67,15 +69,16 @@ def test_help_does_nothing_else(help_run):
     assert list(cwd.iterdir()) == []
 
 
-def test_defaults_are_the_best_setting_measured(help_run):
-    """The mix arm's defaults, as --help states them, are the settings of the run
-    docs/finetuning_mix.md found best (share 0.25, min_span 0.9: its done.json); the
-    recipe's own mix stays off unless asked for."""
+def test_defaults_are_the_1k_window_setting(help_run):
+    """The mix arm's defaults, as --help states them, are the settings of the 1k-window run
+    (share 0.25, min_span 0.9, 1,024-token windows, 200 steps: its done.json), which the commands
+    on docs/finetuning_mix.md leave unsaid; the shipped recipe's setting is asked for by its flags
+    (below); the recipe's own mix stays off unless asked for."""
     from hf_posext.training.recipe_config import config_from_dict
     measured = json.loads((MEASURED / "done.json").read_text())
     shown = help_defaults(help_run[0].stdout)
     assert {key: shown[flag] for flag, key in RECIPE_FLAGS.items()} == {k: str(measured[k]) for k in RECIPE_FLAGS.values()}
-    assert (measured["share"], measured["min_span"]) == (0.25, 0.9)
+    assert (measured["share"], measured["min_span"], measured["window"]) == (0.25, 0.9, 1024)
     synthetic = config_from_dict({}).data.synthetic
     assert (synthetic.share, synthetic.min_span) == (0.0, 0.9)
 
@@ -83,19 +86,20 @@ def test_defaults_are_the_best_setting_measured(help_run):
 @pytest.mark.slow
 def test_the_shipped_retrieval_recipe_is_the_mix_arm_measured(tmp_path):
     """recipes/cpu-smollm2-retrieval.yaml trains what the benchmark's mix arm trained with the
-    measured settings (model, data, training, PoSE, LoRA: everything but the evaluation and the
-    folder), which is what that run's stored config says it trained; the documents-only arm asks
-    for share 0 whatever the recipe's default is."""
+    shipped setting's flags (model, data, training, PoSE, LoRA: everything but the evaluation and
+    the folder), which is what that run's stored config says it trained; the documents-only arm
+    asks for share 0 whatever the recipe's default is."""
     from hf_posext.training.arms import recipe_argv
     from hf_posext.training.recipe_config import config_from_dict, parse_args
-    args = Namespace(**json.loads((MEASURED / "done.json").read_text()))
+    args = Namespace(**json.loads((SHIPPED / "done.json").read_text()))
     demo = RECIPES / "cpu-smollm2-demo.yaml"   # the config the script builds each arm's recipe on
     shipped, _ = parse_args(["--config", str(RECIPES / "cpu-smollm2-retrieval.yaml")])
     arm, _ = parse_args(recipe_argv(args, "mix", demo, tmp_path))
-    trained = config_from_dict(json.loads((MEASURED / "train" / "config.json").read_text()))
+    trained = config_from_dict(json.loads((SHIPPED / "train" / "config.json").read_text()))
     for section in ("model", "data", "training", "pose", "lora"):
         assert getattr(shipped, section) == getattr(arm, section) == getattr(trained, section), section
-    assert shipped.data.synthetic.share == 0.25 and shipped.training.max_steps == 200
+    assert (shipped.data.synthetic.share, shipped.data.synthetic.window, shipped.training.seq_len,
+            shipped.training.max_steps) == (0.5, 1024, 2048, 100)
     docs, _ = parse_args(recipe_argv(args, "docs", demo, tmp_path))
     assert docs.data.synthetic.share == 0.0
 
@@ -132,7 +136,7 @@ def test_a_finished_arm_grows_only_by_retrieval_cells():
     assert added_cells(have, {**have, "trials": 4, "retrieval_lengths": "8192,16384"}) == []
 
 
-# the script's defaults, as its --help states them (test_defaults_are_the_best_setting_measured)
+# the script's defaults, as its --help states them (test_defaults_are_the_1k_window_setting)
 GRID = dict(model="embedded:smollm2-135m", dataset="embedded:shakespeare", eval_document="hamlet", tasks="single_needle",
             haystacks="noise", seeds="0", sequential=False, look=None, bar=None, trials=20,
             retrieval_lengths="8192,16384", free_lengths="", depths="0.5")
@@ -214,7 +218,7 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path):
     mix_cfg = json.loads((out / "mix" / "train" / "config.json").read_text())
     docs_cfg = json.loads((out / "docs" / "train" / "config.json").read_text())
     # recipes/README.md's command is the first experiment's: share 0.5, min_span 0.5, named since the
-    # defaults moved (test_defaults_are_the_best_setting_measured)
+    # defaults moved (test_defaults_are_the_1k_window_setting)
     assert mix_cfg["data"]["synthetic"]["share"] == 0.5 and docs_cfg["data"]["synthetic"]["share"] == 0.0
     assert mix_cfg["data"]["synthetic"]["min_span"] == 0.5
     assert mix_cfg["training"]["max_steps"] == docs_cfg["training"]["max_steps"] == 2

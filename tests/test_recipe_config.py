@@ -163,9 +163,9 @@ def test_multi_cpu_config_starts_one_process_without_mpirun():
 
 
 def test_the_4x_retrieval_recipe_is_the_2x_mix_with_its_spans_scaled():
-    """recipes/cpu-smollm2-retrieval-4x.yaml: the 2x recipe but for the factor (4), the
-    evaluation's lengths, the folder and its four training settings (4k-token document windows,
-    examples cut to 1k, three quarters synthetic, 100 steps); its synthetic questions sit at position
+    """recipes/cpu-smollm2-retrieval-4x.yaml: the 2x recipe's layout (examples cut to 1k beside
+    document windows of 1/8 the target length, 100 steps) but for the factor (4), the evaluation's
+    lengths, the folder, its 4k-token windows and three quarters synthetic; its synthetic questions sit at position
     ids in [ceil(0.9 x 32,768) - 1, 32,768) after a fact in the first chunk (PoSE over 4 x 8,192)."""
     import dataclasses
 
@@ -180,9 +180,11 @@ def test_the_4x_retrieval_recipe_is_the_2x_mix_with_its_spans_scaled():
     two, _ = parse_args(["--config", str(RECIPES / "cpu-smollm2-retrieval.yaml")])
     four, _ = parse_args(["--config", str(RECIPES / "cpu-smollm2-retrieval-4x.yaml")])
     assert four.model == dataclasses.replace(two.model, factor=4.0)
-    assert four.data == dataclasses.replace(two.data, synthetic=dataclasses.replace(two.data.synthetic, share=0.75,
-                                                                                     window=1024))
-    assert four.training == dataclasses.replace(two.training, seq_len=4096, max_steps=100)
+    # the same layout: examples of 1,024 tokens beside document windows of 1/8 the target length
+    assert four.data == dataclasses.replace(two.data, synthetic=dataclasses.replace(two.data.synthetic, share=0.75))
+    assert two.data.synthetic.window == 1024 and two.training.seq_len * 2 == four.training.seq_len == 4096
+    # (the 2x recipe checkpoints every 25 steps, as the benchmark's arm it was measured as did)
+    assert four.training == dataclasses.replace(two.training, seq_len=4096, save_every=50)
     assert (four.pose, four.lora) == (two.pose, two.lora)
     assert four.eval == dataclasses.replace(two.eval, lengths=[8192, 32768])
     # the collator the recipe builds for a model trained at 8,192 and extended by the recipe's factor
