@@ -30,6 +30,9 @@ RECIPE = ROOT / "recipes" / "cpu-smollm2-retrieval.yaml"
 MORE_COMMAND = ('hf-posext retrieval --dtype bfloat16 --tasks niah_single --methods yarn,dpe --knobs '
                 '"dpe:group_scales=@benchmarks/results/dpe/dpe-16k-bf16.json" --lengths 16384 --depths '
                 '0,0.25,0.5,0.75,1 --seed 1 --trials 3 --out benchmarks/results/side-by-side/retrieval-16k-more')
+HAMLET_2X_COMMAND = ("hf-posext retrieval --tasks niah_single --methods yarn --factor 2 --lengths 16k --depths "
+                     "0,0.25,0.5,0.75,1 --trials 2 --dtype float32 --dataset embedded:shakespeare/hamlet --no-progress "
+                     "--out benchmarks/results/retrieval-2x-hamlet")
 # The `<run>-grid` folders beside a seed's folder have no command line of their own
 # (docs/finetuning_mix.md says how they were made).
 GRID_COMMAND = ("benchmarks/finetune_retrieval.py's retrieval() on the seed's saved checkpoint, the grid's "
@@ -112,12 +115,15 @@ def text_of(row: dict, labels: dict[str, str]) -> str:
 
 def retrieval_2x(results: Path, labels: dict[str, str]) -> list[Count]:
     """YaRN s = 2 and the unpatched model (the suite's reference) in RULER's noise, float32:
-    niah_single from two commands' blocks, multi_key from a third."""
+    niah_single from two commands' blocks, multi_key from a third; YaRN s = 2 in held-out Hamlet
+    on the fine-tuned recipe's grid (the same needles and depths)."""
     from retrieval_report import NIAH_COMMAND, NIAH_MORE_COMMAND, OTHERS_COMMAND
     rows = merged(results / "retrieval-2x" / "retrieval.json")
     return [*counts([r for r in rows if r["task"] == "niah_single"], labels, "retrieval-2x",
                     (NIAH_COMMAND, NIAH_MORE_COMMAND)),
-            *counts([r for r in rows if r["task"] == "multi_key"], labels, "retrieval-2x", (OTHERS_COMMAND,))]
+            *counts([r for r in rows if r["task"] == "multi_key"], labels, "retrieval-2x", (OTHERS_COMMAND,)),
+            *counts(merged(results / "retrieval-2x-hamlet" / "retrieval.json"), labels, "retrieval-2x-hamlet",
+                    (HAMLET_2X_COMMAND,))]
 
 
 def side_by_side(results: Path, labels: dict[str, str]) -> tuple[list[Count], list[Ratio]]:

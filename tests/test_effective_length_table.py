@@ -163,6 +163,24 @@ def test_only_the_shipped_setting_is_pooled(tmp_path):
         "(RULER's noise; depth 0; float32; seed 0); 1 min; commands (2)"]
 
 
+def test_training_free_yarn_in_hamlet_is_its_own_cell_beside_noise(tmp_path):
+    """YaRN s = 2's rows in held-out Hamlet (retrieval-2x-hamlet) read beside its noise rows in the
+    training-free 2x row, each haystack its own count, with the command that made them."""
+    template = next(r for r in stored(RESULTS / "retrieval-2x" / "retrieval.json")
+                    if r["method"] == "yarn" and r["task"] == "niah_single" and r["length"] == 16384)
+    rows = {"retrieval-2x": [(2, 2)], "retrieval-2x-hamlet": [(1, 2), (2, 2)]}
+    for folder, cells in rows.items():
+        (tmp_path / folder).mkdir()
+        hay = "embedded:shakespeare/hamlet" if folder.endswith("hamlet") else "noise"
+        planted = [{**template, "haystack": hay, "depth": d / 4, "correct": k, "trials": n,
+                    "seeds_list": ",".join(map(str, range(n))), "seconds": 30.0} for d, (k, n) in enumerate(cells)]
+        (tmp_path / folder / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": planted}))
+    out = table("--results", str(tmp_path))
+    cell = row_of(out, "YaRN", "2x (16k), training-free")[2]
+    assert cell == f"{rate(2, 2)} (RULER's noise; depth 0; float32); {rate(3, 4)} (Hamlet (held out); depths 0, 0.25; float32)"
+    assert "--dataset embedded:shakespeare/hamlet --no-progress --out benchmarks/results/retrieval-2x-hamlet`" in out
+
+
 def test_a_fine_tuned_arm_of_another_mix_is_not_pooled_with_the_recipe(tmp_path):
     """At 4x, the recipe's checkpoint and the one trained with distractor facts answer the same
     task in the same haystack: the recipe's row holds its own count alone, the arm's is listed
