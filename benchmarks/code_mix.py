@@ -33,8 +33,8 @@ PAGE = HERE / "results" / "retrieval_code_mix.md"
 RECIPE = "recipes/cpu-smollm2-retrieval.yaml"
 # The recipe's settings when these arms trained (1k-token windows, a quarter synthetic, whole
 # examples, 200 steps), restated since its default moved to 2k windows, so an arm still trains the same
-RECIPE_THEN = ["--training.seq_len", "1024", "--training.max_steps", "200", "--data.synthetic.share", "0.25",
-               "--data.synthetic.window", "null"]
+RECIPE_THEN = ["--training.seq_len", "1024", "--training.max_steps", "200", "--training.save_every", "50",
+               "--data.synthetic.share", "0.25", "--data.synthetic.window", "null"]
 ARMS = {"code": ["--data.synthetic.haystacks", "[training, embedded:python-stdlib]"],
         "prose": ["--eval.enabled", "false"], "free": None}   # the code arm's own evaluation: perplexity on Hamlet
 GRID = ["--tasks", "niah_single", "--lengths", "16k", "--depths", "0.1,0.5,0.9", "--trials", "4",

@@ -94,7 +94,7 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
         # change one key of its mix)
         import dataclasses
         now, _ = parse_args(["--config", str(ROOT / "recipes" / "cpu-smollm2-retrieval.yaml")])
-        two = dataclasses.replace(now, training=dataclasses.replace(now.training, seq_len=1024, max_steps=200))
+        two = dataclasses.replace(now, training=dataclasses.replace(now.training, seq_len=1024, max_steps=200, save_every=50))
         change = {"finetuned-1k-windows": {}, "finetuned-distractors": {"distractors": 3},
                   "finetuned-documents": {"share": 0.0}}[arm]
         mix = dataclasses.replace(two.data.synthetic, **{"share": 0.25, "window": None, **change})
