@@ -32,7 +32,7 @@ benchmarks/results/finetune-retrieval/<arm>/); an arm with a `done.json` is skip
 interrupted one continues (training from its last checkpoint, evaluation from its stored cells),
 and a finished one asked for more retrieval lengths, haystacks or tasks (the rest unchanged) runs
 only the new cells on its saved checkpoint.
-`report.md` in --out is rewritten from the stored results at the end. The arms' settings, checks
+`report.md` in --out is rewritten from the stored results at the end (`--report-only`: that alone). The arms' settings, checks
 and report are hf_posext.training's (arms.py, arms_report.py); this script runs them.
 
     nice -n 10 python benchmarks/finetune_retrieval.py             # the experiment (hours here)
@@ -106,6 +106,9 @@ def parse(argv=None) -> argparse.Namespace:
     refuse_max_trials(p)
     p.add_argument("--bar", type=float, default=None,
                    help="with --sequential: the accuracy a cell is decided against (default 0.9, the target accuracy)")
+    p.add_argument("--report-only", action="store_true",
+                   help="rewrite report.md from the arms already finished under --out (their stored rows, "
+                        "whatever settings they ran with) and run nothing: no training, no evaluation")
     p.add_argument("--smoke", action="store_true",
                    help="tiny run for the tests: 2 steps, window 128, factor 8, lengths 128,512, 3 trials")
     if p.parse_args(argv).smoke:   # the smoke sizes are defaults: a flag given still wins
@@ -224,7 +227,7 @@ def run_arm(args, arm: str, seed: int = 0) -> None:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    for arm in args.arms:
+    for arm in [] if args.report_only else args.arms:
         for seed in [0] if arm == "free" else args.seed_list:
             run_arm(args, arm, seed)
     every = dict.fromkeys(run_name(a, s) for a in ARMS for s in args.seed_list)   # the done ones are reported

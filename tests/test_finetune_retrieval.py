@@ -267,6 +267,13 @@ def test_smoke_runs_three_arms_and_skips_them_when_done(tmp_path):
         assert {int(r["length"]): {k: r[k] for k in ("trials", "correct", "outputs")} for r in noise} == before[arm]
         assert sorted(int(r["length"]) for r in rows if r["haystack"].endswith("held.txt")) == [384, 512]
     assert run_script(grown).stdout.count("done, skipped") == 3
+    # --report-only: the report again from the stored rows, nothing run (not even with other settings)
+    (out / "report.md").unlink()
+    rows = {arm: (out / arm / "retrieval" / "retrieval.json").read_bytes() for arm in ARMS}
+    again = run_script(grown + ["--report-only", "--trials", "4", "--steps", "3"])
+    assert again.returncode == 0 and "skipped" not in again.stdout and "adding" not in again.stdout
+    assert {arm: (out / arm / "retrieval" / "retrieval.json").read_bytes() for arm in ARMS} == rows
+    assert all(f"## {arm}" in (out / "report.md").read_text() for arm in ARMS)
     assert "other settings" in run_script(grown[:-1] + ["held"]).stderr   # a haystack dropped
 
 
