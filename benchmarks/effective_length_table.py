@@ -229,6 +229,8 @@ def finetuned_2x(results: Path, labels: dict[str, str]) -> tuple[list[Count], li
 
 
 def setting_2x(results: Path, labels: dict[str, str], setting: dict, note: str) -> tuple[list[Count], list[Ratio]]:
+    """One 2x setting's seeds (mix arms whose done.json `matches` it), their counts and perplexity
+    tagged with `note` ("" for the shipped recipe's row)."""
     from hf_posext.evaluation import read_rows
     runs: dict[int, Path] = {}
     for done_file in sorted(results.glob("finetune-retrieval*/mix*/done.json")):
