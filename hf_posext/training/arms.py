@@ -97,6 +97,10 @@ def check_documents(args) -> None:
                          f"({args.eval_document}).")
 
 
+# Settings the first runs' done.json leave out, at the value they had then.
+FIRST_RUNS = {"tasks": "single_needle", "haystacks": "noise"}
+
+
 def settings(args, arm: str, seed: int = 0) -> dict:
     """What an arm's results depend on (stored in done.json; a mismatch is refused). Settings at
     their first runs' values are left out, so those runs' done.json still match; a sequential run
@@ -105,8 +109,7 @@ def settings(args, arm: str, seed: int = 0) -> dict:
     keys = ["model", "dataset", "eval_document", "factor", "lengths", "depths", "trials"]
     if arm != "free":
         keys += ["window", "steps", "lr"] + (["share", "min_span"] if arm == "mix" else [])
-    extra = {k: getattr(args, k) for k, first in (("tasks", "single_needle"), ("haystacks", "noise"))
-             if getattr(args, k) != first}
+    extra = {k: getattr(args, k) for k, first in FIRST_RUNS.items() if getattr(args, k) != first}
     if args.sequential:
         extra.update(trials=args.look, sequential=True, max_trials=args.trials, bar=args.bar)
     if seed and arm != "free":
@@ -117,9 +120,9 @@ def settings(args, arm: str, seed: int = 0) -> dict:
             "retrieval_lengths": ",".join(map(str, retrieval_lengths(args, arm)))}
 
 
-# The retrieval settings a finished arm can grow by (each a comma list; the value a done.json
-# leaves out when it is the first runs' default): new cells run on the model as saved.
-GROWABLE = {"retrieval_lengths": "", "haystacks": "noise", "tasks": "single_needle"}
+# The retrieval settings a finished arm can grow by (each a comma list, with the value a done.json
+# leaving it out stands for): new cells run on the model as saved.
+GROWABLE = {"retrieval_lengths": "", **FIRST_RUNS}
 
 
 def added_cells(have: dict, wanted: dict) -> list[str]:
