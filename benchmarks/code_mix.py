@@ -3,7 +3,7 @@
 on), for three arms on the embedded SmolLM2-135M (trained at 8,192), YaRN s = 2:
 
     code    the retrieval recipe (recipes/cpu-smollm2-retrieval.yaml, in its 1k-window setting:
-            RECIPE_THEN) with half its synthetic examples built in Python's standard library
+            PREVIOUS_2X_FLAGS) with half its synthetic examples built in Python's standard library
             code (`data.synthetic.haystacks`)
     prose   the same recipe as it was (synthetic examples in the plays' text only)
     free    training-free YaRN s = 2 (and the unpatched model beside it)
@@ -26,15 +26,12 @@ import sys
 from pathlib import Path
 
 from effective_length_4x import code_path   # the same held-out code file as the 4x runs
+from effective_length_table import PREVIOUS_2X_FLAGS   # the recipe's setting when these arms trained
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "retrieval-code-mix"
 PAGE = HERE / "results" / "retrieval_code_mix.md"
 RECIPE = "recipes/cpu-smollm2-retrieval.yaml"
-# The recipe's settings when these arms trained (1k-token windows, a quarter synthetic, whole
-# examples, 200 steps), restated since its default moved to 2k windows, so an arm still trains the same
-RECIPE_THEN = ["--training.seq_len", "1024", "--training.max_steps", "200", "--training.save_every", "50",
-               "--data.synthetic.share", "0.25", "--data.synthetic.window", "null"]
 ARMS = {"code": ["--data.synthetic.haystacks", "[training, embedded:python-stdlib]"],
         "prose": ["--eval.enabled", "false"], "free": None}   # the code arm's own evaluation: perplexity on Hamlet
 GRID = ["--tasks", "niah_single", "--lengths", "16k", "--depths", "0.1,0.5,0.9", "--trials", "4",
@@ -43,7 +40,7 @@ GRID = ["--tasks", "niah_single", "--lengths", "16k", "--depths", "0.1,0.5,0.9",
 
 def train_argv(arm: str, runs: Path) -> list[str]:
     return ["accelerate", "launch", "--cpu", "--num_processes", "1", "recipes/finetune.py", "--config", RECIPE,
-            *RECIPE_THEN, *(ARMS[arm] or []), "--output_dir", str(runs / arm)]
+            *PREVIOUS_2X_FLAGS, *(ARMS[arm] or []), "--output_dir", str(runs / arm)]
 
 
 def ask_argv(arm: str, runs: Path) -> list[str]:

@@ -31,9 +31,9 @@ Resumable: each arm writes into its own folder under --out (default
 benchmarks/results/finetune-retrieval/<arm>/); an arm with a `done.json` is skipped, an
 interrupted one continues (training from its last checkpoint, evaluation from its stored cells),
 and a finished one asked for more retrieval lengths, haystacks or tasks (the rest unchanged) runs
-only the new cells on its saved checkpoint.
-`report.md` in --out is rewritten from the stored results at the end (`--report-only`: that alone). The arms' settings, checks
-and report are hf_posext.training's (arms.py, arms_report.py); this script runs them.
+only the new cells on its saved checkpoint. `report.md` in --out is rewritten from the stored
+results at the end (`--report-only`: that alone). The arms' settings, checks and report are
+hf_posext.training's (arms.py, arms_report.py); this script runs them.
 
     nice -n 10 python benchmarks/finetune_retrieval.py             # the experiment (hours here)
     python benchmarks/finetune_retrieval.py --smoke --model DIR --dataset DIR --eval-document NAME
