@@ -59,10 +59,16 @@ def page_table() -> str:
     return table()
 
 
+def past_l(row: dict) -> float:
+    """Mean NLL on positions >= 8,192, from the row's own buckets."""
+    edges, nll, tokens = (row[k] for k in ("bucket_edges", "bucket_nll", "bucket_tokens"))
+    keep = [i for i, e in enumerate(edges[:len(nll)]) if e >= 8192]
+    return sum(nll[i] for i in keep) / sum(tokens[i] for i in keep)
+
+
 def past_l_by_seed(ppl: list[dict]) -> list[float]:
-    """NLL past 8k of each seed's truncate minus its baseline row, from the buckets (file order)."""
-    past = [sum(r["bucket_nll"][r["bucket_edges"].index(8192):]) / sum(r["bucket_tokens"][r["bucket_edges"].index(8192):])
-            for r in ppl]
+    """NLL past 8k of each seed's truncate minus its baseline row (file order)."""
+    past = [past_l(r) for r in ppl]
     return [past[i] - past[i + 1] if ppl[i]["protocol"] == "truncate" else past[i + 1] - past[i]
             for i in range(0, len(ppl), 2)]
 
@@ -222,10 +228,6 @@ def test_the_documents_control_is_not_the_recipe_s_perplexity(tmp_path):
     rows = stored(source)
     truncate, baseline = (next(r for r in rows if r["protocol"] == p) for p in ("truncate", "baseline"))
 
-    def past_l(row: dict) -> float:   # mean NLL on positions >= 8,192 from the row's own buckets
-        edges, nll, tokens = (row[k] for k in ("bucket_edges", "bucket_nll", "bucket_tokens"))
-        keep = [i for i, e in enumerate(edges[:len(nll)]) if e >= 8192]
-        return sum(nll[i] for i in keep) / sum(tokens[i] for i in keep)
     recipe = past_l(truncate) - past_l(baseline)
     control = [{**r, "bucket_nll": [x * 2 for x in r["bucket_nll"]]} if r is truncate else r
                for r in rows]   # a control whose whole-prompt reading costs twice as much
