@@ -1,16 +1,18 @@
 """Does the retrieval recipe carry to source code when its mix holds code? RULER's single needle
 (`niah_single`, RULER's wording) at 16k inside torch's `_refs/__init__.py` (a file no arm trained
-on), for three arms on the embedded SmolLM2-135M (trained at 8,192), YaRN s = 2:
+on), on the embedded SmolLM2-135M (trained at 8,192), YaRN s = 2, in two settings of the recipe
+(recipes/cpu-smollm2-retrieval.yaml):
 
-    code    the retrieval recipe (recipes/cpu-smollm2-retrieval.yaml, in its 1k-window setting:
-            PREVIOUS_2X_FLAGS) with half its synthetic examples built in Python's standard library
-            code (`data.synthetic.haystacks`)
-    prose   the same recipe as it was (synthetic examples in the plays' text only)
-    free    training-free YaRN s = 2 (and the unpatched model beside it)
+    code       the recipe in its 1k-window setting (PREVIOUS_2X_FLAGS) with half its synthetic
+               examples built in Python's standard library code (`data.synthetic.haystacks`)
+    prose      the same setting as it was (synthetic examples in the plays' text only)
+    code-2k    the recipe as shipped (2k-token windows) with the same code haystacks
+    prose-2k   the recipe as shipped
+    free       training-free YaRN s = 2 (and the unpatched model beside it)
 
-    python benchmarks/code_mix.py train code      # ~15 min of training on 2 cores (prose likewise)
+    python benchmarks/code_mix.py train code      # ~15 min of training on 2 cores (-2k arms ~20 min)
     python benchmarks/code_mix.py ask code        # the needle grid on the arm's checkpoint (free: none)
-    python benchmarks/code_mix.py noise code      # the same checkpoint in RULER's noise (prose)
+    python benchmarks/code_mix.py noise code      # the same checkpoint in RULER's noise
     python benchmarks/code_mix.py report          # -> results/retrieval_code_mix.md
 
 Checkpoints go to --runs (default runs/code-mix, git-ignored); the retrieval rows to
@@ -26,21 +28,26 @@ import sys
 from pathlib import Path
 
 from effective_length_4x import code_path   # the same held-out code file as the 4x runs
-from effective_length_table import PREVIOUS_2X_FLAGS   # the recipe's setting when these arms trained
+from effective_length_table import PREVIOUS_2X_FLAGS   # the recipe's setting when code and prose trained
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "retrieval-code-mix"
 PAGE = HERE / "results" / "retrieval_code_mix.md"
 RECIPE = "recipes/cpu-smollm2-retrieval.yaml"
-ARMS = {"code": ["--data.synthetic.haystacks", "[training, embedded:python-stdlib]"],
-        "prose": ["--eval.enabled", "false"], "free": None}   # the code arm's own evaluation: perplexity on Hamlet
+CODE = ["--data.synthetic.haystacks", "[training, embedded:python-stdlib]"]
+PROSE = ["--eval.enabled", "false"]   # the code arms keep their own evaluation: perplexity on Hamlet
+# arm -> (the recipe setting it trains: flags on the shipped recipe, the arm's own flags); free is not trained
+ARMS: dict[str, tuple[tuple[str, ...], list[str]] | None] = {
+    "code": (PREVIOUS_2X_FLAGS, CODE), "prose": (PREVIOUS_2X_FLAGS, PROSE), "free": None,
+    "code-2k": ((), CODE), "prose-2k": ((), PROSE)}
 GRID = ["--tasks", "niah_single", "--lengths", "16k", "--depths", "0.1,0.5,0.9", "--trials", "4",
         "--dtype", "float32", "--no-progress"]
 
 
 def train_argv(arm: str, runs: Path) -> list[str]:
+    setting, flags = ARMS[arm] or ((), [])
     return ["accelerate", "launch", "--cpu", "--num_processes", "1", "recipes/finetune.py", "--config", RECIPE,
-            *PREVIOUS_2X_FLAGS, *(ARMS[arm] or []), "--output_dir", str(runs / arm)]
+            *setting, *flags, "--output_dir", str(runs / arm)]
 
 
 def ask_argv(arm: str, runs: Path) -> list[str]:
@@ -106,8 +113,9 @@ def write_page(runs: Path) -> Path:
             "Made by `python benchmarks/code_mix.py report` from the rows of the commands below (the embedded "
             "SmolLM2-135M, trained at 8,192 tokens; float32, 2 CPU cores; RULER's `niah_single` wording, four "
             "needles a depth; the haystack is torch's `_refs/__init__.py`, which no arm trained on (the `(noise)` rows: "
-            "RULER's noise, two needles at each of five depths); the code arm's "
-            "examples were built in Python's standard library). `answers that missed`: the start of each wrong "
+            "RULER's noise, two needles at each of five depths); the code arms' "
+            "examples were built in Python's standard library; the -2k arms train the recipe as shipped, 2k-token "
+            "windows, the others its 1k-window setting). `answers that missed`: the start of each wrong "
             "answer.", "", *lines, "", "Commands (`$TORCH` is the installed torch package's folder; "
             "`runs/` a folder of your choosing):", "", "```bash", *commands, "```", ""]
     return write_page_keeping_reading(PAGE, text)
