@@ -93,16 +93,21 @@ def read_rotary_dim(cfg: dict[str, Any], rope: dict[str, Any]) -> int:
                        or nested.get("partial_rotary_factor") or 1.0))
 
 
-def v5_rope(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The rope dict transformers 5.x builds from config.json (`convert_rope_params_to_dict`,
-    configuration_utils/modeling_rope_utils 5.23): `rope_scaling` wins over `rope_parameters`;
-    rope_theta from the dict, else the top-level key, else 10000."""
-    rope = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+def _read_rope(rope: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """What a 5.x-style reader does with the dict it picked: the global entry of a per-layer-type
+    dict (Gemma 3), rope_theta from the dict else the top-level key, the old `type` key renamed."""
     if isinstance(rope.get("full_attention"), dict):  # per-layer-type (Gemma 3): the global one
         rope = dict(rope["full_attention"])
     rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
     rope.setdefault("rope_type", rope.pop("type", "default"))
     return rope
+
+
+def v5_rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The rope dict transformers 5.x builds from config.json (`convert_rope_params_to_dict`,
+    configuration_utils/modeling_rope_utils 5.23): `rope_scaling` wins over `rope_parameters`;
+    rope_theta from the dict, else the top-level key, else 10000."""
+    return _read_rope(dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}), cfg)
 
 
 def converter_rope(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -110,12 +115,7 @@ def converter_rope(cfg: dict[str, Any]) -> dict[str, Any]:
     vendored llama.cpp): `hparams.get("rope_parameters", hparams.get("rope_scaling"))`, i.e.
     `rope_parameters` first, the opposite of transformers 5.x; rope_theta from the dict, else
     the top-level key."""
-    rope = dict(cfg.get("rope_parameters", cfg.get("rope_scaling")) or {})
-    if isinstance(rope.get("full_attention"), dict):  # per-layer-type (Gemma 3): the global one
-        rope = dict(rope["full_attention"])
-    rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
-    rope.setdefault("rope_type", rope.pop("type", "default"))
-    return rope
+    return _read_rope(dict(cfg.get("rope_parameters", cfg.get("rope_scaling")) or {}), cfg)
 
 
 def v4_rope(cfg: dict[str, Any]) -> dict[str, Any]:
