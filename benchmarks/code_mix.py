@@ -15,6 +15,8 @@ on), on the embedded SmolLM2-135M (trained at 8,192), YaRN s = 2, in two setting
     python benchmarks/code_mix.py noise code      # the same checkpoint in RULER's noise
     python benchmarks/code_mix.py report          # -> results/retrieval_code_mix.md
 
+--seed S trains (and asks) an arm with another training seed, in `<arm>-seed<S>`.
+
 Checkpoints go to --runs (default runs/code-mix, git-ignored); the retrieval rows to
 results/retrieval-code-mix/<arm>/ (a rerun resumes them).
 """
@@ -44,16 +46,27 @@ GRID = ["--tasks", "niah_single", "--lengths", "16k", "--depths", "0.1,0.5,0.9",
         "--dtype", "float32", "--no-progress"]
 
 
-def train_argv(arm: str, runs: Path) -> list[str]:
+def run_name(arm: str, seed: int) -> str:
+    """An arm's folder (checkpoint and rows): `<arm>` for training seed 0, `<arm>-seed<s>` else."""
+    return arm if seed == 0 else f"{arm}-seed{seed}"
+
+
+def arm_of(name: str) -> tuple[str, int]:
+    arm, _, seed = name.partition("-seed")
+    return arm, int(seed or 0)
+
+
+def train_argv(name: str, runs: Path) -> list[str]:
+    arm, seed = arm_of(name)
     setting, flags = ARMS[arm] or ((), [])
     return ["accelerate", "launch", "--cpu", "--num_processes", "1", "recipes/finetune.py", "--config", RECIPE,
-            *setting, *flags, "--output_dir", str(runs / arm)]
+            *setting, *flags, *(["--training.seed", str(seed)] if seed else []), "--output_dir", str(runs / name)]
 
 
-def ask_argv(arm: str, runs: Path) -> list[str]:
-    model = ["--methods", "yarn", "--factor", "2"] if arm == "free" else \
-        ["--model", str(runs / arm / "final"), "--methods", "none"]
-    return ["hf-posext", "retrieval", *model, *GRID, "--dataset", code_path(), "--out", str(OUT / arm)]
+def ask_argv(name: str, runs: Path) -> list[str]:
+    model = ["--methods", "yarn", "--factor", "2"] if name == "free" else \
+        ["--model", str(runs / name / "final"), "--methods", "none"]
+    return ["hf-posext", "retrieval", *model, *GRID, "--dataset", code_path(), "--out", str(OUT / name)]
 
 
 # the shipped recipe's own check (docs/finetuning_mix.md): RULER's noise,
@@ -62,9 +75,9 @@ NOISE_GRID = ["--tasks", "niah_single", "--lengths", "16k", "--depths", "0,0.25,
               "--dtype", "float32", "--no-progress", "--dataset", "noise"]
 
 
-def noise_argv(arm: str, runs: Path) -> list[str]:
-    return ["hf-posext", "retrieval", "--model", str(runs / arm / "final"), "--methods", "none", *NOISE_GRID,
-            "--out", str(OUT / f"{arm}-noise")]
+def noise_argv(name: str, runs: Path) -> list[str]:
+    return ["hf-posext", "retrieval", "--model", str(runs / name / "final"), "--methods", "none", *NOISE_GRID,
+            "--out", str(OUT / f"{name}-noise")]
 
 
 def shown(argv: list[str]) -> str:
@@ -86,17 +99,21 @@ def write_page(runs: Path) -> Path:
     lines = ["| arm | method as evaluated | niah_single at 16k (Wilson 95 %) | by depth | answers that missed | wall time |",
              "|---|---|---|---|---|---|"]
     commands = []
-    steps = [(arm, OUT / arm, ask_argv) for arm in ARMS] + [(f"{arm} (noise)", OUT / f"{arm}-noise", noise_argv)
-                                                            for arm in ARMS if ARMS[arm] is not None]
+    # each arm's seed 0, then its other training seeds that ran
+    names = [n for arm in ARMS for n in [arm, *sorted((p.name for p in OUT.glob(f"{arm}-seed*")
+                                                        if p.name.partition("-seed")[2].isdigit()), key=arm_of)]]
+    steps = [(n, OUT / n, ask_argv) for n in names] + [(f"{n} (noise)", OUT / f"{n}-noise", noise_argv)
+                                                       for n in names if ARMS[arm_of(n)[0]] is not None]
     for label, folder, argv_of in steps:
-        arm = label.split()[0]
+        name = label.split()[0]
+        arm = arm_of(name)[0]
         path = folder / "retrieval.json"
         if not path.exists():
             lines.append(f"| {label} | not run | | | | |")
             continue
         if ARMS[arm] is not None and argv_of is ask_argv:
-            commands.append(shown(train_argv(arm, runs)))
-        commands.append(shown(argv_of(arm, runs)))
+            commands.append(shown(train_argv(name, runs)))
+        commands.append(shown(argv_of(name, runs)))
         rows = sorted(read_rows(path), key=lambda r: (r["method"], float(r["depth"])))
         for method in dict.fromkeys(r["method"] for r in rows):
             cells = [r for r in rows if r["method"] == method]
@@ -127,19 +144,26 @@ def main() -> None:
     p.add_argument("step", choices=("train", "ask", "noise", "report"))
     p.add_argument("arm", nargs="?", choices=tuple(ARMS))
     p.add_argument("--runs", type=Path, default=Path("runs/code-mix"), help="the checkpoints' folder")
+    p.add_argument("--seed", type=int, default=0, help="the arm's training seed (`training.seed`; folder "
+                                                       "`<arm>-seed<s>` for a seed other than 0)")
     args = p.parse_args()
     if args.step != "report" and args.arm is None:
         p.error(f"{args.step} needs an arm: {', '.join(ARMS)}")
+    if args.seed < 0 or (args.seed and args.arm == "free") or (args.seed and args.step == "report"):
+        p.error(f"--seed {args.seed}: a training seed is >= 0 and names a trained arm (code, prose, code-2k, "
+                "prose-2k) to train, ask or noise; the free arm and the report take none")
+    name = run_name(args.arm, args.seed) if args.arm else ""
+    seeded = f" --seed {args.seed}" if args.seed else ""
     if args.step == "train":
         if ARMS[args.arm] is None:
             p.error("the free arm is not trained: `ask free` evaluates it")
-        run(train_argv(args.arm, args.runs))
+        run(train_argv(name, args.runs))
     elif args.step in ("ask", "noise"):
-        if ARMS[args.arm] is not None and not (args.runs / args.arm / "final").is_dir():
-            p.error(f"{args.runs / args.arm / 'final'} does not exist: run `train {args.arm}` first")
+        if ARMS[args.arm] is not None and not (args.runs / name / "final").is_dir():
+            p.error(f"{args.runs / name / 'final'} does not exist: run `train {args.arm}{seeded}` first")
         if args.step == "noise" and ARMS[args.arm] is None:
             p.error("`noise` asks a fine-tuned arm (code, prose); YaRN's figure in noise is on the retrieval page")
-        run((ask_argv if args.step == "ask" else noise_argv)(args.arm, args.runs))
+        run((ask_argv if args.step == "ask" else noise_argv)(name, args.runs))
     else:
         print(f"wrote {write_page(args.runs)}")
 

@@ -3,7 +3,7 @@
 setting each arm names: `code` and `prose` the 1k-window setting, whose trained config
 finetune-retrieval-span09's mix arm stored, not the recipe's default of today; the `-2k` arms the
 recipe as shipped, whose trained config finetune-retrieval-2k-windows' mix arm stored. A code arm
-differs from its setting by its haystacks alone."""
+differs from its setting by its haystacks alone, an arm's other seeds by `training.seed` alone."""
 
 from __future__ import annotations
 
@@ -31,9 +31,13 @@ def test_each_arm_trains_the_recipe_in_its_setting():
         argv[argv.index("--config") + 1] = str(ROOT / argv[argv.index("--config") + 1])
         cfg, _ = parse_args(argv)
         arms[cfg.output_dir.rsplit("/", 1)[-1]] = cfg
-    assert {"code", "prose"} <= set(arms) <= {"code", "prose", "code-2k", "prose-2k"}
-    for arm, cfg in arms.items():
+    assert {"code", "prose"} <= set(arms)
+    for name, cfg in arms.items():
+        arm, _, seed = name.partition("-seed")   # another training seed: `<arm>-seed<s>`
+        assert arm in {"code", "prose", "code-2k", "prose-2k"}, name
         then = settings[SHIPPED if arm.endswith("-2k") else THEN]
+        assert cfg.training.seed == int(seed or 0), name
+        cfg = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, seed=then.training.seed))
         for section in ("model", "training", "pose", "lora"):
             assert getattr(cfg, section) == getattr(then, section), (arm, section)
         haystacks = ["training", "embedded:python-stdlib"] if arm.startswith("code") else then.data.synthetic.haystacks
