@@ -162,7 +162,8 @@ def main() -> None:
         if ARMS[args.arm] is not None and not (args.runs / name / "final").is_dir():
             p.error(f"{args.runs / name / 'final'} does not exist: run `train {args.arm}{seeded}` first")
         if args.step == "noise" and ARMS[args.arm] is None:
-            p.error("`noise` asks a fine-tuned arm (code, prose); YaRN's figure in noise is on the retrieval page")
+            p.error("`noise` asks a fine-tuned arm (code, prose, code-2k, prose-2k); YaRN's figure in noise "
+                    "is on the retrieval page")
         run((ask_argv if args.step == "ask" else noise_argv)(name, args.runs))
     else:
         print(f"wrote {write_page(args.runs)}")
