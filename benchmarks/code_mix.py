@@ -15,7 +15,9 @@ on), on the embedded SmolLM2-135M (trained at 8,192), YaRN s = 2, in two setting
     python benchmarks/code_mix.py noise code      # the same checkpoint in RULER's noise
     python benchmarks/code_mix.py report          # -> results/retrieval_code_mix.md
 
---seed S trains (and asks) an arm with another training seed, in `<arm>-seed<S>`.
+--seed S trains (and asks) an arm with another training seed, in `<arm>-seed<S>`; --task multi_key
+asks RULER's multi_key (the needle among three distractor keys) instead of niah_single, in
+`<folder>-multi_key`.
 
 Checkpoints go to --runs (default runs/code-mix, git-ignored); the retrieval rows to
 results/retrieval-code-mix/<arm>/ (a rerun resumes them).
@@ -63,10 +65,22 @@ def train_argv(name: str, runs: Path) -> list[str]:
             *setting, *flags, *(["--training.seed", str(seed)] if seed else []), "--output_dir", str(runs / name)]
 
 
-def ask_argv(name: str, runs: Path) -> list[str]:
+TASKS = ("niah_single", "multi_key")
+
+
+def with_task(argv: list[str], task: str) -> list[str]:
+    """A grid's command asking `task`: niah_single as written, another task in `<folder>-<task>`."""
+    if task == "niah_single":
+        return argv
+    argv = [task if a == "niah_single" else a for a in argv]
+    return [*argv[:-1], f"{argv[-1]}-{task}"]
+
+
+def ask_argv(name: str, runs: Path, task: str = "niah_single") -> list[str]:
     model = ["--methods", "yarn", "--factor", "2"] if name == "free" else \
         ["--model", str(runs / name / "final"), "--methods", "none"]
-    return ["hf-posext", "retrieval", *model, *GRID, "--dataset", code_path(), "--out", str(OUT / name)]
+    return with_task(["hf-posext", "retrieval", *model, *GRID, "--dataset", code_path(), "--out", str(OUT / name)],
+                     task)
 
 
 # the shipped recipe's own check (docs/finetuning_mix.md): RULER's noise,
@@ -75,9 +89,9 @@ NOISE_GRID = ["--tasks", "niah_single", "--lengths", "16k", "--depths", "0,0.25,
               "--dtype", "float32", "--no-progress", "--dataset", "noise"]
 
 
-def noise_argv(name: str, runs: Path) -> list[str]:
-    return ["hf-posext", "retrieval", "--model", str(runs / name / "final"), "--methods", "none", *NOISE_GRID,
-            "--out", str(OUT / f"{name}-noise")]
+def noise_argv(name: str, runs: Path, task: str = "niah_single") -> list[str]:
+    return with_task(["hf-posext", "retrieval", "--model", str(runs / name / "final"), "--methods", "none",
+                      *NOISE_GRID, "--out", str(OUT / f"{name}-noise")], task)
 
 
 def shown(argv: list[str]) -> str:
@@ -96,24 +110,26 @@ def write_page(runs: Path) -> Path:
     from hf_posext.evaluation import read_rows
     from hf_posext.evaluation.shared.summary import write_page_keeping_reading
     from hf_posext.evaluation.retrieval.stats import score_trial, wilson
-    lines = ["| arm | method as evaluated | niah_single at 16k (Wilson 95 %) | by depth | answers that missed | wall time |",
+    lines = ["| arm | method as evaluated | accuracy at 16k (Wilson 95 %) | by depth | answers that missed | wall time |",
              "|---|---|---|---|---|---|"]
     commands = []
     # each arm's seed 0, then its other training seeds that ran
     names = [n for arm in ARMS for n in [arm, *sorted((p.name for p in OUT.glob(f"{arm}-seed*")
                                                         if p.name.partition("-seed")[2].isdigit()), key=arm_of)]]
-    steps = [(n, OUT / n, ask_argv) for n in names] + [(f"{n} (noise)", OUT / f"{n}-noise", noise_argv)
-                                                       for n in names if ARMS[arm_of(n)[0]] is not None]
-    for label, folder, argv_of in steps:
+    # (label, the command's argv, its task); niah_single rows show `not run`, multi_key rows only once run
+    steps = [(f"{n}{'' if t == TASKS[0] else f' ({t})'}", ask_argv(n, runs, t), t) for t in TASKS for n in names]
+    steps += [(f"{n} (noise{'' if t == TASKS[0] else f', {t}'})", noise_argv(n, runs, t), t) for t in TASKS
+              for n in names if ARMS[arm_of(n)[0]] is not None]
+    for label, argv, task in steps:
         name = label.split()[0]
         arm = arm_of(name)[0]
-        path = folder / "retrieval.json"
+        path = Path(argv[-1]) / "retrieval.json"
         if not path.exists():
-            lines.append(f"| {label} | not run | | | | |")
+            lines += [f"| {label} | not run | | | | |"] if task == TASKS[0] else []
             continue
-        if ARMS[arm] is not None and argv_of is ask_argv:
+        if ARMS[arm] is not None and "(" not in label:   # an arm's first row: the command that trained it
             commands.append(shown(train_argv(name, runs)))
-        commands.append(shown(argv_of(name, runs)))
+        commands.append(shown(argv))
         rows = sorted(read_rows(path), key=lambda r: (r["method"], float(r["depth"])))
         for method in dict.fromkeys(r["method"] for r in rows):
             cells = [r for r in rows if r["method"] == method]
@@ -128,7 +144,8 @@ def write_page(runs: Path) -> Path:
                          f"{'; '.join(f'`{m}`' for m in missed[:4]) or '—'} | {minutes:.0f} min |")
     text = ["# Retrieval in code: the recipe's mix with and without code", "",
             "Made by `python benchmarks/code_mix.py report` from the rows of the commands below (the embedded "
-            "SmolLM2-135M, trained at 8,192 tokens; float32, 2 CPU cores; RULER's `niah_single` wording, four "
+            "SmolLM2-135M, trained at 8,192 tokens; float32, 2 CPU cores; RULER's `niah_single` wording "
+            "(`multi_key` where the row says so), four "
             "needles a depth; the haystack is torch's `_refs/__init__.py`, which no arm trained on (the `(noise)` rows: "
             "RULER's noise, two needles at each of five depths); the code arms' "
             "examples were built in Python's standard library; the -2k arms train the recipe as shipped, 2k-token "
@@ -144,6 +161,7 @@ def main() -> None:
     p.add_argument("step", choices=("train", "ask", "noise", "report"))
     p.add_argument("arm", nargs="?", choices=tuple(ARMS))
     p.add_argument("--runs", type=Path, default=Path("runs/code-mix"), help="the checkpoints' folder")
+    p.add_argument("--task", choices=TASKS, default=TASKS[0], help="the RULER task asked (ask, noise)")
     p.add_argument("--seed", type=int, default=0, help="the arm's training seed (`training.seed`; folder "
                                                        "`<arm>-seed<s>` for a seed other than 0)")
     args = p.parse_args()
@@ -152,6 +170,8 @@ def main() -> None:
     if args.seed < 0 or (args.seed and args.arm == "free") or (args.seed and args.step == "report"):
         p.error(f"--seed {args.seed}: a training seed is >= 0 and names a trained arm (code, prose, code-2k, "
                 "prose-2k) to train, ask or noise; the free arm and the report take none")
+    if args.task != TASKS[0] and args.step not in ("ask", "noise"):
+        p.error(f"--task {args.task}: only `ask` and `noise` ask a task; `{args.step}` takes none")
     name = run_name(args.arm, args.seed) if args.arm else ""
     seeded = f" --seed {args.seed}" if args.seed else ""
     if args.step == "train":
@@ -164,7 +184,7 @@ def main() -> None:
         if args.step == "noise" and ARMS[args.arm] is None:
             p.error("`noise` asks a fine-tuned arm (code, prose, code-2k, prose-2k); YaRN's figure in noise "
                     "is on the retrieval page")
-        run((ask_argv if args.step == "ask" else noise_argv)(name, args.runs))
+        run((ask_argv if args.step == "ask" else noise_argv)(name, args.runs, args.task))
     else:
         print(f"wrote {write_page(args.runs)}")
 

@@ -43,3 +43,26 @@ def test_each_arm_trains_the_recipe_in_its_setting():
         haystacks = ["training", "embedded:python-stdlib"] if arm.startswith("code") else then.data.synthetic.haystacks
         assert cfg.data == dataclasses.replace(then.data, synthetic=dataclasses.replace(then.data.synthetic,
                                                                                        haystacks=haystacks))
+
+
+def test_another_task_asks_the_same_grid_in_its_own_folder(monkeypatch):
+    """`--task multi_key` changes the task hf-posext asks and the results folder, nothing else (read
+    back through hf-posext's own parser, the command's consumer)."""
+    from hf_posext.cli import build_parser
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import code_mix
+    for argv_of in (code_mix.ask_argv, code_mix.noise_argv):
+        single, multi = (vars(build_parser().parse_args(argv_of("prose-2k-seed1", ROOT / "runs", task)[1:]))
+                         for task in ("niah_single", "multi_key"))
+        assert (single.pop("tasks"), multi.pop("tasks")) == ("niah_single", "multi_key")
+        assert str(multi.pop("out")) == f"{single.pop('out')}-multi_key"
+        assert single == multi
+
+
+def test_a_task_with_a_step_that_asks_none_is_refused():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "code_mix.py"), "train", "code", "--task",
+                           "multi_key"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2 and "--task multi_key: only `ask` and `noise` ask a task" in done.stderr
+    assert "accelerate" not in done.stdout
