@@ -102,8 +102,10 @@ def run(argv: list[str]) -> None:
     if argv[0] == "hf-posext":
         argv = [sys.executable, "-m", "hf_posext.cli", *argv[1:]] + (
             ["--resume"] if (Path(argv[-1]) / "retrieval.json").exists() else [])
-    print("+ " + " ".join(argv), flush=True)
-    subprocess.run(argv, check=True, cwd=HERE.parent)
+    print("+ " + shlex.join(argv), flush=True)
+    code = subprocess.run(argv, cwd=HERE.parent).returncode
+    if code:   # its own error is above; no traceback of this wrapper on top of it
+        sys.exit(f"the command above failed (exit status {code})")
 
 
 def write_page(runs: Path) -> Path:

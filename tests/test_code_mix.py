@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import subprocess
+import sys
 
 from _recipekit import ROOT
 
@@ -17,6 +19,7 @@ STORED = ROOT / "benchmarks" / "results"
 THEN = STORED / "finetune-retrieval-span09" / "mix" / "train" / "config.json"
 SHIPPED = STORED / "finetune-retrieval-2k-windows" / "mix" / "train" / "config.json"
 PAGE = ROOT / "benchmarks" / "results" / "retrieval_code_mix.md"
+SCRIPT = ROOT / "benchmarks" / "code_mix.py"
 
 
 def test_each_arm_trains_the_recipe_in_its_setting():
@@ -45,24 +48,35 @@ def test_each_arm_trains_the_recipe_in_its_setting():
                                                                                        haystacks=haystacks))
 
 
-def test_another_task_asks_the_same_grid_in_its_own_folder(monkeypatch):
+def shown_command(tmp_path, *argv: str) -> list[str]:
+    """The hf-posext command `code_mix.py <argv>` runs (its `+` line), on a checkpoint folder that
+    holds nothing, so hf-posext refuses it before any model loads (arm `code`, seed 7: a folder no
+    stored result has)."""
+    (tmp_path / "code-seed7" / "final").mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, str(SCRIPT), *argv, "--runs", str(tmp_path)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "the command above failed" in done.stderr.splitlines()[-1]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("+ "))
+    return shlex.split(line[2:])
+
+
+def test_another_task_asks_the_same_grid_in_its_own_folder(tmp_path):
     """`--task multi_key` changes the task hf-posext asks and the results folder, nothing else (read
     back through hf-posext's own parser, the command's consumer)."""
     from hf_posext.cli import build_parser
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import code_mix
-    for argv_of in (code_mix.ask_argv, code_mix.noise_argv):
-        single, multi = (vars(build_parser().parse_args(argv_of("prose-2k-seed1", ROOT / "runs", task)[1:]))
+    for step in ("ask", "noise"):
+        single, multi = (vars(build_parser().parse_args(shown_command(tmp_path, step, "code", "--seed", "7",
+                                                                      "--task", task)[3:]))
                          for task in ("niah_single", "multi_key"))
         assert (single.pop("tasks"), multi.pop("tasks")) == ("niah_single", "multi_key")
         assert str(multi.pop("out")) == f"{single.pop('out')}-multi_key"
         assert single == multi
+    assert not list((ROOT / "benchmarks" / "results" / "retrieval-code-mix").glob("code-seed7*"))
 
 
 def test_a_task_with_a_step_that_asks_none_is_refused():
-    import subprocess
-    import sys
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "code_mix.py"), "train", "code", "--task",
-                           "multi_key"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run([sys.executable, str(SCRIPT), "train", "code", "--task", "multi_key"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 2 and "--task multi_key: only `ask` and `noise` ask a task" in done.stderr
     assert "accelerate" not in done.stdout
