@@ -20,19 +20,23 @@ asks RULER's multi_key (the needle among three distractor keys) instead of niah_
 `<folder>-multi_key`.
 
 Checkpoints go to --runs (default runs/code-mix, git-ignored); the retrieval rows to
-results/retrieval-code-mix/<arm>/ (a rerun resumes them).
+results/retrieval-code-mix/<arm>/ (a rerun resumes them); `report` also writes
+results/retrieval-code-mix/runs.json (each folder's commands and training setting), which the
+effective-length table reads.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 from effective_length_4x import code_path   # the same held-out code file as the 4x runs
-from effective_length_table import PREVIOUS_2X_FLAGS   # the recipe's setting when code and prose trained
+# the recipe's setting when code and prose trained, and the table's names of the arms' settings
+from effective_length_table import CODE_MIX_NAME, PREVIOUS_2X_FLAGS, PREVIOUS_2X_NAME
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "retrieval-code-mix"
@@ -115,6 +119,7 @@ def write_page(runs: Path) -> Path:
     lines = ["| arm | method as evaluated | accuracy at 16k (Wilson 95 %) | by depth | answers that missed | wall time |",
              "|---|---|---|---|---|---|"]
     commands = []
+    runs_of: dict[str, dict] = {}   # the sidecar the effective-length table reads: folder -> its run
     # each arm's seed 0, then its other training seeds that ran
     names = [n for arm in ARMS for n in [arm, *sorted((p.name for p in OUT.glob(f"{arm}-seed*")
                                                         if p.name.partition("-seed")[2].isdigit()), key=arm_of)]]
@@ -129,9 +134,16 @@ def write_page(runs: Path) -> Path:
         if not path.exists():
             lines += [f"| {label} | not run | | | | |"] if task == TASKS[0] else []
             continue
-        if ARMS[arm] is not None and "(" not in label:   # an arm's first row: the command that trained it
-            commands.append(shown(train_argv(name, runs)))
+        trained = [shown(train_argv(name, runs))] if ARMS[arm] is not None else []
+        if trained and "(" not in label:   # an arm's first row: the command that trained it
+            commands += trained
         commands.append(shown(argv))
+        setting, flags = ARMS[arm] or ((), [])
+        # the table's name of the arm's training setting ("": the shipped recipe's own, pooled into its row)
+        note = ", ".join(n for n in (PREVIOUS_2X_NAME if setting else "", CODE_MIX_NAME if flags == CODE else "") if n)
+        runs_of[path.parent.name] = {"commands": [*trained, shown(argv)], "trained": ARMS[arm] is not None,
+                                     "seed": arm_of(name)[1], "note": note,
+                                     "asked_depths": len(argv[argv.index("--depths") + 1].split(","))}
         rows = sorted(read_rows(path), key=lambda r: (r["method"], float(r["depth"])))
         for method in dict.fromkeys(r["method"] for r in rows):
             cells = [r for r in rows if r["method"] == method]
@@ -154,6 +166,7 @@ def write_page(runs: Path) -> Path:
             "windows, the others its 1k-window setting). `answers that missed`: the start of each wrong "
             "answer.", "", *lines, "", "Commands (`$TORCH` is the installed torch package's folder; "
             "`runs/` a folder of your choosing):", "", "```bash", *commands, "```", ""]
+    (OUT / "runs.json").write_text(json.dumps(runs_of, indent=1) + "\n")
     return write_page_keeping_reading(PAGE, text)
 
 

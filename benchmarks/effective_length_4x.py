@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
+from effective_length_table import CODE_LABEL
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "effective-length-4x"
@@ -52,8 +53,7 @@ TASKS = {"niah_single": (0.9, 0.7), "multi_key": (0.8, None)}
 PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's training
 
 
-LABELS = {"noise": "RULER's noise", "hamlet": "Hamlet (held out)",
-          "code": "source code (torch/_refs/__init__.py, torch 2.13.0)"}
+LABELS = {"noise": "RULER's noise", "hamlet": "Hamlet (held out)", "code": CODE_LABEL}
 
 
 def code_path() -> str:

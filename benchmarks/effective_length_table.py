@@ -8,6 +8,7 @@ other sources are read here, each by what the script that wrote it stores:
     retrieval-2x/          YaRN s = 2 and the unpatched model at 8k and 16k (retrieval_report.py's commands)
     side-by-side/          retrieval at 16k (bfloat16) and Hamlet perplexity at 16k and 32k (side_by_side.py)
     finetune-retrieval*/   the shipped 2x retrieval recipe's seeds, pooled (finetune_retrieval.py)
+    retrieval-code-mix/    YaRN s = 2 and the 2x recipe's arms in held-out code (code_mix.py's runs.json)
 """
 
 from __future__ import annotations
@@ -184,6 +185,8 @@ def own_window(pairs: Sequence[tuple[int, dict, dict]], labels: dict[str, str], 
 PREVIOUS_2X_FLAGS = ("--training.seq_len", "1024", "--training.max_steps", "200", "--training.save_every", "50",
                      "--data.synthetic.share", "0.25", "--data.synthetic.window", "null")
 PREVIOUS_2X_NAME = "1k-token windows, a quarter synthetic, 200 steps (the default before)"
+CODE_MIX_NAME = "code haystacks in the mix (`data.synthetic.haystacks`)"
+CODE_LABEL = "source code (torch/_refs/__init__.py, torch 2.13.0)"   # the held-out code haystack's label
 
 
 def recipe_setting(*flags: str) -> dict:
@@ -263,6 +266,18 @@ def setting_2x(results: Path, labels: dict[str, str], setting: dict, note: str) 
         if {"truncate", "baseline"} <= set(longest):
             pairs.append((seed, longest["truncate"], longest["baseline"]))
     return found, [own_window(pairs, labels, (command,), note)] if pairs else []
+
+
+def code_mix(results: Path, labels: dict[str, str]) -> list[Count]:
+    """code_mix.py's folders as its report indexed them (runs.json): a trained arm of the shipped
+    setting without code (note "") is pooled into the recipe's row, the others listed by their note."""
+    folder, found = results / "retrieval-code-mix", []
+    for name, run in (json.loads((folder / "runs.json").read_text()) if (folder / "runs.json").exists() else {}).items():
+        rows = merged(folder / name / "retrieval.json", **({"training_seed": run["seed"]} if run["trained"] else {}))
+        named = {**labels, **{r["haystack"]: CODE_LABEL for r in rows if r["haystack"] not in labels}}
+        found += counts(rows, named, "retrieval-code-mix", run["commands"], method="yarn" if run["trained"] else None,
+                        tuned=run["trained"], asked=run["asked_depths"], note=run["note"])
+    return found
 
 
 def seeds_text(seeds: frozenset) -> str:
@@ -371,7 +386,7 @@ def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
             lines.append(f"- {name}: " + "; ".join(task_cells(mine, rank))
                          + f"; {sum(c.seconds for c in mine) / 60:.0f} min; commands {numbers(mine)}")
     lines += ["", "Commands (`$TORCH` is the installed torch package's folder):", "",
-              *(f"{i}. " + (f"`{c}`" if c.startswith(("hf-posext ", "python ")) else c)
+              *(f"{i}. " + (f"`{c}`" if c.startswith(("hf-posext ", "python ", "accelerate ")) else c)
                 for i, c in enumerate(commands, 1)), "", ""]   # a blank line before the reading's heading
     return lines
 
@@ -381,5 +396,5 @@ def build(results: Path, labels: dict[str, str], four_x: Sequence[Count], four_x
     and the ones read here, under `results` (benchmarks/results unless a test gives another)."""
     sbs_counts, sbs_ratios = side_by_side(results, labels)
     tuned_counts, tuned_ratios = finetuned_2x(results, labels)
-    return section([*retrieval_2x(results, labels), *sbs_counts, *tuned_counts, *four_x],
+    return section([*retrieval_2x(results, labels), *sbs_counts, *tuned_counts, *code_mix(results, labels), *four_x],
                    [*sbs_ratios, *tuned_ratios, *four_x_ppl])

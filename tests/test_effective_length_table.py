@@ -23,6 +23,7 @@ SPAN09 = RESULTS / "finetune-retrieval-span09"
 SEEDS = ["mix", *(f"mix-seed{s}" for s in range(1, 6))]
 # the shipped 2x recipe's setting (2k-token windows, 1k examples): its seeds
 SHIPPED = RESULTS / "finetune-retrieval-2k-windows"
+CODE_MIX = RESULTS / "retrieval-code-mix"   # benchmarks/code_mix.py's rows: the 2x arms in held-out code
 
 
 def table(*argv: str) -> str:
@@ -83,7 +84,9 @@ def test_the_2x_fine_tuned_cell_is_the_shipped_settings_seeds_summed(page_table)
     cells = row_of(page_table, "YaRN", "2x (16k), fine-tuned")
     assert cells[2].startswith(f"{rate(k, n)} (RULER's noise; five depths; float32; seeds 0")
     ppl = [r for name in seeds for r in stored(SHIPPED / name / "perplexity" / "perplexity.json") if r["length"] == 16384]
-    minutes = sum(float(r["seconds"]) for r in [*rows, *ppl]) / 60
+    # and the recipe's seeds asked in held-out code (code_mix.py's prose-2k folders)
+    code = [r for f in CODE_MIX.glob("prose-2k*") for r in stored(f / "retrieval.json")]
+    minutes = sum(float(r["seconds"]) for r in [*rows, *ppl, *code]) / 60
     assert cells[-1] == f"{minutes:.0f} min"
     by_seed = past_l_by_seed(ppl)
     assert f"= {sum(by_seed) / len(by_seed):+.3f} nats; mean over seeds 0" in cells[4]
@@ -102,7 +105,8 @@ def test_the_2x_setting_before_is_listed_apart_its_six_seeds_summed(page_table):
     # perplexity pairs), summed here from the files
     grids = [r for name in ("mix-grid", "mix-seed1-grid") for r in stored(SPAN09 / name / "retrieval" / "retrieval.json")]
     ppl = [r for name in SEEDS for r in stored(SPAN09 / name / "perplexity" / "perplexity.json") if r["length"] == 16384]
-    minutes = sum(float(r["seconds"]) for r in [*rows, *grids, *ppl]) / 60
+    code = stored(CODE_MIX / "prose" / "retrieval.json")   # the setting asked in held-out code (code_mix.py)
+    minutes = sum(float(r["seconds"]) for r in [*rows, *grids, *ppl, *code]) / 60
     assert f"; {minutes:.0f} min; commands (" in line
     by_seed = past_l_by_seed(ppl)
     assert f"= {sum(by_seed) / len(by_seed):+.3f} nats; mean over seeds 0-5" in line
@@ -241,3 +245,22 @@ def test_the_documents_control_is_not_the_recipe_s_perplexity(tmp_path):
     doubled = past_l({**truncate, "bucket_nll": [x * 2 for x in truncate["bucket_nll"]]}) - past_l(baseline)
     control_line = next(line for line in out.splitlines() if line.startswith("- 4x, 1k-token windows, documents only, no synthetic examples: "))
     assert f"= {doubled:+.3f} nats; seed 0)" in control_line and abs(doubled - recipe) > 1
+
+
+def test_the_code_cells_are_the_code_mix_folders_summed(page_table):
+    """In held-out code, the 2x fine-tuned row sums the shipped recipe's code-mix seeds (prose-2k,
+    prose-2k-seed<s>) and nothing trained with code in its mix; training-free YaRN reads the free arm."""
+    mix = CODE_MIX
+    code = "source code (torch/_refs/__init__.py, torch 2.13.0); depths 0.1, 0.5, 0.9; float32"
+    prose = [r for f in sorted(mix.glob("prose-2k*")) if "noise" not in f.name for r in stored(f / "retrieval.json")]
+    assert len({r["model"] for r in prose}) >= 2   # seeds 0 and 1 at least
+    seeds = ", ".join(str(s) for s in range(len({r["model"] for r in prose})))
+    cell = row_of(page_table, "YaRN", "2x (16k), fine-tuned")[2]
+    assert f"{rate(sum(r['correct'] for r in prose), sum(r['trials'] for r in prose))} ({code}; seeds {seeds})" in cell
+    free = [r for r in stored(mix / "free" / "retrieval.json") if r["method"] == "yarn"]
+    assert f"{rate(sum(r['correct'] for r in free), sum(r['trials'] for r in free))} ({code})" in \
+        row_of(page_table, "YaRN", "2x (16k), training-free")[2]
+    with_code = [r for f in ("code-2k", "code-2k-seed1") for r in stored(mix / f / "retrieval.json")]
+    listed = next(line for line in page_table.splitlines() if line.startswith("- 2x, code haystacks in the mix"))
+    assert f"{rate(sum(r['correct'] for r in with_code), sum(r['trials'] for r in with_code))} ({code}; seeds 0, 1)" \
+        in listed
