@@ -80,3 +80,14 @@ def test_a_task_with_a_step_that_asks_none_is_refused():
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 2 and "--task multi_key: only `ask` and `noise` ask a task" in done.stderr
     assert "accelerate" not in done.stdout
+
+
+def test_the_index_the_table_reads_names_every_stored_folder():
+    """runs.json (written by `code_mix.py report`, read by the effective-length table) lists exactly
+    the folders that hold rows: a run copied in without rerunning the report would be left out of
+    the table, a folder removed would leave a stale entry."""
+    folder = ROOT / "benchmarks" / "results" / "retrieval-code-mix"
+    index = json.loads((folder / "runs.json").read_text())
+    assert sorted(index) == sorted(p.parent.name for p in folder.glob("*/retrieval.json"))
+    for name, run in index.items():
+        assert run["commands"][-1].endswith(f"--out benchmarks/results/retrieval-code-mix/{name}"), name
