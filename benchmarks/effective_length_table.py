@@ -268,7 +268,7 @@ def setting_2x(results: Path, labels: dict[str, str], setting: dict, note: str) 
     return found, [own_window(pairs, labels, (command,), note)] if pairs else []
 
 
-def code_mix(results: Path, labels: dict[str, str]) -> list[Count]:
+def code_mix_runs(results: Path, labels: dict[str, str]) -> list[Count]:
     """code_mix.py's folders as its report indexed them (runs.json): a trained arm of the shipped
     setting without code (note "") is pooled into the recipe's row, the others listed by their note."""
     folder, found = results / "retrieval-code-mix", []
@@ -396,5 +396,5 @@ def build(results: Path, labels: dict[str, str], four_x: Sequence[Count], four_x
     and the ones read here, under `results` (benchmarks/results unless a test gives another)."""
     sbs_counts, sbs_ratios = side_by_side(results, labels)
     tuned_counts, tuned_ratios = finetuned_2x(results, labels)
-    return section([*retrieval_2x(results, labels), *sbs_counts, *tuned_counts, *code_mix(results, labels), *four_x],
+    return section([*retrieval_2x(results, labels), *sbs_counts, *tuned_counts, *code_mix_runs(results, labels), *four_x],
                    [*sbs_ratios, *tuned_ratios, *four_x_ppl])
