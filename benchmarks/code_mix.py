@@ -36,7 +36,7 @@ from pathlib import Path
 
 from effective_length_4x import code_path   # the same held-out code file as the 4x runs
 # the recipe's setting when code and prose trained, and the table's names of the arms' settings
-from effective_length_table import CODE_MIX_NAME, PREVIOUS_2X_FLAGS, PREVIOUS_2X_NAME
+from effective_length_table import CODE_MIX_NAME, PREVIOUS_2X_FLAGS, PREVIOUS_2X_NAME, TASKS   # the tasks the table reads
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "retrieval-code-mix"
@@ -67,9 +67,6 @@ def train_argv(name: str, runs: Path) -> list[str]:
     setting, flags = ARMS[arm] or ((), [])
     return ["accelerate", "launch", "--cpu", "--num_processes", "1", "recipes/finetune.py", "--config", RECIPE,
             *setting, *flags, *(["--training.seed", str(seed)] if seed else []), "--output_dir", str(runs / name)]
-
-
-TASKS = ("niah_single", "multi_key")
 
 
 def with_task(argv: list[str], task: str) -> list[str]:
