@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from effective_length_table import CODE_MIX_NAME
+
 # the 4x recipe's checkpoints (an output_dir's `final`, relative to the repository as the recipe's
 # command writes it); a config carries the extension, so it is asked with no method on top.
 # arm -> (output folder of seed 0, the recipe flags it trains with, what the page adds to its name);
@@ -51,7 +53,11 @@ FINETUNED = {"finetuned": ("runs/cpu-smollm2-retrieval-4x", "", ""),
              # the recipe's mix read twice as long (152 examples, 48 document windows): does the far
              # needle in a play come with more steps rather than another layout?
              "finetuned-200-steps": ("runs/cpu-smollm2-retrieval-4x-200-steps", " --training.max_steps 200",
-                                     "200 steps")}
+                                     "200 steps"),
+             # the recipe with half its synthetic examples built in Python's standard library (the 2x
+             # code mix of benchmarks/code_mix.py at 4x): does the 2x gain in held-out code carry to 32k?
+             "finetuned-code": ("runs/cpu-smollm2-retrieval-4x-code",
+                                " --data.synthetic.haystacks '[training,embedded:python-stdlib]'", CODE_MIX_NAME)}
 
 
 def finetuned(seed: int = 0, arm: str = "finetuned") -> str:

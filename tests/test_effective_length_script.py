@@ -4,6 +4,7 @@ model loads (the script's runs take an hour a cell, so a mistake must cost nothi
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 
@@ -73,7 +74,8 @@ def test_the_documents_control_without_its_checkpoint_names_its_training_command
 @pytest.mark.parametrize("arm, folder", [("finetuned-1k-windows", "1k-windows"), ("finetuned-distractors", "distractors"),
                                          ("finetuned-documents", "documents"),
                                          ("finetuned-4k-windows", "4k-windows"),
-                                         ("finetuned-4k-docs-1k-examples", "4k-docs-1k-examples")])
+                                         ("finetuned-4k-docs-1k-examples", "4k-docs-1k-examples"),
+                                         ("finetuned-code", "code")])
 def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
     """The command a missing checkpoint names must train that arm: the recipe's own parser and
     validation accept its flags, and the output folder is the one the script then reads."""
@@ -84,7 +86,7 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
     command = done.stderr.strip().splitlines()[-1].split("`")[1]
     assert command.startswith("accelerate launch --cpu --num_processes 1 recipes/finetune.py "), command
     from hf_posext.training.recipe_config import parse_args
-    argv = command.split("recipes/finetune.py ", 1)[1].split()
+    argv = shlex.split(command.split("recipes/finetune.py ", 1)[1])   # as a shell reads it (quoted lists)
     argv[argv.index("--config") + 1] = str(ROOT / argv[argv.index("--config") + 1])
     cfg, _ = parse_args(argv)
     assert cfg.output_dir == f"runs/cpu-smollm2-retrieval-4x-{folder}"
@@ -104,6 +106,12 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
     if arm == "finetuned-4k-windows":   # the same tokens as the 1k-window setting's 200 x 1,024
         assert (cfg.training.seq_len, cfg.training.max_steps, cfg.data.synthetic.share,
                 cfg.data.synthetic.window) == (4096, 50, 0.5, None)
+    if arm == "finetuned-code":   # the recipe with half its examples' haystacks code, nothing else changed
+        now, _ = parse_args(["--config", str(ROOT / "recipes" / "cpu-smollm2-retrieval-4x.yaml")])
+        import dataclasses
+        mix = dataclasses.replace(now.data.synthetic, haystacks=["training", "embedded:python-stdlib"])
+        assert cfg == dataclasses.replace(now, data=dataclasses.replace(now.data, synthetic=mix),
+                                          output_dir="runs/cpu-smollm2-retrieval-4x-code")
     if arm == "finetuned-4k-docs-1k-examples":   # the 100-step 4k arm with only the examples cut to 1k
         assert (cfg.training.seq_len, cfg.training.max_steps, cfg.data.synthetic.share,
                 cfg.data.synthetic.window) == (4096, 100, 0.5, 1024)
