@@ -62,9 +62,14 @@ def arm_of(name: str) -> tuple[str, int]:
     return arm, int(seed or 0)
 
 
+def training(arm: str) -> tuple[tuple[str, ...], list[str]]:
+    """The arm's (recipe setting flags, own flags); nothing for the untrained free arm."""
+    return ARMS[arm] or ((), [])
+
+
 def train_argv(name: str, runs: Path) -> list[str]:
     arm, seed = arm_of(name)
-    setting, flags = ARMS[arm] or ((), [])
+    setting, flags = training(arm)
     return ["accelerate", "launch", "--cpu", "--num_processes", "1", "recipes/finetune.py", "--config", RECIPE,
             *setting, *flags, *(["--training.seed", str(seed)] if seed else []), "--output_dir", str(runs / name)]
 
@@ -135,7 +140,7 @@ def write_page(runs: Path) -> Path:
         if trained and "(" not in label:   # an arm's first row: the command that trained it
             commands += trained
         commands.append(shown(argv))
-        setting, flags = ARMS[arm] or ((), [])
+        setting, flags = training(arm)
         # the table's name of the arm's training setting ("": the shipped recipe's own, pooled into its row)
         note = ", ".join(n for n in (PREVIOUS_2X_NAME if setting else "", CODE_MIX_NAME if flags == CODE else "") if n)
         runs_of[path.parent.name] = {"commands": [*trained, shown(argv)], "trained": ARMS[arm] is not None,
