@@ -3,6 +3,7 @@ model loads (the script's runs take an hour a cell, so a mistake must cost nothi
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import subprocess
@@ -94,7 +95,6 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
         # the default before, as it trained: the 2x recipe of then (1k-token windows, a quarter
         # synthetic, whole examples, 200 steps) with its spans scaled to 4x (the two arms beside it
         # change one key of its mix)
-        import dataclasses
         now, _ = parse_args(["--config", str(ROOT / "recipes" / "cpu-smollm2-retrieval.yaml")])
         two = dataclasses.replace(now, training=dataclasses.replace(now.training, seq_len=1024, max_steps=200, save_every=50))
         change = {"finetuned-1k-windows": {}, "finetuned-distractors": {"distractors": 3},
@@ -108,7 +108,6 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
                 cfg.data.synthetic.window) == (4096, 50, 0.5, None)
     if arm == "finetuned-code":   # the recipe with half its examples' haystacks code, nothing else changed
         now, _ = parse_args(["--config", str(ROOT / "recipes" / "cpu-smollm2-retrieval-4x.yaml")])
-        import dataclasses
         mix = dataclasses.replace(now.data.synthetic, haystacks=["training", "embedded:python-stdlib"])
         assert cfg == dataclasses.replace(now, data=dataclasses.replace(now.data, synthetic=mix),
                                           output_dir="runs/cpu-smollm2-retrieval-4x-code")
