@@ -39,12 +39,16 @@ def scripts() -> list[Path]:
 
 
 def tree_state() -> dict[str, tuple[int, int]]:
-    """(mtime_ns, size) of every file in the repository but .git and virtualenvs: a script's
-    `--help` must leave all of them as they were (and add none)."""
+    """(mtime_ns, size) of every file in the repository but .git, virtualenvs and the build's own
+    folders: a script's `--help` must leave all of them as they were (and add none). build/ and
+    *.egg-info are left out because CI builds the other venvs in the background while this test
+    runs, logging into build/ (.ci/run): their changes are not the script's."""
     state = {}
     for dirpath, dirnames, filenames in os.walk(ROOT):
+        top = Path(dirpath) == ROOT
         dirnames[:] = [d for d in dirnames if d != ".git" and not d.startswith(".venv")
-                       and d not in ("__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache")]
+                       and d not in ("__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache")
+                       and not (top and d == "build") and not d.endswith(".egg-info")]
         for name in filenames:
             st = os.stat(os.path.join(dirpath, name))
             state[os.path.relpath(os.path.join(dirpath, name), ROOT)] = (st.st_mtime_ns, st.st_size)
