@@ -45,6 +45,11 @@ def rate(k: int, n: int) -> str:
     return f"{k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}]"
 
 
+def pooled_rate(rows: list[dict]) -> str:
+    """The rate of rows pooled: their correct answers and trials summed."""
+    return rate(sum(r["correct"] for r in rows), sum(r["trials"] for r in rows))
+
+
 def row_of(text: str, method: str, setting: str) -> list[str]:
     found = [line for line in text.splitlines() if line.startswith(f"| {method} | {setting} |")]
     assert len(found) == 1, f"{method}, {setting}: {len(found)} rows in\n{text}"
@@ -80,9 +85,8 @@ def test_the_2x_fine_tuned_cell_is_the_shipped_settings_seeds_summed(page_table)
     rows = [r for name in seeds for r in stored(SHIPPED / name / "retrieval" / "retrieval.json")
             if r["task"] == "niah_single" and r["length"] == 16384]
     noise = [r for r in rows if r["haystack"] == "noise"]
-    k, n = sum(r["correct"] for r in noise), sum(r["trials"] for r in noise)
     cells = row_of(page_table, "YaRN", "2x (16k), fine-tuned")
-    assert cells[2].startswith(f"{rate(k, n)} (RULER's noise; five depths; float32; seeds 0")
+    assert cells[2].startswith(f"{pooled_rate(noise)} (RULER's noise; five depths; float32; seeds 0")
     ppl = [r for name in seeds for r in stored(SHIPPED / name / "perplexity" / "perplexity.json") if r["length"] == 16384]
     # and the recipe's seeds asked in held-out code (code_mix.py's prose-2k folders)
     code = [r for f in CODE_MIX.glob("prose-2k*") for r in stored(f / "retrieval.json")]
@@ -114,16 +118,15 @@ def test_the_2x_setting_before_is_listed_apart_its_six_seeds_summed(page_table):
 
 def test_the_4x_cells_are_their_folders_summed(page_table):
     rows = stored(RESULTS / "effective-length-4x" / "noise" / "retrieval.json")   # one row per look and depth
-    k, n = sum(r["correct"] for r in rows), sum(r["trials"] for r in rows)
     cell = row_of(page_table, "YaRN", "4x (32k), training-free")[2]
-    assert cell.startswith(f"{rate(k, n)} (RULER's noise; five depths; float32)")
+    assert cell.startswith(f"{pooled_rate(rows)} (RULER's noise; five depths; float32)")
     hamlet = stored(RESULTS / "effective-length-4x" / "hamlet" / "retrieval.json")   # a look's first cells only
     # another haystack: its own part of the cell, its own depths counted
-    assert (f"; {rate(sum(r['correct'] for r in hamlet), sum(r['trials'] for r in hamlet))} (Hamlet (held out); "
+    assert (f"; {pooled_rate(hamlet)} (Hamlet (held out); "
             f"{len({r['depth'] for r in hamlet})} of 5 depths ran; float32)") in cell
     dpe = stored(RESULTS / "effective-length-4x" / "noise-dpe" / "retrieval.json")
     assert row_of(page_table, "DPE", "4x (32k), training-free")[2].startswith(
-        f"{rate(sum(r['correct'] for r in dpe), sum(r['trials'] for r in dpe))} (RULER's noise; "
+        f"{pooled_rate(dpe)} (RULER's noise; "
         f"{len({r['depth'] for r in dpe})} of 5 depths ran")
 
 
@@ -133,13 +136,13 @@ def test_the_2x_training_free_cells_read_their_sources(page_table):
     for method, name in (("yarn", "YaRN"), ("none", "unpatched")):
         mine = [r for r in rows if r["method"] == method]
         cell = row_of(page_table, name, "2x (16k), training-free")[2]
-        assert cell.startswith(f"{rate(sum(r['correct'] for r in mine), sum(r['trials'] for r in mine))} "
+        assert cell.startswith(f"{pooled_rate(mine)} "
                                "(RULER's noise; depths 0.5, 1; float32)")
     side = [r for f in ("retrieval-16k", "retrieval-16k-more")
             for r in stored(RESULTS / "side-by-side" / f / "retrieval.json") if r["method"] == "dpe"
             and r["task"] == "niah_single"]
     assert row_of(page_table, "DPE", "2x (16k), training-free")[2] == \
-        f"{rate(sum(r['correct'] for r in side), sum(r['trials'] for r in side))} (RULER's noise; five depths; bfloat16)"
+        f"{pooled_rate(side)} (RULER's noise; five depths; bfloat16)"
 
 
 def test_every_command_is_one_the_repository_gives_and_no_machine_path_shows(page_table):
@@ -262,11 +265,11 @@ def test_the_code_cells_are_the_code_mix_folders_summed(page_table):
     assert len({r["model"] for r in prose}) >= 2   # seeds 0 and 1 at least
     seeds = ", ".join(str(s) for s in range(len({r["model"] for r in prose})))
     cell = row_of(page_table, "YaRN", "2x (16k), fine-tuned")[2]
-    assert f"{rate(sum(r['correct'] for r in prose), sum(r['trials'] for r in prose))} ({code}; seeds {seeds})" in cell
+    assert f"{pooled_rate(prose)} ({code}; seeds {seeds})" in cell
     free = [r for r in stored(mix / "free" / "retrieval.json") if r["method"] == "yarn"]
-    assert f"{rate(sum(r['correct'] for r in free), sum(r['trials'] for r in free))} ({code})" in \
+    assert f"{pooled_rate(free)} ({code})" in \
         row_of(page_table, "YaRN", "2x (16k), training-free")[2]
     with_code = [r for f in ("code-2k", "code-2k-seed1") for r in stored(mix / f / "retrieval.json")]
     listed = next(line for line in page_table.splitlines() if line.startswith("- 2x, code haystacks in the mix"))
-    assert f"{rate(sum(r['correct'] for r in with_code), sum(r['trials'] for r in with_code))} ({code}; seeds 0, 1)" \
+    assert f"{pooled_rate(with_code)} ({code}; seeds 0, 1)" \
         in listed
