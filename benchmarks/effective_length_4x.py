@@ -15,7 +15,7 @@ unpatched model within L (8k) as the reference a method's accuracy is read again
     python benchmarks/effective_length_4x.py run noise --method finetuned-distractors --task multi_key
     python benchmarks/effective_length_4x.py perplexity      # the fine-tuned checkpoint past L, Hamlet
     python benchmarks/effective_length_4x.py perplexity --method finetuned-documents   # the control, below
-    python benchmarks/effective_length_4x.py reference code  # the unpatched model at 8k in code (or hamlet)
+    python benchmarks/effective_length_4x.py reference code  # the unpatched model at 8k, in code (or hamlet, noise)
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
     python benchmarks/effective_length_4x.py table           # its effective-length table only, printed
 

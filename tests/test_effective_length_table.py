@@ -284,6 +284,7 @@ def test_the_hamlet_reference_is_the_unpatched_model_within_l_asked_the_32k_cell
     assert {(r["method"], r["length"]) for r in reference} == {("none", 8192)}
     within = next(line for line in page_table.splitlines() if line.startswith("- unpatched: niah_single "))
     assert f"{pooled_rate(reference)} (Hamlet (held out); five depths; float32)" in within
+
     def asked(rows: list[dict]) -> dict[tuple, list]:   # (depth, trial seed) -> the needle's answer
         return {(r["depth"], int(s)): a for r in rows for s, a in zip(r["seeds_list"].split(","), r["answers"])}
     within_l = asked(reference)
