@@ -275,19 +275,23 @@ def test_the_code_cells_are_the_code_mix_folders_summed(page_table):
         in listed
 
 
-def test_the_hamlet_reference_is_the_unpatched_model_within_l_asked_the_32k_cells_needles(page_table):
-    """The unpatched model at 8k in Hamlet (what the 32k cells are read against): its line sums its
-    rows, and its first trials ask the needles the 32k cells ask (the trial seeds fix them, not the
-    length), so a needle missed at 32k can be looked up within L."""
+@pytest.mark.parametrize("haystack, label, at_32k", [
+    ("hamlet", "Hamlet (held out)", ("hamlet", "hamlet-finetuned")),
+    ("noise", "RULER's noise", ("noise", "noise-finetuned")),
+])
+def test_a_reference_is_the_unpatched_model_within_l_asked_the_32k_cells_needles(page_table, haystack, label, at_32k):
+    """The unpatched model at 8k in the haystack (what its 32k cells are read against): its line
+    sums its rows, and its first trials ask the needles the 32k cells ask (the trial seeds fix them,
+    not the length), so a needle missed at 32k can be looked up within L."""
     out = RESULTS / "effective-length-4x"
-    reference = stored(out / "hamlet-reference" / "retrieval.json")
+    reference = stored(out / f"{haystack}-reference" / "retrieval.json")
     assert {(r["method"], r["length"]) for r in reference} == {("none", 8192)}
     within = next(line for line in page_table.splitlines() if line.startswith("- unpatched: niah_single "))
-    assert f"{pooled_rate(reference)} (Hamlet (held out); five depths; float32)" in within
+    assert f"{pooled_rate(reference)} ({label}; five depths; float32)" in within
 
     def asked(rows: list[dict]) -> dict[tuple, list]:   # (depth, trial seed) -> the needle's answer
         return {(r["depth"], int(s)): a for r in rows for s, a in zip(r["seeds_list"].split(","), r["answers"])}
     within_l = asked(reference)
-    for folder in ("hamlet", "hamlet-finetuned"):   # training-free YaRN s = 4; the recipe, seed 0
-        at_32k = asked(stored(out / folder / "retrieval.json"))
-        assert at_32k and all(within_l[key] == answer for key, answer in at_32k.items()), folder
+    for folder in at_32k:   # training-free YaRN s = 4; the recipe, seed 0
+        found = asked(stored(out / folder / "retrieval.json"))
+        assert found and all(within_l[key] == answer for key, answer in found.items()), folder
