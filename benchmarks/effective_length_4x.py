@@ -11,6 +11,7 @@ unpatched model within L (8k) as the reference a method's accuracy is read again
     python benchmarks/effective_length_4x.py run noise       # then hamlet, code (each resumable)
     python benchmarks/effective_length_4x.py run noise --method dpe   # or self_extend
     python benchmarks/effective_length_4x.py run noise --method finetuned   # after training the 4x recipe
+    python benchmarks/effective_length_4x.py run noise --method finetuned --length 16k   # and 8k: the grid below 4L
     python benchmarks/effective_length_4x.py run noise --method finetuned --task multi_key --seed 1
     python benchmarks/effective_length_4x.py run noise --method finetuned-distractors --task multi_key
     python benchmarks/effective_length_4x.py perplexity      # the fine-tuned checkpoint past L, Hamlet
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
@@ -43,6 +45,8 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "effective-length-4x"
 PAGE = HERE / "results" / "effective_length_4x.md"
 BAR, DEPTHS, BUDGET = 0.7, "0,0.25,0.5,0.75,1", {"noise": "40m", "hamlet": "40m", "code": "30m"}
+# the grid's lengths: 4L the target's; L and 2L what an effective length of 4L needs cleared too
+LENGTHS, FAR = ("8k", "16k", "32k"), "32k"
 # every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
 # Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
@@ -66,24 +70,29 @@ def dataset(haystack: str) -> str:
     return {"noise": "noise", "hamlet": "embedded:shakespeare/hamlet", "code": code_path()}[haystack]
 
 
-def run_folder(haystack: str, method: str, task: str = "niah_single", seed: int = 0) -> Path:
-    """YaRN's niah_single rows in the haystack's folder (its first runs), every other run beside
-    it, named by method, seed (fine-tuned, past 0) and task (past niah_single)."""
+def run_folder(haystack: str, method: str, task: str = "niah_single", seed: int = 0, length: str = FAR) -> Path:
+    """YaRN's niah_single rows at 32k in the haystack's folder (its first runs), every other run beside
+    it, named by method, seed (fine-tuned, past 0), task (past niah_single) and length (past 32k)."""
     name = haystack if method == "yarn" else f"{haystack}-{method}"
     name += (f"-seed{seed}" if seed else "") + ("" if task == "niah_single" else f"-{task}")
-    return OUT / name
+    return OUT / (name + ("" if length == FAR else f"-{length}"))
+
+
+def folder_length(folder: Path) -> str:
+    """The grid length a run folder's name carries (`...-16k`; 32k when it names none)."""
+    return next((n for n in LENGTHS if folder.name.endswith(f"-{n}")), FAR)
 
 
 def run_argv(haystack: str, method: str = "yarn", budget: str | None = None, task: str = "niah_single",
-             seed: int = 0) -> list[str]:
+             seed: int = 0, length: str = FAR) -> list[str]:
     out = ["--dtype", "float32", "--dataset", dataset(haystack), "--no-progress",
-           "--out", str(run_folder(haystack, method, task, seed))]
+           "--out", str(run_folder(haystack, method, task, seed, length))]
     if method in FINETUNED:
         # a fixed grid of 2 needles a depth, the design of the 2x recipe's noise check, so the two
         # read side by side; 10/10 would clear the target (Wilson lower bound 0.72)
-        return ["retrieval", "--tasks", task, "--model", finetuned(seed, method), "--methods", "none", "--lengths", "32k",
+        return ["retrieval", "--tasks", task, "--model", finetuned(seed, method), "--methods", "none", "--lengths", length,
                 "--depths", DEPTHS, "--trials", "2", *out]
-    return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", "32k", "--factor", "4",
+    return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
             "--depths", DEPTHS, "--trials", "20", "--look", "4", "--sequential", "--bar", str(BAR),
             "--budget", budget or BUDGET[haystack], *out]
 
@@ -164,7 +173,7 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
     low, high = wilson(k, n)
     depths = " · ".join(f"{float(r['depth']):g}: {r['correct']}/{r['trials']}" for r in cells)
     decision, bounds = latest_decision(folder, method, task, length)
-    if method == "none" and length <= 8192:   # the reference: its accuracy less the margin is the bar
+    if method == "none" and length <= 8192 and not arm_of(folder):   # the reference: its accuracy less the margin is the bar
         decision, bounds = "reference:", f"bar {k / n - 0.1:.2f}"
     met = target_verdict(k, n, *TASKS[task])
     wanted = len(DEPTHS.split(","))
@@ -192,12 +201,16 @@ def steps(haystack: str, out: Path = OUT):
     for method in KNOBS:
         for task in TASKS:
             for seed in (seeds_trained(method, out) if method in FINETUNED else [0]):
-                # missing and worth saying: niah_single of every training-free method, both tasks of
-                # the shipped recipe; the other arms are experiments, their untried cells not news
-                news = method == "finetuned" or (task == "niah_single" and method not in FINETUNED)
-                name = f"{method}" + (f" seed {seed}" if seed else "") + ("" if task == "niah_single" else f" {task}")
-                yield (name if news else None), run_folder(haystack, method, task, seed), \
-                    run_argv(haystack, method, None, task, seed)
+                for length in (FAR, *LENGTHS[:-1]):
+                    # missing and worth saying: niah_single of every training-free method, both tasks of
+                    # the shipped recipe at 32k, and its first seed's niah_single at 8k and 16k (its
+                    # effective length); the other arms are experiments, their untried cells not news
+                    news = (method == "finetuned" or (task == "niah_single" and method not in FINETUNED)) \
+                        if length == FAR else (method == "finetuned" and seed == 0 and task == "niah_single")
+                    name = (f"{method}" + (f" seed {seed}" if seed else "") + ("" if task == "niah_single" else f" {task}")
+                            + ("" if length == FAR else f" at {length}"))
+                    yield (name if news else None), run_folder(haystack, method, task, seed, length), \
+                        run_argv(haystack, method, None, task, seed, length)
     yield None, OUT / f"{haystack}-reference", reference_argv(haystack)
 
 
@@ -234,23 +247,30 @@ def perplexity_lines() -> tuple[list[str], list[str]]:
 def table_lines(results: Path) -> list[str]:
     """The effective-length table (effective_length_table.py): this script's folders under
     results/effective-length-4x read here, with their commands; the 2x sources read there."""
+    from effective_length_grid import grid_lines
     from effective_length_table import build, counts, own_window
+
+    from hf_posext.evaluation.retrieval.settings import DEFAULT_MARGIN
     out, asked = results / OUT.name, len(DEPTHS.split(","))
     # the other sources' haystacks by name; this script's own by folder (the code haystack's rows
     # store the file's path on the machine that ran them, not a name)
     labels = {dataset(h): LABELS[h] for h in ("noise", "hamlet")}
-    found = []
+    found, shorter = [], []   # the 32k cells (the table's 4x rows); a checkpoint's 8k and 16k (the grid's only)
     for haystack, label in LABELS.items():
         for _, folder, argv in steps(haystack, out):
             arm, seed = arm_of(folder), folder_seed(folder)
             rows = [{**r, **({"training_seed": seed} if arm else {})}
                     for cells in question_rows(out / folder.name).values() for r in cells]
-            found += counts(rows, {r["haystack"]: label for r in rows}, "effective-length-4x", (shown(argv),),
-                            method="yarn" if arm else None, tuned=arm is not None, asked=asked,
-                            note=FINETUNED[arm][2] if arm else "")
+            found_here = counts(rows, {r["haystack"]: label for r in rows}, "effective-length-4x", (shown(argv),),
+                                method="yarn" if arm else None, tuned=arm is not None, asked=asked,
+                                note=FINETUNED[arm][2] if arm else "")
+            # a checkpoint's rows ask it with no method (factor 1): its setting is the recipe's YaRN s = 4
+            found_here = [replace(c, factor=4.0) if arm else c for c in found_here]
+            (shorter if arm and folder_length(folder) != FAR else found).extend(found_here)
     ratios = [own_window(pairs, labels, [shown(perplexity_argv(s, arm)) for s, _, _ in pairs], FINETUNED[arm][2])
               for arm in FINETUNED if (pairs := perplexity_pairs(out, arm))]
-    return build(results, labels, found, ratios)
+    lines, read = build(results, labels, found, ratios)
+    return lines + grid_lines([*read, *shorter], list(LABELS.values()), DEFAULT_MARGIN)
 
 
 def write_page() -> Path:
@@ -303,6 +323,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="the fine-tuned recipe's seed: `run --method finetuned` and `perplexity` ask its checkpoint "
                    f"({finetuned(1).replace('1', 'N')} past seed 0)")
+    p.add_argument("--length", choices=LENGTHS, default=FAR,
+                   help=f"the prompt length `run` asks (default {FAR}, 4L; {' and '.join(LENGTHS[:-1])} are the grid's "
+                   "shorter lengths an effective length of 4L needs cleared too; rows go to a folder named by it)")
     p.add_argument("--budget", help="this invocation's wall time, e.g. 3h (default: the haystack's, "
                    + ", ".join(f"{h} {b}" for h, b in BUDGET.items()) + ")")
     p.add_argument("--results", type=Path, default=HERE / "results",
@@ -315,9 +338,9 @@ def main() -> None:
     if args.step in ("report", "table") and args.haystack is not None:
         p.error(f"{args.step} reads every haystack's stored rows; give no haystack")
     # a flag the step does not read is refused, not ignored
-    reads = {"run": {"method", "task", "seed", "budget"}, "perplexity": {"method", "seed"}, "reference": set(), "report": set(),
+    reads = {"run": {"method", "task", "seed", "budget", "length"}, "perplexity": {"method", "seed"}, "reference": set(), "report": set(),
              "table": {"results"}}
-    given = {k for k in ("method", "task", "seed", "budget", "results") if getattr(args, k) != p.get_default(k)}
+    given = {k for k in ("method", "task", "seed", "budget", "length", "results") if getattr(args, k) != p.get_default(k)}
     if given - reads[args.step]:
         p.error(f"{args.step} does not read {', '.join('--' + k for k in sorted(given - reads[args.step]))}")
     if args.seed < 0 or (args.seed and args.step == "run" and args.method not in FINETUNED):
@@ -331,8 +354,8 @@ def main() -> None:
     if (args.method in FINETUNED or args.step == "perplexity") and not (HERE.parent / finetuned(args.seed, arm)).is_dir():
         p.error(f"no checkpoint at {finetuned(args.seed, arm)}: train it first with `{train_command(args.seed, arm)}`")
     if args.step == "run":
-        cli(run_argv(args.haystack, args.method, args.budget, args.task, args.seed),
-            run_folder(args.haystack, args.method, args.task, args.seed))
+        cli(run_argv(args.haystack, args.method, args.budget, args.task, args.seed, args.length),
+            run_folder(args.haystack, args.method, args.task, args.seed, args.length))
     elif args.step == "perplexity":
         cli(perplexity_argv(args.seed, arm), perplexity_folder(args.seed, arm))
     elif args.step == "reference":

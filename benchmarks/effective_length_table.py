@@ -391,10 +391,10 @@ def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
     return lines
 
 
-def build(results: Path, labels: dict[str, str], four_x: Sequence[Count], four_x_ppl: Sequence[Ratio]) -> list[str]:
-    """The section from every source: effective_length_4x.py's own counts and ratios (passed in)
-    and the ones read here, under `results` (benchmarks/results unless a test gives another)."""
+def build(results: Path, labels: dict[str, str], four_x: Sequence[Count],
+          four_x_ppl: Sequence[Ratio]) -> tuple[list[str], list[Count]]:
+    """The section, and every count it read: effective_length_4x.py's (passed in) and this module's, under `results`."""
     sbs_counts, sbs_ratios = side_by_side(results, labels)
     tuned_counts, tuned_ratios = finetuned_2x(results, labels)
-    return section([*retrieval_2x(results, labels), *sbs_counts, *tuned_counts, *code_mix_runs(results, labels), *four_x],
-                   [*sbs_ratios, *tuned_ratios, *four_x_ppl])
+    found = [*retrieval_2x(results, labels), *sbs_counts, *tuned_counts, *code_mix_runs(results, labels), *four_x]
+    return section(found, [*sbs_ratios, *tuned_ratios, *four_x_ppl]), found

@@ -125,6 +125,7 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
     (("perplexity", "hamlet"), "perplexity reads held-out Hamlet only"),
     (("table", "noise"), "table reads every haystack's stored rows; give no haystack"),
     (("report", "--results", "elsewhere"), "report does not read --results"),
+    (("perplexity", "--length", "16k"), "perplexity does not read --length"),
 ])
 def test_a_flag_the_step_does_not_read_is_refused(argv, unread):
     done = run(*argv)
@@ -142,5 +143,5 @@ def test_the_page_s_not_run_list_names_the_methods_and_the_shipped_recipe_not_th
     # each item is "<haystack label>: <name>"; a label may hold commas (the code haystack's), a name none
     names = re.findall(r": ([^:,]+?)(?=, |\.$)", listed.removeprefix("Not run in this round: "))
     assert len(names) == listed.count(": ") - 1, listed
-    allowed = re.compile(r"^(yarn|dpe|self_extend|finetuned( seed \d+)?( multi_key)?)$")
+    allowed = re.compile(r"^(yarn|dpe|self_extend|finetuned( seed \d+)?( multi_key)?|finetuned at (8k|16k))$")
     assert names and all(allowed.match(n) for n in names), names

@@ -61,6 +61,14 @@ def test_effective_length_is_relative_to_the_models_own_accuracy():
     assert effective_length(good, _rows("none", {4: 0.0, 8: 0.1}), 8, 0.1) == (None, pytest.approx(0.05))
 
 
+def test_an_accuracy_equal_to_the_bar_clears_it():
+    """Reference 8/10 within L less 0.1 is a bar of 0.7 (0.7000000000000001 in floats): 7/10 is at
+    least the bar, 69/100 is not."""
+    reference = _rows("none", {8: 0.8})
+    assert effective_length(_rows("yarn", {8: 0.8, 16: 0.7}), reference, 8, 0.1)[0] == 16
+    assert effective_length(_rows("yarn", {8: 0.8, 16: 0.69}, trials=100), reference, 8, 0.1)[0] == 8
+
+
 def test_a_target_with_a_lower_bound_needs_enough_trials():
     """>= 0.9 with a Wilson lower bound >= 0.7: 9/9 and 10/10 pass (bounds 0.701, 0.722), 9/10 is
     0.9 but its bound 0.596 fails, 18/20 likewise (0.699); the bounds are Wilson's formula with

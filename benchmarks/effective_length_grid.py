@@ -1,0 +1,124 @@
+"""Each method's effective length in each haystack (results/effective_length_4x.md), read from the
+same counts as the effective-length table (effective_length_table.py's `Count`), RULER's relative
+way, as `hf-posext retrieval` reads it (hf_posext.evaluation.retrieval.stats.effective_length):
+
+    bar              = the unpatched model's niah_single accuracy within L (8k), five depths, less 0.1
+    effective length = the longest length of the grid L, 2L (, 4L for a factor-4 setting) at which
+                       the method's niah_single over five depths is >= bar, every shorter one too
+
+A grid length with no five-depth cell (not run, or stopped part-way) leaves the reading open from
+there: a 32k cell that clears the bar says nothing about 16k (a rope scale changes the positions
+inside L as well). Only float32 cells count, the dtype every reference ran in. The fixed target of
+the 4x work (0.9 with a lower Wilson bound of 0.7 at 4L) stands beside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from effective_length_table import METHODS, Count
+
+GRID_DEPTHS = frozenset({0.0, 0.25, 0.5, 0.75, 1.0})   # a cell counts when it holds all five
+DEPTHS = len(GRID_DEPTHS)
+DTYPE = "float32"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A row of the reading: a method, training-free or its fine-tuned recipe, at one rope factor."""
+    method: str
+    tuned: bool
+    factor: int
+
+    def name(self) -> str:
+        return (f"{METHODS[self.method]}{' s = ' + str(self.factor) if self.method == 'yarn' and not self.tuned else ''}, "
+                + (f"the {self.factor}x recipe (fine-tuned)" if self.tuned else "training-free"))
+
+
+def setting_of(c: Count) -> Setting:
+    """A count's setting: a training-free method's rope factor; a checkpoint's (its rows ask it with
+    no method, factor 1) is the factor the caller stored, else the one its cells' length implies."""
+    factor = int(c.factor) if c.factor > 1 else c.length // c.trained
+    return Setting(c.method, c.tuned, factor)
+
+
+def cell_text(group: Sequence[Count]) -> str:
+    from hf_posext.evaluation.retrieval.stats import rate_text
+    if not group:
+        return "not run"
+    k, n = sum(c.k for c in group), sum(c.n for c in group)
+    depths = set().union(*(c.depths for c in group))
+    return rate_text(k, n) + ("" if len(depths) >= DEPTHS else f" ({len(depths)} of {DEPTHS} depths)")
+
+
+def whole(group: Sequence[Count]) -> bool:
+    return len(set().union(set(), *(c.depths for c in group))) >= DEPTHS
+
+
+def reading(cells: dict[int, list[Count]], grid: Sequence[int], reference: Sequence[Count], trained: int,
+            margin: float) -> str:
+    """The effective length over the grid, in words: open from the first grid length without a
+    whole (five-depth) cell, though a whole cell past it that misses the bar still caps it."""
+    from hf_posext.evaluation.retrieval.stats import effective_length
+    done = []                    # the grid's lengths up to the first one without a whole cell
+    for length in grid:
+        if not whole(cells.get(length, [])):
+            break
+        done.append(length)
+    rows = [{"length": n, "correct": c.k, "trials": c.n} for n in done for c in cells[n]]
+    ref = [{"length": c.length, "correct": c.k, "trials": c.n} for c in reference]
+    best, accuracy = effective_length(rows, ref, trained, margin)
+    k_of = {n: (sum(c.k for c in cells[n]), sum(c.n for c in cells[n])) for n in grid if whole(cells.get(n, []))}
+    cap = next((n for n in grid if n not in done and n in k_of and k_of[n][0] / k_of[n][1] < accuracy - margin), None)
+    missing = next((n for n in grid if n not in done), None)
+    open_text = f"open: no five-depth cell at {missing // 1024}k" if missing else ""
+    cap_text = f"below {cap // 1024}k ({cap // 1024}k misses the bar)" if cap else ""
+    if not done:
+        return "; ".join(t for t in (cap_text, open_text) if t)
+    if best is None:
+        return f"below {done[0] // 1024}k ({done[0] // 1024}k misses the bar)"
+    text = f"{best // 1024}k ({best // trained}x)"
+    if best != done[-1]:
+        return f"{text}; {done[done.index(best) + 1] // 1024}k misses the bar"
+    return "; ".join(t for t in (f"at least {text}" if missing else text, open_text, cap_text) if t)
+
+
+def grid_lines(counts: Sequence[Count], haystacks: Sequence[str], margin: float) -> list[str]:
+    """The section: one row per (haystack, setting) with a niah_single cell of the grid beyond L."""
+    from hf_posext.evaluation.retrieval.stats import target_verdict
+    # the shipped recipe and training-free methods (an arm tried beside the recipe carries a note),
+    # on the five-depth grid or part of it (code's 2x rows ran other depths: not this grid)
+    mine = [c for c in counts if c.task == "niah_single" and c.dtype == DTYPE and c.haystack in haystacks
+            and not c.note and c.depths <= GRID_DEPTHS]
+    lines = ["## Effective length by haystack", "",
+             "niah_single pooled over five depths (float32; a recipe's seeds pooled) at L, 2L and 4L; the bar is the "
+             f"unpatched model's accuracy within L in that haystack less {margin:g}, as `hf-posext retrieval` reads a method's "
+             "effective length (RULER's relative reading: a fixed 0.9 says nothing of a model below it in its own window); "
+             "the effective length is the longest length whose cell, and every shorter one, clears the bar. A length not run "
+             "leaves it open. Made by `python benchmarks/effective_length_4x.py report` from the same rows as the "
+             "tables above (benchmarks/effective_length_grid.py).", "",
+             "| haystack | setting | bar (within L) | 8k | 16k | 32k | effective length | fixed target at 4L (0.9) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for haystack in haystacks:
+        here = [c for c in mine if c.haystack == haystack]
+        reference = [c for c in here if c.method == "none" and not c.tuned and c.length <= c.trained
+                     and len(c.depths) >= DEPTHS]
+        if not reference:
+            continue
+        trained = reference[0].trained
+        k, n = sum(c.k for c in reference), sum(c.n for c in reference)
+        bar = f"{k / n - margin:.2f} ({k}/{n} - {margin:g})"
+        settings = dict.fromkeys(setting_of(c) for c in here if c.method != "none" and c.length > c.trained)
+        for s in sorted(settings, key=lambda s: (s.factor, s.tuned, list(METHODS).index(s.method))):
+            grid = [trained * 2 ** i for i in range(s.factor.bit_length()) if 2 ** i <= s.factor]
+            cells: dict[int, list[Count]] = {}
+            for c in here:
+                if setting_of(c) == s:
+                    cells.setdefault(c.length, []).append(c)
+            shown = [cell_text(cells.get(n, [])) if n in grid else "" for n in (trained, 2 * trained, 4 * trained)]
+            top = cells.get(grid[-1], [])
+            fixed = (target_verdict(sum(c.k for c in top), sum(c.n for c in top), 0.9, 0.7)
+                     if s.factor == 4 and whole(top) else "")
+            lines.append(f"| {haystack} | {s.name()} | {bar} | " + " | ".join(shown)
+                         + f" | {reading(cells, grid, reference, trained, margin)} | {fixed} |")
+    return lines + ["", ""] if len(lines) > 6 else []   # no reference or no setting: no table at all

@@ -1,0 +1,84 @@
+"""The effective length by haystack (benchmarks/effective_length_grid.py, printed by `python
+benchmarks/effective_length_4x.py table`), on rows planted in a temporary results folder: the bar
+is the unpatched model's accuracy within L less 0.1, worked out here by hand from the planted
+counts; a length cleared counts only when every shorter one of the grid is, a cell short of five
+depths leaves the reading open, a whole cell that misses caps it. The script runs as a command
+(tests/test_layout.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _recipekit import ROOT, SUBPROCESS_ENV
+
+pytestmark = pytest.mark.slow   # a subprocess that imports torch
+FOUR_X = ROOT / "benchmarks" / "results" / "effective-length-4x"
+
+
+def template(folder: str) -> dict:
+    return json.loads((FOUR_X / folder / "retrieval.json").read_text())["rows"][0]
+
+
+def plant(root: Path, folder: str, source: str, length: int, cells: list[tuple[int, int]]) -> None:
+    """`cells` (correct, trials) at depths 0, 0.25, ... into results/effective-length-4x/<folder>."""
+    out = root / "effective-length-4x" / folder
+    out.mkdir(parents=True)
+    rows = [{**template(source), "length": length, "depth": d / 4, "correct": k, "trials": n,
+             "seeds_list": ",".join(map(str, range(n))), "seconds": 60.0} for d, (k, n) in enumerate(cells)]
+    (out / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
+
+
+def grid_rows(root: Path) -> dict[tuple[str, str], list[str]]:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "effective_length_4x.py"), "table",
+                           "--results", str(root)], capture_output=True, text=True, cwd=ROOT, env=SUBPROCESS_ENV,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.split("## Effective length by haystack", 1)[1]
+    cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in text.splitlines()
+             if line.startswith("| ") and not line.startswith("| haystack")]
+    return {(c[0], c[1]): c[2:] for c in cells}
+
+
+def rate(k: int, n: int) -> str:
+    """k/n = rate [Wilson 95 %], the interval written out here (not the package's)."""
+    z = 1.959963984540054
+    p, d = k / n, 1 + z * z / n
+    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return f"{k}/{n} = {p:.2f} [{max(0.0, mid - half):.2f}, {min(1.0, mid + half):.2f}]"
+
+
+def test_the_recipe_clears_each_length_up_to_the_first_it_has_no_whole_cell_for(tmp_path):
+    """Noise: the base 8/10 within L, so the bar is 0.7; the recipe 10/10 at 8k and 7/10 at 16k (equal
+    to the bar: cleared), four depths only at 32k: at least 16k, open at 32k. YaRN s = 4, 6/10 at
+    32k and nothing shorter: below 32k, open from 8k."""
+    plant(tmp_path, "noise-reference", "noise-reference", 8192, [(0, 2), (2, 2), (2, 2), (2, 2), (2, 2)])
+    plant(tmp_path, "noise-finetuned-8k", "noise-finetuned", 8192, [(2, 2)] * 5)
+    plant(tmp_path, "noise-finetuned-16k", "noise-finetuned", 16384, [(2, 2), (2, 2), (1, 2), (2, 2), (0, 2)])
+    plant(tmp_path, "noise-finetuned", "noise-finetuned", 32768, [(2, 2)] * 4)
+    plant(tmp_path, "noise", "noise", 32768, [(0, 2), (1, 2), (2, 2), (1, 2), (2, 2)])
+    rows = grid_rows(tmp_path)
+    recipe = rows[("RULER's noise", "YaRN, the 4x recipe (fine-tuned)")]
+    assert recipe == ["0.70 (8/10 - 0.1)", rate(10, 10), rate(7, 10), f"{rate(8, 8)} (4 of 5 depths)",
+                      "at least 16k (2x); open: no five-depth cell at 32k", ""]
+    yarn = rows[("RULER's noise", "YaRN s = 4, training-free")]
+    assert yarn == ["0.70 (8/10 - 0.1)", "not run", "not run", rate(6, 10),
+                    "below 32k (32k misses the bar); open: no five-depth cell at 8k",
+                    "missed (accuracy 0.60, lower bound 0.31)"]
+    assert len(rows) == 2   # the reference is the bar, not a row of its own
+
+
+def test_a_miss_at_a_shorter_length_stops_the_reading_though_a_longer_one_clears(tmp_path):
+    """Hamlet: base 6/10 (bar 0.5); the recipe 8/10 at 8k, 4/10 at 16k (misses), 10/10 at 32k: its
+    effective length is 8k, and the fixed target at 32k is met on its own."""
+    plant(tmp_path, "hamlet-reference", "hamlet-reference", 8192, [(0, 2), (2, 2), (0, 2), (2, 2), (2, 2)])
+    plant(tmp_path, "hamlet-finetuned-8k", "hamlet-finetuned", 8192, [(0, 2), (2, 2), (2, 2), (2, 2), (2, 2)])
+    plant(tmp_path, "hamlet-finetuned-16k", "hamlet-finetuned", 16384, [(0, 2), (0, 2), (2, 2), (0, 2), (2, 2)])
+    plant(tmp_path, "hamlet-finetuned", "hamlet-finetuned", 32768, [(2, 2)] * 5)
+    recipe = grid_rows(tmp_path)[("Hamlet (held out)", "YaRN, the 4x recipe (fine-tuned)")]
+    assert recipe[0] == "0.50 (6/10 - 0.1)"
+    assert recipe[4:] == ["8k (1x); 16k misses the bar", "met"]
