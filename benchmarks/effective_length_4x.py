@@ -17,6 +17,7 @@ unpatched model within L (8k) as the reference a method's accuracy is read again
     python benchmarks/effective_length_4x.py perplexity      # the fine-tuned checkpoint past L, Hamlet
     python benchmarks/effective_length_4x.py perplexity --method finetuned-documents   # the control, below
     python benchmarks/effective_length_4x.py reference code  # the unpatched model at 8k, in code (or hamlet, noise)
+    python benchmarks/effective_length_4x.py reference noise --task multi_key   # what multi_key's cells read against
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
     python benchmarks/effective_length_4x.py table           # its effective-length table only, printed
 
@@ -39,6 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
+from effective_length_grid import TARGETS
 from effective_length_table import CODE_LABEL
 
 HERE = Path(__file__).resolve().parent
@@ -52,8 +54,6 @@ LENGTHS, FAR = ("8k", "16k", "32k"), "32k"
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
          "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"],
          **{arm: [] for arm in FINETUNED}}
-# task -> the target: accuracy, and the lower Wilson bound it needs (niah_single only)
-TASKS = {"niah_single": (0.9, 0.7), "multi_key": (0.8, None)}
 PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's training
 
 
@@ -97,17 +97,22 @@ def run_argv(haystack: str, method: str = "yarn", budget: str | None = None, tas
             "--budget", budget or BUDGET[haystack], *out]
 
 
-def reference_argv(haystack: str) -> list[str]:
+def reference_folder(haystack: str, task: str = "niah_single") -> Path:
+    return OUT / (f"{haystack}-reference" + ("" if task == "niah_single" else f"-{task}"))
+
+
+def reference_argv(haystack: str, task: str = "niah_single") -> list[str]:
     """The unpatched model within L (8k) in the haystack: what a method's 32k accuracy is read against
     (a needle the base loses 8k back is not one an extension lost). Code: sequential, with YaRN s = 4
     at 8k and 32k after it (its first run, kept as it ran); the others: a fixed grid of 8 needles a
-    depth, the first 4 the ones every 32k cell of the haystack asks (the trial seeds fix them)."""
-    out = ["--no-progress", "--out", str(OUT / f"{haystack}-reference")]
-    if haystack == "code":
+    depth, the first 4 the ones every 32k cell of the haystack asks (the trial seeds fix them);
+    multi_key likewise in every haystack."""
+    out = ["--no-progress", "--out", str(reference_folder(haystack, task))]
+    if haystack == "code" and task == "niah_single":
         return ["retrieval", "--tasks", "niah_single", "--methods", "yarn", "--lengths", "8k,32k", "--factor", "4",
                 "--depths", DEPTHS, "--trials", "20", "--look", "4", "--dtype", "float32", "--sequential",
                 "--dataset", dataset(haystack), "--budget", "45m", *out]
-    return ["retrieval", "--tasks", "niah_single", "--methods", "none", "--lengths", "8k", "--depths", DEPTHS,
+    return ["retrieval", "--tasks", task, "--methods", "none", "--lengths", "8k", "--depths", DEPTHS,
             "--trials", "8", "--dtype", "float32", "--dataset", dataset(haystack), *out]
 
 
@@ -175,7 +180,7 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
     decision, bounds = latest_decision(folder, method, task, length)
     if method == "none" and length <= 8192 and not arm_of(folder):   # the reference: its accuracy less the margin is the bar
         decision, bounds = "reference:", f"bar {k / n - 0.1:.2f}"
-    met = target_verdict(k, n, *TASKS[task])
+    met = target_verdict(k, n, *TARGETS[task])
     wanted = len(DEPTHS.split(","))
     if length > 8192 and len(cells) < wanted:   # a run stopped inside its first look: no verdict yet
         met = f"open: {len(cells)} of {wanted} depths ran"
@@ -199,7 +204,7 @@ def steps(haystack: str, out: Path = OUT):
     """(what a missing run is called or None if its absence is not news, folder, argv) of every run,
     the fine-tuned arms' seeds as found under `out`."""
     for method in KNOBS:
-        for task in TASKS:
+        for task in TARGETS:
             for seed in (seeds_trained(method, out) if method in FINETUNED else [0]):
                 for length in (FAR, *LENGTHS[:-1]):
                     # missing and worth saying: niah_single of every training-free method, both tasks of
@@ -211,7 +216,8 @@ def steps(haystack: str, out: Path = OUT):
                             + ("" if length == FAR else f" at {length}"))
                     yield (name if news else None), run_folder(haystack, method, task, seed, length), \
                         run_argv(haystack, method, None, task, seed, length)
-    yield None, OUT / f"{haystack}-reference", reference_argv(haystack)
+    for task in TARGETS:
+        yield None, reference_folder(haystack, task), reference_argv(haystack, task)
 
 
 def perplexity_pairs(out: Path = OUT, arm: str = "finetuned") -> list[tuple[int, dict, dict]]:
@@ -319,7 +325,8 @@ def main() -> None:
                    help=f"the method `run` measures (finetuned: the checkpoint at {finetuned()}; "
                    + "; ".join(f"{a}: the recipe trained with{FINETUNED[a][1]}, at {finetuned(0, a)}" for a in FINETUNED
                                if a != "finetuned") + "); default yarn for `run`; `perplexity` takes a fine-tuned one (default finetuned)")
-    p.add_argument("--task", choices=tuple(TASKS), default="niah_single", help="RULER's task `run` asks (default niah_single)")
+    p.add_argument("--task", choices=tuple(TARGETS), default="niah_single",
+                   help="RULER's task `run` or `reference` asks (default niah_single)")
     p.add_argument("--seed", type=int, default=0,
                    help="the fine-tuned recipe's seed: `run --method finetuned` and `perplexity` ask its checkpoint "
                    f"({finetuned(1).replace('1', 'N')} past seed 0)")
@@ -338,7 +345,7 @@ def main() -> None:
     if args.step in ("report", "table") and args.haystack is not None:
         p.error(f"{args.step} reads every haystack's stored rows; give no haystack")
     # a flag the step does not read is refused, not ignored
-    reads = {"run": {"method", "task", "seed", "budget", "length"}, "perplexity": {"method", "seed"}, "reference": set(), "report": set(),
+    reads = {"run": {"method", "task", "seed", "budget", "length"}, "perplexity": {"method", "seed"}, "reference": {"task"}, "report": set(),
              "table": {"results"}}
     given = {k for k in ("method", "task", "seed", "budget", "length", "results") if getattr(args, k) != p.get_default(k)}
     if given - reads[args.step]:
@@ -359,7 +366,7 @@ def main() -> None:
     elif args.step == "perplexity":
         cli(perplexity_argv(args.seed, arm), perplexity_folder(args.seed, arm))
     elif args.step == "reference":
-        cli(reference_argv(args.haystack), OUT / f"{args.haystack}-reference")
+        cli(reference_argv(args.haystack, args.task), reference_folder(args.haystack, args.task))
     elif args.step == "table":
         print("\n".join(table_lines(args.results)))
     else:

@@ -24,16 +24,17 @@ def template(folder: str) -> dict:
     return json.loads((FOUR_X / folder / "retrieval.json").read_text())["rows"][0]
 
 
-def plant(root: Path, folder: str, source: str, length: int, cells: list[tuple[int, int]]) -> None:
-    """`cells` (correct, trials) at depths 0, 0.25, ... into results/effective-length-4x/<folder>."""
+def plant(root: Path, folder: str, source: str, length: int, cells: list[tuple[int, int]], **fields) -> None:
+    """`cells` (correct, trials) at depths 0, 0.25, ... into results/effective-length-4x/<folder>,
+    each row the source folder's first with `fields` set."""
     out = root / "effective-length-4x" / folder
     out.mkdir(parents=True)
-    rows = [{**template(source), "length": length, "depth": d / 4, "correct": k, "trials": n,
+    rows = [{**template(source), **fields, "length": length, "depth": d / 4, "correct": k, "trials": n,
              "seeds_list": ",".join(map(str, range(n))), "seconds": 60.0} for d, (k, n) in enumerate(cells)]
     (out / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
 
 
-def grid_rows(root: Path) -> dict[tuple[str, str], list[str]]:
+def grid_rows(root: Path) -> dict[tuple[str, str, str], list[str]]:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "effective_length_4x.py"), "table",
                            "--results", str(root)], capture_output=True, text=True, cwd=ROOT, env=SUBPROCESS_ENV,
                           timeout=300)
@@ -41,7 +42,7 @@ def grid_rows(root: Path) -> dict[tuple[str, str], list[str]]:
     text = done.stdout.split("## Effective length by haystack", 1)[1]
     cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in text.splitlines()
              if line.startswith("| ") and not line.startswith("| haystack")]
-    return {(c[0], c[1]): c[2:] for c in cells}
+    return {(c[0], c[1], c[2]): c[3:] for c in cells}
 
 
 def rate(k: int, n: int) -> str:
@@ -62,14 +63,28 @@ def test_the_recipe_clears_each_length_up_to_the_first_it_has_no_whole_cell_for(
     plant(tmp_path, "noise-finetuned", "noise-finetuned", 32768, [(2, 2)] * 4)
     plant(tmp_path, "noise", "noise", 32768, [(0, 2), (1, 2), (2, 2), (1, 2), (2, 2)])
     rows = grid_rows(tmp_path)
-    recipe = rows[("RULER's noise", "YaRN, the 4x recipe (fine-tuned)")]
+    recipe = rows[("RULER's noise", "niah_single", "YaRN, the 4x recipe (fine-tuned)")]
     assert recipe == ["0.70 (8/10 - 0.1)", rate(10, 10), rate(7, 10), f"{rate(8, 8)} (4 of 5 depths)",
                       "at least 16k (2x); open: no five-depth cell at 32k", ""]
-    yarn = rows[("RULER's noise", "YaRN s = 4, training-free")]
+    yarn = rows[("RULER's noise", "niah_single", "YaRN s = 4, training-free")]
     assert yarn == ["0.70 (8/10 - 0.1)", "not run", "not run", rate(6, 10),
                     "below 32k (32k misses the bar); open: no five-depth cell at 8k",
                     "missed (accuracy 0.60, lower bound 0.31)"]
-    assert len(rows) == 2   # the reference is the bar, not a row of its own
+    assert len(rows) == 2   # the reference is the bar, not a row of its own; no multi_key without its reference
+
+
+def test_multi_key_reads_against_its_own_reference(tmp_path):
+    """multi_key: the base 4/10 within L (bar 0.3), the recipe 4/10 at 32k only: open from 8k, its
+    fixed target (0.8, no lower bound) missed; niah_single's reference is not multi_key's."""
+    plant(tmp_path, "noise-reference", "noise-reference", 8192, [(2, 2)] * 5)
+    plant(tmp_path, "noise-reference-multi_key", "noise-reference", 8192, [(0, 2), (1, 2), (0, 2), (1, 2), (2, 2)],
+          task="multi_key")
+    plant(tmp_path, "noise-finetuned-seed2-multi_key", "noise-finetuned-seed2-multi_key", 32768,
+          [(0, 2), (1, 2), (0, 2), (1, 2), (2, 2)])
+    rows = grid_rows(tmp_path)
+    assert list(rows) == [("RULER's noise", "multi_key", "YaRN, the 4x recipe (fine-tuned)")]
+    assert rows[list(rows)[0]] == ["0.30 (4/10 - 0.1)", "not run", "not run", rate(4, 10),
+                                   "open: no five-depth cell at 8k", "missed (accuracy 0.40 vs 0.8)"]
 
 
 def test_a_miss_at_a_shorter_length_stops_the_reading_though_a_longer_one_clears(tmp_path):
@@ -79,6 +94,6 @@ def test_a_miss_at_a_shorter_length_stops_the_reading_though_a_longer_one_clears
     plant(tmp_path, "hamlet-finetuned-8k", "hamlet-finetuned", 8192, [(0, 2), (2, 2), (2, 2), (2, 2), (2, 2)])
     plant(tmp_path, "hamlet-finetuned-16k", "hamlet-finetuned", 16384, [(0, 2), (0, 2), (2, 2), (0, 2), (2, 2)])
     plant(tmp_path, "hamlet-finetuned", "hamlet-finetuned", 32768, [(2, 2)] * 5)
-    recipe = grid_rows(tmp_path)[("Hamlet (held out)", "YaRN, the 4x recipe (fine-tuned)")]
+    recipe = grid_rows(tmp_path)[("Hamlet (held out)", "niah_single", "YaRN, the 4x recipe (fine-tuned)")]
     assert recipe[0] == "0.50 (6/10 - 0.1)"
     assert recipe[4:] == ["8k (1x); 16k misses the bar", "met"]
