@@ -92,6 +92,12 @@ def run_argv(haystack: str, method: str = "yarn", budget: str | None = None, tas
         # read side by side; 10/10 would clear the target (Wilson lower bound 0.72)
         return ["retrieval", "--tasks", task, "--model", finetuned(seed, method), "--methods", "none", "--lengths", length,
                 "--depths", DEPTHS, "--trials", "2", *out]
+    if length == LENGTHS[0]:
+        # within L `hf-posext retrieval` always asks the unpatched model too, first: a sequential
+        # budget would be spent on it, so the same fixed grid as the fine-tuned arms (its unpatched
+        # rows repeat the reference's first needles and are not counted: question_rows)
+        return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
+                "--depths", DEPTHS, "--trials", "2", *out]
     return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
             "--depths", DEPTHS, "--trials", "20", "--look", "4", "--sequential", "--bar", str(BAR),
             "--budget", budget or BUDGET[haystack], *out]
@@ -147,14 +153,18 @@ def shown(argv: list[str]) -> str:
 
 
 def question_rows(folder: Path) -> dict[tuple, list[dict]]:
-    """(method, task, length) -> its cells, each cell's looks pooled (merge_blocks), depth order."""
+    """(method, task, length) -> its cells, each cell's looks pooled (merge_blocks), depth order; in a
+    training-free method's run within L, not the unpatched model's cells asked beside it (the same
+    needles as the haystack's reference: counted once, there)."""
     from hf_posext.evaluation import read_rows
     from hf_posext.evaluation.retrieval.blocks import merge_blocks
     out: dict[tuple, list[dict]] = {}
     if not (folder / "retrieval.json").exists():
         return out
+    beside = not folder.name.partition("-reference")[1] and not arm_of(folder)
     for r in sorted(merge_blocks(read_rows(folder / "retrieval.json")), key=lambda r: float(r["depth"])):
-        out.setdefault((r["method"], r["task"], int(r["length"])), []).append(r)
+        if not (beside and r["method"] == "none"):
+            out.setdefault((r["method"], r["task"], int(r["length"])), []).append(r)
     return out
 
 

@@ -97,3 +97,19 @@ def test_a_miss_at_a_shorter_length_stops_the_reading_though_a_longer_one_clears
     recipe = grid_rows(tmp_path)[("Hamlet (held out)", "niah_single", "YaRN, the 4x recipe (fine-tuned)")]
     assert recipe[0] == "0.50 (6/10 - 0.1)"
     assert recipe[4:] == ["8k (1x); 16k misses the bar", "met"]
+
+
+def test_the_unpatched_cells_a_method_s_run_asks_within_l_are_not_a_second_reference(tmp_path):
+    """YaRN s = 4's fixed grid at 8k stores the unpatched model's cells beside its own (retrieval
+    always asks it): they repeat the reference's needles, so the bar stays the reference's alone
+    (8/10, not 8/10 + 2/10) and the 8k cell is YaRN's (10/10)."""
+    plant(tmp_path, "noise-reference", "noise-reference", 8192, [(0, 2), (2, 2), (2, 2), (2, 2), (2, 2)])
+    yarn = template("noise")
+    plant(tmp_path, "noise-8k", "noise-reference", 8192, [(0, 2), (0, 2), (0, 2), (0, 2), (2, 2)])
+    rows = json.loads((tmp_path / "effective-length-4x" / "noise-8k" / "retrieval.json").read_text())["rows"]
+    rows += [{**r, "method": "yarn", "factor": yarn["factor"], "factor_spec": yarn["factor_spec"], "correct": 2}
+             for r in rows]
+    (tmp_path / "effective-length-4x" / "noise-8k" / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
+    plant(tmp_path, "noise", "noise", 32768, [(2, 2)] * 5)
+    assert grid_rows(tmp_path)[("RULER's noise", "niah_single", "YaRN s = 4, training-free")][:4] == [
+        "0.70 (8/10 - 0.1)", rate(10, 10), "not run", rate(10, 10)]
