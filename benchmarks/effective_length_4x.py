@@ -200,7 +200,7 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
             "unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}" if method == "yarn"
             else method)
     return (f"| {label} | {name} | {task} | {length // 1024}k | {k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}] | "
-            f"{depths} | {decision} {bounds} | {met if length > 8192 else '(within L)'} | {minutes:.0f} min |")
+            f"{depths} | {decision} {bounds} | {met if length == 32768 else '(within L)' if length <= 8192 else '(below 4L: read in the grid)'} | {minutes:.0f} min |")
 
 
 def seeds_trained(arm: str = "finetuned", out: Path = OUT) -> list[int]:
