@@ -161,7 +161,7 @@ def question_rows(folder: Path) -> dict[tuple, list[dict]]:
     out: dict[tuple, list[dict]] = {}
     if not (folder / "retrieval.json").exists():
         return out
-    beside = not folder.name.partition("-reference")[1] and not arm_of(folder)
+    beside = "-reference" not in folder.name and not arm_of(folder)
     for r in sorted(merge_blocks(read_rows(folder / "retrieval.json")), key=lambda r: float(r["depth"])):
         if not (beside and r["method"] == "none"):
             out.setdefault((r["method"], r["task"], int(r["length"])), []).append(r)
