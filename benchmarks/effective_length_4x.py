@@ -40,13 +40,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
-from effective_length_grid import TARGETS
+from effective_length_grid import GRID_DEPTHS, TARGETS
 from effective_length_table import CODE_LABEL
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "effective-length-4x"
 PAGE = HERE / "results" / "effective_length_4x.md"
-BAR, DEPTHS, BUDGET = 0.7, "0,0.25,0.5,0.75,1", {"noise": "40m", "hamlet": "40m", "code": "30m"}
+BAR, BUDGET = 0.7, {"noise": "40m", "hamlet": "40m", "code": "30m"}
+DEPTHS = ",".join(f"{d:g}" for d in sorted(GRID_DEPTHS))   # 0,0.25,0.5,0.75,1
 # the grid's lengths: 4L the target's; L and 2L what an effective length of 4L needs cleared too
 LENGTHS, FAR = ("8k", "16k", "32k"), "32k"
 # every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,

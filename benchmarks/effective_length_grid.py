@@ -22,7 +22,6 @@ from typing import Sequence
 from effective_length_table import METHODS, Count
 
 GRID_DEPTHS = frozenset({0.0, 0.25, 0.5, 0.75, 1.0})   # a cell counts when it holds all five
-DEPTHS = len(GRID_DEPTHS)
 DTYPE = "float32"
 # task -> the fixed target at 4L: accuracy, and the lower Wilson bound it needs (niah_single only)
 TARGETS = {"niah_single": (0.9, 0.7), "multi_key": (0.8, None)}
@@ -47,24 +46,32 @@ def setting_of(c: Count) -> Setting:
     return Setting(c.method, c.tuned, factor)
 
 
+def pooled(group: Sequence[Count]) -> tuple[int, int]:
+    """(correct, trials) summed over counts."""
+    return sum(c.k for c in group), sum(c.n for c in group)
+
+
+def depths_of(group: Sequence[Count]) -> set[float]:
+    return set().union(set(), *(c.depths for c in group))
+
+
+def whole(group: Sequence[Count]) -> bool:
+    return depths_of(group) >= GRID_DEPTHS
+
+
 def cell_text(group: Sequence[Count]) -> str:
     from hf_posext.evaluation.retrieval.stats import rate_text
     if not group:
         return "not run"
-    k, n = sum(c.k for c in group), sum(c.n for c in group)
-    depths = set().union(*(c.depths for c in group))
-    return rate_text(k, n) + ("" if len(depths) >= DEPTHS else f" ({len(depths)} of {DEPTHS} depths)")
-
-
-def whole(group: Sequence[Count]) -> bool:
-    return len(set().union(set(), *(c.depths for c in group))) >= DEPTHS
+    depths = depths_of(group)
+    return rate_text(*pooled(group)) + ("" if whole(group) else f" ({len(depths)} of {len(GRID_DEPTHS)} depths)")
 
 
 def reading(cells: dict[int, list[Count]], grid: Sequence[int], reference: Sequence[Count], trained: int,
             margin: float) -> str:
     """The effective length over the grid, in words: open from the first grid length without a
     whole (five-depth) cell, though a whole cell past it that misses the bar still caps it."""
-    from hf_posext.evaluation.retrieval.stats import effective_length
+    from hf_posext.evaluation.retrieval.stats import clears, effective_length
     done = []                    # the grid's lengths up to the first one without a whole cell
     for length in grid:
         if not whole(cells.get(length, [])):
@@ -73,8 +80,8 @@ def reading(cells: dict[int, list[Count]], grid: Sequence[int], reference: Seque
     rows = [{"length": n, "correct": c.k, "trials": c.n} for n in done for c in cells[n]]
     ref = [{"length": c.length, "correct": c.k, "trials": c.n} for c in reference]
     best, accuracy = effective_length(rows, ref, trained, margin)
-    k_of = {n: (sum(c.k for c in cells[n]), sum(c.n for c in cells[n])) for n in grid if whole(cells.get(n, []))}
-    cap = next((n for n in grid if n not in done and n in k_of and k_of[n][0] / k_of[n][1] < accuracy - margin), None)
+    cap = next((n for n in grid if n not in done and whole(cells.get(n, []))
+                and not clears(*pooled(cells[n]), accuracy, margin)), None)
     missing = next((n for n in grid if n not in done), None)
     open_text = f"open: no five-depth cell at {missing // 1024}k" if missing else ""
     cap_text = f"below {cap // 1024}k ({cap // 1024}k misses the bar)" if cap else ""
@@ -113,7 +120,7 @@ def grid_lines(counts: Sequence[Count], haystacks: Sequence[str], margin: float)
             if not reference:
                 continue
             trained = reference[0].trained
-            k, n = sum(c.k for c in reference), sum(c.n for c in reference)
+            k, n = pooled(reference)
             bar = f"{k / n - margin:.2f} ({k}/{n} - {margin:g})"
             settings = dict.fromkeys(setting_of(c) for c in here if c.method != "none" and c.length > c.trained)
             for s in sorted(settings, key=lambda s: (s.factor, s.tuned, list(METHODS).index(s.method))):
@@ -125,7 +132,7 @@ def grid_lines(counts: Sequence[Count], haystacks: Sequence[str], margin: float)
                 shown = [cell_text(cells.get(n, [])) if n in grid else "" for n in (trained, 2 * trained, 4 * trained)]
                 top = cells.get(grid[-1], [])
                 aimed = s.factor == 4 and whole(top) and (task == "niah_single" or s.tuned)
-                fixed = target_verdict(sum(c.k for c in top), sum(c.n for c in top), accuracy, low) if aimed else ""
+                fixed = target_verdict(*pooled(top), accuracy, low) if aimed else ""
                 lines.append(f"| {haystack} | {task} | {s.name()} | {bar} | " + " | ".join(shown)
                              + f" | {reading(cells, grid, reference, trained, margin)} | {fixed} |")
     return lines + ["", ""] if len(lines) > 6 else []   # no reference or no setting: no table at all

@@ -8,12 +8,12 @@ depths leaves the reading open, a whole cell that misses caps it. The script run
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _rates import rate
 from _recipekit import ROOT, SUBPROCESS_ENV
 
 pytestmark = pytest.mark.slow   # a subprocess that imports torch
@@ -43,14 +43,6 @@ def grid_rows(root: Path) -> dict[tuple[str, str, str], list[str]]:
     cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in text.splitlines()
              if line.startswith("| ") and not line.startswith("| haystack")]
     return {(c[0], c[1], c[2]): c[3:] for c in cells}
-
-
-def rate(k: int, n: int) -> str:
-    """k/n = rate [Wilson 95 %], the interval written out here (not the package's)."""
-    z = 1.959963984540054
-    p, d = k / n, 1 + z * z / n
-    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return f"{k}/{n} = {p:.2f} [{max(0.0, mid - half):.2f}, {min(1.0, mid + half):.2f}]"
 
 
 def test_the_recipe_clears_each_length_up_to_the_first_it_has_no_whole_cell_for(tmp_path):

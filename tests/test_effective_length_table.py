@@ -7,13 +7,13 @@ shipped recipe's setting is pooled. The script runs as a command (tests/test_lay
 from __future__ import annotations
 
 import json
-import math
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _rates import rate
 from _recipekit import ROOT, SUBPROCESS_ENV
 
 pytestmark = pytest.mark.slow   # a subprocess that imports torch and reads every source
@@ -31,18 +31,6 @@ def table(*argv: str) -> str:
                           capture_output=True, text=True, cwd=ROOT, env=SUBPROCESS_ENV, timeout=300)
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """The Wilson score interval, written out here (not the package's)."""
-    p, d = k / n, 1 + z * z / n
-    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, mid - half), min(1.0, mid + half)
-
-
-def rate(k: int, n: int) -> str:
-    low, high = wilson(k, n)
-    return f"{k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}]"
 
 
 def pooled_rate(rows: list[dict]) -> str:
