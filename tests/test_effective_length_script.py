@@ -145,3 +145,20 @@ def test_the_page_s_not_run_list_names_the_methods_and_the_shipped_recipe_not_th
     assert len(names) == listed.count(": ") - 1, listed
     allowed = re.compile(r"^(yarn|dpe|self_extend|finetuned( seed \d+)?( multi_key)?|finetuned at (8k|16k))$")
     assert names and all(allowed.match(n) for n in names), names
+
+
+def test_a_16k_run_s_default_budget_is_the_one_its_committed_runs_used():
+    """The page prints each run's command from `run_argv`: the 16k runs ran with `--budget 30m`,
+    so that is the default a 16k invocation gets (a 32k one keeps its haystack's)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import effective_length_4x as script
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def budget(argv: list[str]) -> str:
+        return argv[argv.index("--budget") + 1]
+
+    assert budget(script.run_argv("noise", "yarn", length="16k")) == "30m"
+    assert budget(script.run_argv("noise", "yarn")) == "40m" and budget(script.run_argv("code", "yarn")) == "30m"
+    assert budget(script.run_argv("hamlet", "yarn", "2h", length="16k")) == "2h"
