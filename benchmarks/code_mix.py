@@ -34,9 +34,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from effective_length_4x import code_path   # the same held-out code file as the 4x runs
+from effective_length_4x_runs import code_path   # the same held-out code file as the 4x runs
 # the recipe's setting when code and prose trained, and the table's names of the arms' settings
-from effective_length_table import CODE_MIX_NAME, PREVIOUS_2X_FLAGS, PREVIOUS_2X_NAME, TASKS   # the tasks the table reads
+from effective_length_sources import PREVIOUS_2X_FLAGS, PREVIOUS_2X_NAME
+from effective_length_table import CODE_MIX_NAME, TASKS   # the tasks the table reads
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "retrieval-code-mix"

@@ -1,7 +1,7 @@
 """Effective length at 4x: RULER's single needle (`niah_single`, RULER's wording)
 at 32k on the embedded SmolLM2-135M (trained at 8,192), training-free: YaRN s = 4, DPE with its
-committed 32k detection (results/dpe/dpe-32k-bf16.json) and Self-Extend as the side-by-side runs
-them; fine-tuned: the 4x retrieval recipe's checkpoint (recipes/cpu-smollm2-retrieval-4x.yaml,
+committed 32k detection (results/dpe/dpe-32k-bf16.json), Self-Extend and the searched `longrope`
+configs (needle and perplexity objectives) as the side-by-side runs them; fine-tuned: the 4x retrieval recipe's checkpoint (recipes/cpu-smollm2-retrieval-4x.yaml,
 asked with `--methods none`: its saved config carries YaRN s = 4); in three haystacks no method or recipe was tuned on: RULER's noise, a held-out play (Hamlet: neither the searches nor the
 recipe's training saw it) and source code (torch's `_refs/__init__.py`, fixed by the torch pin).
 Five depths, sequential looks of 4 needles a depth up to 20, each cell decided against a fixed
@@ -10,6 +10,7 @@ unpatched model within L (8k) as the reference a method's accuracy is read again
 
     python benchmarks/effective_length_4x.py run noise       # then hamlet, code (each resumable)
     python benchmarks/effective_length_4x.py run noise --method dpe   # or self_extend
+    python benchmarks/effective_length_4x.py run noise --method searched-needle   # two needles a depth
     python benchmarks/effective_length_4x.py run noise --method finetuned   # after training the 4x recipe
     python benchmarks/effective_length_4x.py run noise --method finetuned --length 16k   # and 8k: the grid below 4L
     python benchmarks/effective_length_4x.py run noise --method finetuned --task multi_key --seed 1
@@ -34,124 +35,16 @@ gives one invocation more time than the haystack's default (a 32k DPE cell of fo
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
-from effective_length_grid import GRID_DEPTHS, TARGETS
-from effective_length_table import CODE_LABEL
-
-HERE = Path(__file__).resolve().parent
-OUT = HERE / "results" / "effective-length-4x"
-PAGE = HERE / "results" / "effective_length_4x.md"
-BAR, BUDGET = 0.7, {"noise": "40m", "hamlet": "40m", "code": "30m"}   # a 32k invocation's wall time
-BUDGET_16K = "30m"   # a 16k prompt costs about half a 32k one (the 16k runs: 44 min for 20)
-DEPTHS = ",".join(f"{d:g}" for d in sorted(GRID_DEPTHS))   # 0,0.25,0.5,0.75,1
-# the grid's lengths: 4L the target's; L and 2L what an effective length of 4L needs cleared too
-LENGTHS, FAR = ("8k", "16k", "32k"), "32k"
-# every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
-# Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
-KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
-         "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"],
-         **{arm: [] for arm in FINETUNED}}
-PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's training
-
-
-LABELS = {"noise": "RULER's noise", "hamlet": "Hamlet (held out)", "code": CODE_LABEL}
-
-
-def code_path() -> str:
-    import torch
-    path = Path(torch.__file__).parent / "_refs" / "__init__.py"   # inside the repository: relative, so
-    return str(path.relative_to(HERE.parent)) if path.is_relative_to(HERE.parent) else str(path)   # rows name no machine folder
-
-
-def dataset(haystack: str) -> str:
-    return {"noise": "noise", "hamlet": "embedded:shakespeare/hamlet", "code": code_path()}[haystack]
-
-
-def run_folder(haystack: str, method: str, task: str = "niah_single", seed: int = 0, length: str = FAR) -> Path:
-    """YaRN's niah_single rows at 32k in the haystack's folder (its first runs), every other run beside
-    it, named by method, seed (fine-tuned, past 0), task (past niah_single) and length (past 32k)."""
-    name = haystack if method == "yarn" else f"{haystack}-{method}"
-    name += (f"-seed{seed}" if seed else "") + ("" if task == "niah_single" else f"-{task}")
-    return OUT / (name + ("" if length == FAR else f"-{length}"))
-
-
-def folder_length(folder: Path) -> str:
-    """The grid length a run folder's name carries (`...-16k`; 32k when it names none)."""
-    return next((n for n in LENGTHS if folder.name.endswith(f"-{n}")), FAR)
-
-
-def run_argv(haystack: str, method: str = "yarn", budget: str | None = None, task: str = "niah_single",
-             seed: int = 0, length: str = FAR) -> list[str]:
-    out = ["--dtype", "float32", "--dataset", dataset(haystack), "--no-progress",
-           "--out", str(run_folder(haystack, method, task, seed, length))]
-    if method in FINETUNED:
-        # a fixed grid of 2 needles a depth, the design of the 2x recipe's noise check, so the two
-        # read side by side; 10/10 would clear the target (Wilson lower bound 0.72)
-        return ["retrieval", "--tasks", task, "--model", finetuned(seed, method), "--methods", "none", "--lengths", length,
-                "--depths", DEPTHS, "--trials", "2", *out]
-    if length == LENGTHS[0]:
-        # within L `hf-posext retrieval` always asks the unpatched model too, first: a sequential
-        # budget would be spent on it, so the same fixed grid as the fine-tuned arms (its unpatched
-        # rows repeat the reference's first needles and are not counted: question_rows)
-        return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
-                "--depths", DEPTHS, "--trials", "2", *out]
-    return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
-            "--depths", DEPTHS, "--trials", "20", "--look", "4", "--sequential", "--bar", str(BAR),
-            "--budget", budget or (BUDGET_16K if length == "16k" else BUDGET[haystack]), *out]
-
-
-def reference_folder(haystack: str, task: str = "niah_single") -> Path:
-    return OUT / (f"{haystack}-reference" + ("" if task == "niah_single" else f"-{task}"))
-
-
-def reference_argv(haystack: str, task: str = "niah_single") -> list[str]:
-    """The unpatched model within L (8k) in the haystack: what a method's 32k accuracy is read against
-    (a needle the base loses 8k back is not one an extension lost). Code: sequential, with YaRN s = 4
-    at 8k and 32k after it (its first run, kept as it ran); the others: a fixed grid of 8 needles a
-    depth, the first 4 the ones every 32k cell of the haystack asks (the trial seeds fix them);
-    multi_key likewise in every haystack."""
-    out = ["--no-progress", "--out", str(reference_folder(haystack, task))]
-    if haystack == "code" and task == "niah_single":
-        return ["retrieval", "--tasks", "niah_single", "--methods", "yarn", "--lengths", "8k,32k", "--factor", "4",
-                "--depths", DEPTHS, "--trials", "20", "--look", "4", "--dtype", "float32", "--sequential",
-                "--dataset", dataset(haystack), "--budget", "45m", *out]
-    return ["retrieval", "--tasks", task, "--methods", "none", "--lengths", "8k", "--depths", DEPTHS,
-            "--trials", "8", "--dtype", "float32", "--dataset", dataset(haystack), *out]
-
-
-def folder_seed(folder: Path) -> int:
-    """The training seed a run folder's name carries (`...-seed1...`; 0 when it names none)."""
-    return int(folder.name.partition("-seed")[2].partition("-")[0] or 0)
-
-
-def perplexity_folder(seed: int = 0, arm: str = "finetuned") -> Path:
-    return OUT / (f"perplexity-{arm}" + (f"-seed{seed}" if seed else ""))
-
-
-def perplexity_argv(seed: int = 0, arm: str = "finetuned") -> list[str]:
-    """The checkpoint at 32k on held-out Hamlet: `hf-posext eval` scores the whole 32k prompt and the
-    same model's own sliding 8k window over the same tokens, per position bucket (so past L reads
-    as the excess over the sliding window on positions 8k-32k)."""
-    return ["eval", "--model", finetuned(seed, arm), "--methods", "none", "--dtype", "float32", "--lengths", "32768",
-            "--dataset", PERPLEXITY_TEXT, "--no-progress", "--out", str(perplexity_folder(seed, arm))]
-
-
-def cli(argv: list[str], folder: Path) -> None:
-    argv = argv + (["--resume"] if (folder / f"{'perplexity' if argv[0] == 'eval' else 'retrieval'}.json").exists() else [])
-    print("+ hf-posext " + " ".join(argv), flush=True)
-    # from the repository: the fine-tuned checkpoint's path is relative to it, as the recipe writes it
-    subprocess.run([sys.executable, "-m", "hf_posext.cli", *argv], check=True, cwd=HERE.parent)
-
-
-def shown(argv: list[str]) -> str:
-    """A command as the page shows it: paths relative to the repository, code's file by name."""
-    text = "hf-posext " + " ".join(argv)
-    return text.replace(code_path(), "$TORCH/_refs/__init__.py").replace(str(HERE.parent) + "/", "")
+from effective_length_4x_runs import (BUDGET, BUDGET_16K, DEPTHS, FAR, HERE, KNOBS, LABELS, LENGTHS, OUT, PAGE, SEARCHED,
+                                      cli, dataset, folder_length, folder_seed, perplexity_argv, perplexity_folder,
+                                      reference_argv, reference_folder, run_argv, run_folder, searched, searched_of,
+                                      seeds_trained, shown, steps)
+from effective_length_grid import TARGETS
+from effective_length_table import METHODS
 
 
 def question_rows(folder: Path) -> dict[tuple, list[dict]]:
@@ -163,7 +56,7 @@ def question_rows(folder: Path) -> dict[tuple, list[dict]]:
     out: dict[tuple, list[dict]] = {}
     if not (folder / "retrieval.json").exists():
         return out
-    beside = "-reference" not in folder.name and not arm_of(folder)
+    beside = "-reference" not in folder.name and not arm_of(folder) and not searched_of(folder)
     for r in sorted(merge_blocks(read_rows(folder / "retrieval.json")), key=lambda r: float(r["depth"])):
         if not (beside and r["method"] == "none"):
             out.setdefault((r["method"], r["task"], int(r["length"])), []).append(r)
@@ -191,7 +84,7 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
     low, high = wilson(k, n)
     depths = " · ".join(f"{float(r['depth']):g}: {r['correct']}/{r['trials']}" for r in cells)
     decision, bounds = latest_decision(folder, method, task, length)
-    if method == "none" and length <= 8192 and not arm_of(folder):   # the reference: its accuracy less the margin is the bar
+    if method == "none" and length <= 8192 and not arm_of(folder) and not searched_of(folder):   # the reference: its accuracy less the margin is the bar
         decision, bounds = "reference:", f"bar {k / n - DEFAULT_MARGIN:.2f}"
     met = target_verdict(k, n, *TARGETS[task])
     wanted = len(DEPTHS.split(","))
@@ -199,38 +92,11 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
         met = f"open: {len(cells)} of {wanted} depths ran"
     minutes = sum(float(r["seconds"]) for r in cells) / 60
     seed, arm = folder_seed(folder), arm_of(folder)
-    name = (arm_name(arm, seed) if arm else
+    name = (arm_name(arm, seed) if arm else METHODS[searched_of(folder)] if searched_of(folder) else
             "unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}" if method == "yarn"
             else method)
     return (f"| {label} | {name} | {task} | {length // 1024}k | {k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}] | "
             f"{depths} | {decision} {bounds} | {met if length == 32768 else '(within L)' if length <= 8192 else '(below 4L: read in the grid)'} | {minutes:.0f} min |")
-
-
-def seeds_trained(arm: str = "finetuned", out: Path = OUT) -> list[int]:
-    """The arm's fine-tuned seeds with stored rows (any haystack, task or perplexity), in order;
-    seed 0 of the shipped recipe always (its absence is news), of another arm when it ran."""
-    found = {folder_seed(f) for f in out.glob(f"*-{arm}*") if arm_of(f) == arm}
-    return sorted(found | ({0} if arm == "finetuned" else set()))
-
-
-def steps(haystack: str, out: Path = OUT):
-    """(what a missing run is called or None if its absence is not news, folder, argv) of every run,
-    the fine-tuned arms' seeds as found under `out`."""
-    for method in KNOBS:
-        for task in TARGETS:
-            for seed in (seeds_trained(method, out) if method in FINETUNED else [0]):
-                for length in (FAR, *LENGTHS[:-1]):
-                    # missing and worth saying: niah_single of every training-free method, both tasks of
-                    # the shipped recipe at 32k, and its first seed's niah_single at 8k and 16k (its
-                    # effective length); the other arms are experiments, their untried cells not news
-                    news = (method == "finetuned" or (task == "niah_single" and method not in FINETUNED)) \
-                        if length == FAR else (method == "finetuned" and seed == 0 and task == "niah_single")
-                    name = (f"{method}" + (f" seed {seed}" if seed else "") + ("" if task == "niah_single" else f" {task}")
-                            + ("" if length == FAR else f" at {length}"))
-                    yield (name if news else None), run_folder(haystack, method, task, seed, length), \
-                        run_argv(haystack, method, None, task, seed, length)
-    for task in TARGETS:
-        yield None, reference_folder(haystack, task), reference_argv(haystack, task)
 
 
 def perplexity_pairs(out: Path = OUT, arm: str = "finetuned") -> list[tuple[int, dict, dict]]:
@@ -267,7 +133,8 @@ def table_lines(results: Path) -> list[str]:
     """The effective-length table (effective_length_table.py): this script's folders under
     results/effective-length-4x read here, with their commands; the 2x sources read there."""
     from effective_length_grid import grid_lines
-    from effective_length_table import build, counts, own_window
+    from effective_length_sources import build
+    from effective_length_table import counts, own_window
 
     from hf_posext.evaluation.retrieval.settings import DEFAULT_MARGIN
     out, asked = results / OUT.name, len(DEPTHS.split(","))
@@ -277,14 +144,15 @@ def table_lines(results: Path) -> list[str]:
     found, shorter = [], []   # the 32k cells (the table's 4x rows); a checkpoint's 8k and 16k (the grid's only)
     for haystack, label in LABELS.items():
         for _, folder, argv in steps(haystack, out):
-            arm, seed = arm_of(folder), folder_seed(folder)
+            arm, seed, config = arm_of(folder), folder_seed(folder), searched_of(folder)
             rows = [{**r, **({"training_seed": seed} if arm else {})}
                     for cells in question_rows(out / folder.name).values() for r in cells]
             found_here = counts(rows, {r["haystack"]: label for r in rows}, "effective-length-4x", (shown(argv),),
-                                method="yarn" if arm else None, tuned=arm is not None, asked=asked,
+                                method="yarn" if arm else config, tuned=arm is not None, asked=asked,
                                 note=FINETUNED[arm][2] if arm else "")
-            # a checkpoint's rows ask it with no method (factor 1): its setting is the recipe's YaRN s = 4
-            found_here = [replace(c, factor=4.0) if arm else c for c in found_here]
+            # a checkpoint's rows ask it with no method (factor 1): its setting is the recipe's YaRN s = 4,
+            # a searched config's factor 4 too
+            found_here = [replace(c, factor=4.0) if arm or config else c for c in found_here]
             (shorter if arm and folder_length(folder) != FAR else found).extend(found_here)
     ratios = [own_window(pairs, labels, [shown(perplexity_argv(s, arm)) for s, _, _ in pairs], FINETUNED[arm][2])
               for arm in FINETUNED if (pairs := perplexity_pairs(out, arm))]
@@ -337,7 +205,9 @@ def main() -> None:
     p.add_argument("--method", choices=tuple(KNOBS),
                    help=f"the method `run` measures (finetuned: the checkpoint at {finetuned()}; "
                    + "; ".join(f"{a}: the recipe trained with{FINETUNED[a][1]}, at {finetuned(0, a)}" for a in FINETUNED
-                               if a != "finetuned") + "); default yarn for `run`; `perplexity` takes a fine-tuned one (default finetuned)")
+                               if a != "finetuned")
+                   + "; " + "; ".join(f"{m}: the {m.split('-')[1]}-searched longrope config at {searched(m).relative_to(HERE.parent)}"
+                                      for m in SEARCHED) + "); default yarn for `run`; `perplexity` takes a fine-tuned one (default finetuned)")
     p.add_argument("--task", choices=tuple(TARGETS), default="niah_single",
                    help="RULER's task `run` or `reference` asks (default niah_single)")
     p.add_argument("--seed", type=int, default=0,
@@ -373,6 +243,9 @@ def main() -> None:
     arm = args.method if args.method in FINETUNED else "finetuned"
     if (args.method in FINETUNED or args.step == "perplexity") and not (HERE.parent / finetuned(args.seed, arm)).is_dir():
         p.error(f"no checkpoint at {finetuned(args.seed, arm)}: train it first with `{train_command(args.seed, arm)}`")
+    if args.step == "run" and args.method in SEARCHED and not (searched(args.method) / "config.json").is_file():
+        p.error(f"no checkpoint at {searched(args.method).relative_to(HERE.parent)}: build it first with "
+                "`python benchmarks/side_by_side.py search32`")
     if args.step == "run":
         cli(run_argv(args.haystack, args.method, args.budget, args.task, args.seed, args.length),
             run_folder(args.haystack, args.method, args.task, args.seed, args.length))

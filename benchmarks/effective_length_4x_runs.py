@@ -1,0 +1,170 @@
+"""Where the 4x runs of benchmarks/effective_length_4x.py live and the `hf-posext` commands that
+make them: each (haystack, method, task, seed, length)'s folder under results/effective-length-4x and
+its argv, the within-L references, the fine-tuned checkpoints' perplexity, and `steps`, every run the
+page reads in order. The script's command line and page read these; a run is one command here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from effective_length_4x_arms import FINETUNED, arm_of, finetuned
+from effective_length_grid import GRID_DEPTHS, TARGETS
+from effective_length_table import CODE_LABEL
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "results" / "effective-length-4x"
+PAGE = HERE / "results" / "effective_length_4x.md"
+BAR, BUDGET = 0.7, {"noise": "40m", "hamlet": "40m", "code": "30m"}   # a 32k invocation's wall time
+BUDGET_16K = "30m"   # a 16k prompt costs about half a 32k one (the 16k runs: 44 min for 20)
+DEPTHS = ",".join(f"{d:g}" for d in sorted(GRID_DEPTHS))   # 0,0.25,0.5,0.75,1
+# the grid's lengths: 4L the target's; L and 2L what an effective length of 4L needs cleared too
+LENGTHS, FAR = ("8k", "16k", "32k"), "32k"
+# every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
+# Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
+KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
+         "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"],
+         **{arm: [] for arm in FINETUNED}}
+# the searched `longrope` configs at 4x as side_by_side.py evaluates them (King Lear, 8k proxy): each a
+# checkpoint asked with `--methods none`, its saved config carrying the searched factors (the needle
+# objective's folder as committed; the perplexity one rebuilt by `python benchmarks/side_by_side.py search32`)
+SEARCHED = ("searched-needle", "searched-perplexity")
+KNOBS.update({m: [] for m in SEARCHED})
+PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's training
+
+
+LABELS = {"noise": "RULER's noise", "hamlet": "Hamlet (held out)", "code": CODE_LABEL}
+
+
+def searched(method: str) -> Path:
+    """A searched config's checkpoint folder: side_by_side.py's own (one place says where)."""
+    import side_by_side as sbs
+    return sbs.Results(HERE / "results").search_dir(method.removeprefix("searched-"), sbs.TARGET4)
+
+
+def searched_of(folder: Path) -> str | None:
+    """The searched config a run folder holds (`noise-searched-needle`), None for any other's."""
+    return next((m for m in SEARCHED if f"-{m}" in folder.name), None)
+
+
+def code_path() -> str:
+    import torch
+    path = Path(torch.__file__).parent / "_refs" / "__init__.py"   # inside the repository: relative, so
+    return str(path.relative_to(HERE.parent)) if path.is_relative_to(HERE.parent) else str(path)   # rows name no machine folder
+
+
+def dataset(haystack: str) -> str:
+    return {"noise": "noise", "hamlet": "embedded:shakespeare/hamlet", "code": code_path()}[haystack]
+
+
+def run_folder(haystack: str, method: str, task: str = "niah_single", seed: int = 0, length: str = FAR) -> Path:
+    """YaRN's niah_single rows at 32k in the haystack's folder (its first runs), every other run beside
+    it, named by method, seed (fine-tuned, past 0), task (past niah_single) and length (past 32k)."""
+    name = haystack if method == "yarn" else f"{haystack}-{method}"
+    name += (f"-seed{seed}" if seed else "") + ("" if task == "niah_single" else f"-{task}")
+    return OUT / (name + ("" if length == FAR else f"-{length}"))
+
+
+def folder_length(folder: Path) -> str:
+    """The grid length a run folder's name carries (`...-16k`; 32k when it names none)."""
+    return next((n for n in LENGTHS if folder.name.endswith(f"-{n}")), FAR)
+
+
+def run_argv(haystack: str, method: str = "yarn", budget: str | None = None, task: str = "niah_single",
+             seed: int = 0, length: str = FAR) -> list[str]:
+    out = ["--dtype", "float32", "--dataset", dataset(haystack), "--no-progress",
+           "--out", str(run_folder(haystack, method, task, seed, length))]
+    if method in FINETUNED or method in SEARCHED:
+        # a fixed grid of 2 needles a depth, the design of the 2x recipe's noise check, so the two
+        # read side by side; 10/10 would clear the target (Wilson lower bound 0.72). A searched
+        # config likewise: 10 prompts of 32k (about 40 min here) where a sequential look of 4 a depth is 20
+        model = finetuned(seed, method) if method in FINETUNED else str(searched(method).relative_to(HERE.parent))
+        return ["retrieval", "--tasks", task, "--model", model, "--methods", "none", "--lengths", length,
+                "--depths", DEPTHS, "--trials", "2", *out]
+    if length == LENGTHS[0]:
+        # within L `hf-posext retrieval` always asks the unpatched model too, first: a sequential
+        # budget would be spent on it, so the same fixed grid as the fine-tuned arms (its unpatched
+        # rows repeat the reference's first needles and are not counted: question_rows)
+        return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
+                "--depths", DEPTHS, "--trials", "2", *out]
+    return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
+            "--depths", DEPTHS, "--trials", "20", "--look", "4", "--sequential", "--bar", str(BAR),
+            "--budget", budget or (BUDGET_16K if length == "16k" else BUDGET[haystack]), *out]
+
+
+def reference_folder(haystack: str, task: str = "niah_single") -> Path:
+    return OUT / (f"{haystack}-reference" + ("" if task == "niah_single" else f"-{task}"))
+
+
+def reference_argv(haystack: str, task: str = "niah_single") -> list[str]:
+    """The unpatched model within L (8k) in the haystack: what a method's 32k accuracy is read against
+    (a needle the base loses 8k back is not one an extension lost). Code: sequential, with YaRN s = 4
+    at 8k and 32k after it (its first run, kept as it ran); the others: a fixed grid of 8 needles a
+    depth, the first 4 the ones every 32k cell of the haystack asks (the trial seeds fix them);
+    multi_key likewise in every haystack."""
+    out = ["--no-progress", "--out", str(reference_folder(haystack, task))]
+    if haystack == "code" and task == "niah_single":
+        return ["retrieval", "--tasks", "niah_single", "--methods", "yarn", "--lengths", "8k,32k", "--factor", "4",
+                "--depths", DEPTHS, "--trials", "20", "--look", "4", "--dtype", "float32", "--sequential",
+                "--dataset", dataset(haystack), "--budget", "45m", *out]
+    return ["retrieval", "--tasks", task, "--methods", "none", "--lengths", "8k", "--depths", DEPTHS,
+            "--trials", "8", "--dtype", "float32", "--dataset", dataset(haystack), *out]
+
+
+def folder_seed(folder: Path) -> int:
+    """The training seed a run folder's name carries (`...-seed1...`; 0 when it names none)."""
+    return int(folder.name.partition("-seed")[2].partition("-")[0] or 0)
+
+
+def perplexity_folder(seed: int = 0, arm: str = "finetuned") -> Path:
+    return OUT / (f"perplexity-{arm}" + (f"-seed{seed}" if seed else ""))
+
+
+def perplexity_argv(seed: int = 0, arm: str = "finetuned") -> list[str]:
+    """The checkpoint at 32k on held-out Hamlet: `hf-posext eval` scores the whole 32k prompt and the
+    same model's own sliding 8k window over the same tokens, per position bucket (so past L reads
+    as the excess over the sliding window on positions 8k-32k)."""
+    return ["eval", "--model", finetuned(seed, arm), "--methods", "none", "--dtype", "float32", "--lengths", "32768",
+            "--dataset", PERPLEXITY_TEXT, "--no-progress", "--out", str(perplexity_folder(seed, arm))]
+
+
+def cli(argv: list[str], folder: Path) -> None:
+    argv = argv + (["--resume"] if (folder / f"{'perplexity' if argv[0] == 'eval' else 'retrieval'}.json").exists() else [])
+    print("+ hf-posext " + " ".join(argv), flush=True)
+    # from the repository: the fine-tuned checkpoint's path is relative to it, as the recipe writes it
+    subprocess.run([sys.executable, "-m", "hf_posext.cli", *argv], check=True, cwd=HERE.parent)
+
+
+def shown(argv: list[str]) -> str:
+    """A command as the page shows it: paths relative to the repository, code's file by name."""
+    text = "hf-posext " + " ".join(argv)
+    return text.replace(code_path(), "$TORCH/_refs/__init__.py").replace(str(HERE.parent) + "/", "")
+
+
+def seeds_trained(arm: str = "finetuned", out: Path = OUT) -> list[int]:
+    """The arm's fine-tuned seeds with stored rows (any haystack, task or perplexity), in order;
+    seed 0 of the shipped recipe always (its absence is news), of another arm when it ran."""
+    found = {folder_seed(f) for f in out.glob(f"*-{arm}*") if arm_of(f) == arm}
+    return sorted(found | ({0} if arm == "finetuned" else set()))
+
+
+def steps(haystack: str, out: Path = OUT):
+    """(what a missing run is called or None if its absence is not news, folder, argv) of every run,
+    the fine-tuned arms' seeds as found under `out`."""
+    for method in KNOBS:
+        for task in TARGETS:
+            for seed in (seeds_trained(method, out) if method in FINETUNED else [0]):
+                for length in (FAR, *LENGTHS[:-1]):
+                    # missing and worth saying: niah_single of every training-free method, both tasks of
+                    # the shipped recipe at 32k, and its first seed's niah_single at 8k and 16k (its
+                    # effective length); the other arms are experiments, their untried cells not news
+                    news = (method == "finetuned" or (task == "niah_single" and method not in FINETUNED)) \
+                        if length == FAR else (method == "finetuned" and seed == 0 and task == "niah_single")
+                    name = (f"{method}" + (f" seed {seed}" if seed else "") + ("" if task == "niah_single" else f" {task}")
+                            + ("" if length == FAR else f" at {length}"))
+                    yield (name if news else None), run_folder(haystack, method, task, seed, length), \
+                        run_argv(haystack, method, None, task, seed, length)
+    for task in TARGETS:
+        yield None, reference_folder(haystack, task), reference_argv(haystack, task)
