@@ -7,6 +7,7 @@ shipped recipe's setting is pooled. The script runs as a command (tests/test_lay
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -283,3 +284,25 @@ def test_a_reference_is_the_unpatched_model_within_l_asked_the_32k_cells_needles
     for folder in at_32k:   # training-free YaRN s = 4; the recipe, seed 0
         found = asked(stored(out / folder / "retrieval.json"))
         assert found and all(within_l[key] == answer for key, answer in found.items()), folder
+
+
+def test_the_searched_configs_rows_read_their_own_folders(page_table):
+    """A searched `longrope` checkpoint is asked with no method (its rows say `none`), so its row
+    must come from its own folders, not the unpatched model's: its 16k needles, and its Hamlet
+    perplexity against the unpatched model's sliding window over the same tokens, worked here from
+    the stored buckets."""
+    sbs = RESULTS / "side-by-side"
+
+    def nll(row: dict) -> float:
+        return sum(row["bucket_nll"]) / sum(row["bucket_tokens"])
+    for objective in ("needle", "perplexity"):
+        name = f"{objective}-searched longrope"
+        rows = [r for r in stored(sbs / f"retrieval-16k-search-{objective}" / "retrieval.json") if r["task"] == "niah_single"]
+        assert row_of(page_table, name, "2x (16k), training-free")[2].startswith(
+            f"{pooled_rate(rows)} (RULER's noise; five depths; bfloat16)")
+        searched = next(r for r in stored(sbs / f"eval-32k-search-{objective}" / "perplexity.json")
+                        if r["protocol"] == "truncate" and r["length"] == 32768)
+        base = next(r for r in stored(sbs / "eval-32k" / "perplexity.json")
+                    if r["protocol"] == "baseline" and r["length"] == 32768)
+        ratio = math.exp(nll(searched) - nll(base))
+        assert row_of(page_table, name, "4x (32k), training-free")[4].startswith(f"{ratio:.4f}x (Hamlet (held out), 32k")
