@@ -40,7 +40,7 @@ from pathlib import Path
 
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
 from effective_length_4x_runs import (BUDGET, BUDGET_16K, DEPTHS, FAR, HERE, KNOBS, LABELS, LENGTHS, OUT, PAGE, SEARCHED,
-                                      cli, dataset, folder_length, folder_seed, perplexity_argv, perplexity_folder,
+                                      cli, dataset, folder_seed, perplexity_argv, perplexity_folder,
                                       reference_argv, reference_folder, run_argv, run_folder, searched, searched_of,
                                       seeds_trained, shown, steps)
 from effective_length_grid import TARGETS
@@ -141,19 +141,26 @@ def table_lines(results: Path) -> list[str]:
     # the other sources' haystacks by name; this script's own by folder (the code haystack's rows
     # store the file's path on the machine that ran them, not a name)
     labels = {dataset(h): LABELS[h] for h in ("noise", "hamlet")}
-    found, shorter = [], []   # the 32k cells (the table's 4x rows); a checkpoint's 8k and 16k (the grid's only)
+    # the table's: the 32k cells (its 4x rows) and the unpatched references within L; the grid's only:
+    # every other cell below 4L (a 4x setting's 8k and 16k are not the 2x setting's row)
+    found, shorter = [], []
     for haystack, label in LABELS.items():
+        # a method's own run within L asks the needles a reference run asked it beside the unpatched
+        # model (code's first run: YaRN s = 4 at 8k, two depths): counted once, in its own run
+        own_within = {m for m in KNOBS if question_rows(out / run_folder(haystack, m, length=LENGTHS[0]).name)}
         for _, folder, argv in steps(haystack, out):
             arm, seed, config = arm_of(folder), folder_seed(folder), searched_of(folder)
             rows = [{**r, **({"training_seed": seed} if arm else {})}
-                    for cells in question_rows(out / folder.name).values() for r in cells]
+                    for cells in question_rows(out / folder.name).values() for r in cells
+                    if not ("-reference" in folder.name and r["method"] in own_within)]
             found_here = counts(rows, {r["haystack"]: label for r in rows}, "effective-length-4x", (shown(argv),),
                                 method="yarn" if arm else config, tuned=arm is not None, asked=asked,
                                 note=FINETUNED[arm][2] if arm else "")
             # a checkpoint's rows ask it with no method (factor 1): its setting is the recipe's YaRN s = 4,
             # a searched config's factor 4 too
             found_here = [replace(c, factor=4.0) if arm or config else c for c in found_here]
-            (shorter if arm and folder_length(folder) != FAR else found).extend(found_here)
+            for c in found_here:
+                (found if c.length == 32768 or (c.method == "none" and not c.tuned) else shorter).append(c)
     ratios = [own_window(pairs, labels, [shown(perplexity_argv(s, arm)) for s, _, _ in pairs], FINETUNED[arm][2])
               for arm in FINETUNED if (pairs := perplexity_pairs(out, arm))]
     lines, read = build(results, labels, found, ratios)

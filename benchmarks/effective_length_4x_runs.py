@@ -67,11 +67,6 @@ def run_folder(haystack: str, method: str, task: str = "niah_single", seed: int 
     return OUT / (name + ("" if length == FAR else f"-{length}"))
 
 
-def folder_length(folder: Path) -> str:
-    """The grid length a run folder's name carries (`...-16k`; 32k when it names none)."""
-    return next((n for n in LENGTHS if folder.name.endswith(f"-{n}")), FAR)
-
-
 def run_argv(haystack: str, method: str = "yarn", budget: str | None = None, task: str = "niah_single",
              seed: int = 0, length: str = FAR) -> list[str]:
     out = ["--dtype", "float32", "--dataset", dataset(haystack), "--no-progress",

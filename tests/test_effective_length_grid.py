@@ -105,3 +105,45 @@ def test_the_unpatched_cells_a_method_s_run_asks_within_l_are_not_a_second_refer
     plant(tmp_path, "noise", "noise", 32768, [(2, 2)] * 5)
     assert grid_rows(tmp_path)[("RULER's noise", "niah_single", "YaRN s = 4, training-free")][:4] == [
         "0.70 (8/10 - 0.1)", rate(10, 10), "not run", rate(10, 10)]
+
+
+def yarn_rows(root: Path, folder: str, cells: list[tuple[int, int]], length: int, keep: bool = True) -> None:
+    """Add YaRN s = 4 cells (depths 0, 0.25, ...) to a planted folder's rows (`keep`: its own rows too)."""
+    path = root / "effective-length-4x" / folder / "retrieval.json"
+    rows, yarn = json.loads(path.read_text())["rows"], template("noise")
+    added = [{**rows[0], "method": "yarn", "factor": yarn["factor"], "factor_spec": yarn["factor_spec"], "length": length,
+              "depth": d / 4, "correct": k, "trials": n, "seeds_list": ",".join(map(str, range(n)))}
+             for d, (k, n) in enumerate(cells)]
+    path.write_text(json.dumps({"schema": 2, "rows": (rows if keep else []) + added}))
+
+
+def test_a_4x_setting_s_cell_at_16k_is_the_grid_s_not_the_2x_setting_s_row(tmp_path):
+    """YaRN s = 4 at 16k is a cell of the 4x setting below 4L: the grid reads it; the table's
+    "2x (16k), training-free" row is YaRN s = 2's and must not show it (no 2x source planted: no such row)."""
+    plant(tmp_path, "noise-reference", "noise-reference", 8192, [(0, 2), (2, 2), (2, 2), (2, 2), (2, 2)])
+    plant(tmp_path, "noise-16k", "noise", 16384, [(1, 2), (1, 2), (0, 2), (1, 2), (0, 2)])
+    plant(tmp_path, "noise", "noise", 32768, [(2, 2)] * 5)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "effective_length_4x.py"), "table",
+                           "--results", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=SUBPROCESS_ENV,
+                          timeout=300)
+    table = done.stdout.split("## Effective length by haystack", 1)[0]
+    assert not [line for line in table.splitlines() if line.startswith("| YaRN | 2x (16k)")], table
+    assert rate(3, 10) not in table
+    assert grid_rows(tmp_path)[("RULER's noise", "niah_single", "YaRN s = 4, training-free")][1:4] == [
+        "not run", rate(3, 10), rate(10, 10)]
+
+
+def test_a_method_asked_beside_the_reference_is_counted_once_in_its_own_run_within_l(tmp_path):
+    """Code's reference run asked YaRN s = 4 at 8k beside the unpatched model (seeds 0-3, two
+    depths); YaRN's own fixed grid at 8k asks seeds 0 and 1 of the same needles: its 8k cell is
+    its own run's (2/10), not that pooled with the reference's (2/18)."""
+    plant(tmp_path, "code-reference", "code-reference", 8192, [(1, 4), (1, 4), (1, 4), (3, 4), (4, 4)], method="none")
+    yarn_rows(tmp_path, "code-reference", [(0, 4), (0, 4)], 8192)
+    plant(tmp_path, "code-8k", "code-reference", 8192, [(0, 2), (1, 2), (0, 2), (2, 2), (2, 2)], method="none")
+    yarn_rows(tmp_path, "code-8k", [(0, 2), (0, 2), (0, 2), (0, 2), (2, 2)], 8192)
+    plant(tmp_path, "code-16k", "code-reference", 16384, [(0, 2)] * 5, method="none")
+    yarn_rows(tmp_path, "code-16k", [(1, 2)] * 5, 16384, keep=False)
+    row = grid_rows(tmp_path)[("source code (torch/_refs/__init__.py, torch 2.13.0)", "niah_single",
+                               "YaRN s = 4, training-free")]
+    assert row[:3] == ["0.40 (10/20 - 0.1)", rate(2, 10), rate(5, 10)]
+    assert row[4] == "below 8k (8k misses the bar)", row
