@@ -41,7 +41,7 @@ from pathlib import Path
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
 from effective_length_4x_runs import (BUDGET, BUDGET_16K, DEPTHS, FAR, HERE, KNOBS, LABELS, LENGTHS, OUT, PAGE, SEARCHED,
                                       cli, dataset, folder_seed, perplexity_argv, perplexity_folder,
-                                      reference_argv, reference_folder, run_argv, run_folder, searched, searched_of,
+                                      reference_argv, reference_folder, run_argv, run_folder, searched, searched_config, searched_of,
                                       seeds_trained, shown, steps)
 from effective_length_grid import TARGETS
 from effective_length_table import METHODS
@@ -213,8 +213,9 @@ def main() -> None:
                    help=f"the method `run` measures (finetuned: the checkpoint at {finetuned()}; "
                    + "; ".join(f"{a}: the recipe trained with{FINETUNED[a][1]}, at {finetuned(0, a)}" for a in FINETUNED
                                if a != "finetuned")
-                   + "; " + "; ".join(f"{m}: the {m.split('-')[1]}-searched longrope config at {searched(m).relative_to(HERE.parent)}"
-                                      for m in SEARCHED) + "); default yarn for `run`; `perplexity` takes a fine-tuned one (default finetuned)")
+                   + "; " + "; ".join(f"{m}: the {m.split('-')[1]}-searched longrope config of "
+                                      f"{searched_config(m).relative_to(HERE.parent)}, saved with the embedded model at "
+                                      f"{searched(m)} when missing" for m in SEARCHED) + "); default yarn for `run`; `perplexity` takes a fine-tuned one (default finetuned)")
     p.add_argument("--task", choices=tuple(TARGETS), default="niah_single",
                    help="RULER's task `run` or `reference` asks (default niah_single)")
     p.add_argument("--seed", type=int, default=0,
@@ -250,9 +251,11 @@ def main() -> None:
     arm = args.method if args.method in FINETUNED else "finetuned"
     if (args.method in FINETUNED or args.step == "perplexity") and not (HERE.parent / finetuned(args.seed, arm)).is_dir():
         p.error(f"no checkpoint at {finetuned(args.seed, arm)}: train it first with `{train_command(args.seed, arm)}`")
-    if args.step == "run" and args.method in SEARCHED and not (searched(args.method) / "config.json").is_file():
-        p.error(f"no checkpoint at {searched(args.method).relative_to(HERE.parent)}: build it first with "
-                "`python benchmarks/side_by_side.py search32`")
+    if args.step == "run" and args.method in SEARCHED and not (searched_config(args.method) / "config.json").is_file():
+        p.error(f"{searched_config(args.method).relative_to(HERE.parent)}/config.json is missing: restore it from git")
+    if args.step == "run" and args.method in SEARCHED:
+        import side_by_side as sbs
+        sbs.rebuild(searched_config(args.method), HERE.parent / searched(args.method))   # skipped when it holds it
     if args.step == "run":
         cli(run_argv(args.haystack, args.method, args.budget, args.task, args.seed, args.length),
             run_folder(args.haystack, args.method, args.task, args.seed, args.length))

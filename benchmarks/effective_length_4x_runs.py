@@ -27,9 +27,9 @@ LENGTHS, FAR = ("8k", "16k", "32k"), "32k"
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
          "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"],
          **{arm: [] for arm in FINETUNED}}
-# the searched `longrope` configs at 4x as side_by_side.py evaluates them (King Lear, 8k proxy): each a
-# checkpoint asked with `--methods none`, its saved config carrying the searched factors (the needle
-# objective's folder as committed; the perplexity one rebuilt by `python benchmarks/side_by_side.py search32`)
+# the searched `longrope` configs at 4x as side_by_side.py evaluates them (King Lear, 8k proxy): each
+# asked as a checkpoint with `--methods none`, the embedded model saved with the committed config
+# (`searched_config`) under runs/ by `run` itself (side_by_side.rebuild: seconds; weights are not committed)
 SEARCHED = ("searched-needle", "searched-perplexity")
 KNOBS.update({m: [] for m in SEARCHED})
 PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's training
@@ -38,10 +38,17 @@ PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's t
 LABELS = {"noise": "RULER's noise", "hamlet": "Hamlet (held out)", "code": CODE_LABEL}
 
 
-def searched(method: str) -> Path:
-    """A searched config's checkpoint folder: side_by_side.py's own (one place says where)."""
+def searched_config(method: str) -> Path:
+    """The committed folder of a searched config at 4x, as side_by_side.py reads it: the needle
+    objective's search, and the perplexity objective's reused one (benchmarks/search.py tune4)."""
     import side_by_side as sbs
-    return sbs.Results(HERE / "results").search_dir(method.removeprefix("searched-"), sbs.TARGET4)
+    res = sbs.Results(HERE / "results")
+    return res.reused4 if method == "searched-perplexity" else res.search_dir("needle", sbs.TARGET4)
+
+
+def searched(method: str) -> str:
+    """The checkpoint `run` asks: the embedded model saved with the searched config (`searched_config`)."""
+    return f"runs/{method}-32k"
 
 
 def searched_of(folder: Path) -> str | None:
@@ -75,7 +82,7 @@ def run_argv(haystack: str, method: str = "yarn", budget: str | None = None, tas
         # a fixed grid of 2 needles a depth, the design of the 2x recipe's noise check, so the two
         # read side by side; 10/10 would clear the target (Wilson lower bound 0.72). A searched
         # config likewise: 10 prompts of 32k (about 40 min here) where a sequential look of 4 a depth is 20
-        model = finetuned(seed, method) if method in FINETUNED else str(searched(method).relative_to(HERE.parent))
+        model = finetuned(seed, method) if method in FINETUNED else searched(method)
         return ["retrieval", "--tasks", task, "--model", model, "--methods", "none", "--lengths", length,
                 "--depths", DEPTHS, "--trials", "2", *out]
     if length == LENGTHS[0]:
