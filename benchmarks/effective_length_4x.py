@@ -40,8 +40,8 @@ from pathlib import Path
 
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
 from effective_length_4x_runs import (BUDGET, BUDGET_16K, DEPTHS, FAR, HERE, KNOBS, LABELS, LENGTHS, OUT, PAGE, SEARCHED,
-                                      cli, dataset, folder_seed, perplexity_argv, perplexity_folder,
-                                      reference_argv, reference_folder, run_argv, run_folder, searched, searched_config, searched_of,
+                                      cli, dataset, folder_seed, perplexity_argv, perplexity_folder, reference_argv,
+                                      reference_folder, run_argv, run_folder, searched, searched_config, searched_of,
                                       seeds_trained, shown, steps)
 from effective_length_grid import TARGETS
 from effective_length_table import METHODS
