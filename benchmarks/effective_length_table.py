@@ -1,5 +1,5 @@
 """The effective-length table of results/effective_length_4x.md: method (YaRN, DPE, Self-Extend,
-unpatched) x 2x (16k) / 4x (32k) x training-free / fine-tuned on the embedded SmolLM2-135M, every
+the searched `longrope` configs, unpatched) x 2x (16k) / 4x (32k) x training-free / fine-tuned on the embedded SmolLM2-135M, every
 figure read from stored rows (none typed by hand), each row with the commands that made its rows
 and their wall time. This module holds the table's records (`Count`, `Ratio`) and writes the
 section from them; effective_length_sources.py reads the sources other than the 4x script's own
