@@ -147,7 +147,6 @@ def test_the_page_s_not_run_list_names_the_methods_and_the_shipped_recipe_not_th
     assert names and all(allowed.match(n) for n in names), names
 
 
-
 def test_the_page_shows_the_16k_runs_with_the_budget_they_ran_with():
     """The page prints each run's command from the script's own argv: the 16k runs ran with
     `--budget 30m` (the 16k default), the 32k ones with their haystack's (noise and Hamlet 40m)."""
