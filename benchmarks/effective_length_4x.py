@@ -4,13 +4,15 @@ committed 32k detection (results/dpe/dpe-32k-bf16.json), Self-Extend and the sea
 configs (needle and perplexity objectives) as the side-by-side runs them; fine-tuned: the 4x retrieval recipe's checkpoint (recipes/cpu-smollm2-retrieval-4x.yaml,
 asked with `--methods none`: its saved config carries YaRN s = 4); in three haystacks no method or recipe was tuned on: RULER's noise, a held-out play (Hamlet: neither the searches nor the
 recipe's training saw it) and source code (torch's `_refs/__init__.py`, fixed by the torch pin).
-Five depths, sequential looks of 4 needles a depth up to 20, each cell decided against a fixed
-bar of 0.7 (the target's lower Wilson bound) within a wall-time budget; and, in each haystack, the
+Five depths: YaRN and DPE in sequential looks of 4 needles a depth up to 20, each cell decided against
+a fixed bar of 0.7 (the target's lower Wilson bound) within a wall-time budget; Self-Extend, the searched
+configs and the fine-tuned arms on a fixed grid of 2 needles a depth; and, in each haystack, the
 unpatched model within L (8k) as the reference a method's accuracy is read against.
 
     python benchmarks/effective_length_4x.py run noise       # then hamlet, code (each resumable)
-    python benchmarks/effective_length_4x.py run noise --method dpe   # or self_extend
-    python benchmarks/effective_length_4x.py run noise --method searched-needle   # two needles a depth
+    python benchmarks/effective_length_4x.py run noise --method dpe
+    python benchmarks/effective_length_4x.py run noise --method self_extend   # two needles a depth
+    python benchmarks/effective_length_4x.py run noise --method searched-needle   # likewise
     python benchmarks/effective_length_4x.py run noise --method finetuned   # after training the 4x recipe
     python benchmarks/effective_length_4x.py run noise --method finetuned --length 16k   # and 8k: the grid below 4L
     python benchmarks/effective_length_4x.py run noise --method finetuned --task multi_key --seed 1
@@ -29,7 +31,7 @@ each train with the recipe's command plus the arm's flags into the arm's own fol
         --data.synthetic.window null --output_dir runs/cpu-smollm2-retrieval-4x-4k-examples
 
 Each step is one `hf-posext retrieval` command (printed); a rerun resumes the stored looks. `--budget 3h`
-gives one invocation more time than the haystack's default (a 32k DPE cell of four trials: ~1 h on 2 busy cores).
+gives a sequential run more time than the haystack's default (a 32k DPE cell of four trials: ~1 h on 2 busy cores).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, tra
 from effective_length_4x_runs import (BUDGET, BUDGET_16K, DEPTHS, FAR, HERE, KNOBS, LABELS, LENGTHS, OUT, PAGE, SEARCHED,
                                       cli, dataset, folder_seed, perplexity_argv, perplexity_folder, reference_argv,
                                       reference_folder, run_argv, run_folder, searched, searched_config, searched_of,
-                                      seeds_trained, shown, steps)
+                                      seeds_trained, sequential, shown, steps)
 from effective_length_grid import TARGETS
 from effective_length_table import METHODS
 
@@ -224,7 +226,7 @@ def main() -> None:
     p.add_argument("--length", choices=LENGTHS, default=FAR,
                    help=f"the prompt length `run` asks (default {FAR}, 4L; {' and '.join(LENGTHS[:-1])} are the grid's "
                    "shorter lengths an effective length of 4L needs cleared too; rows go to a folder named by it)")
-    p.add_argument("--budget", help="this invocation's wall time, e.g. 3h (default at 32k: the haystack's, "
+    p.add_argument("--budget", help="a sequential run's wall time, e.g. 3h (YaRN and DPE past 8k; default at 32k: the haystack's, "
                    + ", ".join(f"{h} {b}" for h, b in BUDGET.items()) + f"; at 16k {BUDGET_16K})")
     p.add_argument("--results", type=Path, default=HERE / "results",
                    help="`table` reads the rows under this folder (default: this script's results/)")
@@ -251,6 +253,9 @@ def main() -> None:
     arm = args.method if args.method in FINETUNED else "finetuned"
     if (args.method in FINETUNED or args.step == "perplexity") and not (HERE.parent / finetuned(args.seed, arm)).is_dir():
         p.error(f"no checkpoint at {finetuned(args.seed, arm)}: train it first with `{train_command(args.seed, arm)}`")
+    if args.step == "run" and args.budget and not sequential(args.method, args.length):
+        p.error(f"--budget {args.budget}: `run --method {args.method}` at {args.length} asks a fixed grid of 2 needles "
+                "a depth, which runs to the end (a rerun resumes it); drop --budget")
     if args.step == "run" and args.method in SEARCHED and not (searched_config(args.method) / "config.json").is_file():
         p.error(f"{searched_config(args.method).relative_to(HERE.parent)}/config.json is missing: restore it from git")
     if args.step == "run" and args.method in SEARCHED:

@@ -32,6 +32,11 @@ KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 
 # (`searched_config`) under runs/ by `run` itself (side_by_side.rebuild: seconds; weights are not committed)
 SEARCHED = ("searched-needle", "searched-perplexity")
 KNOBS.update({m: [] for m in SEARCHED})
+# asked on the fixed grid of 2 needles a depth at every length (10 prompts reach all five depths, where
+# sequential looks of 4 a depth need 20): the fine-tuned arms and the searched configs, and Self-Extend,
+# whose 32k prompt costs about twice YaRN's here (its two attentions a layer); a first look of 4 at
+# depth 0 had not finished in 70 min on the shared cores
+FIXED_GRID = (*FINETUNED, *SEARCHED, "self_extend")
 PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's training
 
 
@@ -74,20 +79,25 @@ def run_folder(haystack: str, method: str, task: str = "niah_single", seed: int 
     return OUT / (name + ("" if length == FAR else f"-{length}"))
 
 
+def sequential(method: str, length: str) -> bool:
+    """Whether `run` asks the method at that length in sequential looks with a budget; otherwise a
+    fixed grid of 2 needles a depth (FIXED_GRID's methods, and every method within L)."""
+    return method not in FIXED_GRID and length != LENGTHS[0]
+
+
 def run_argv(haystack: str, method: str = "yarn", budget: str | None = None, task: str = "niah_single",
              seed: int = 0, length: str = FAR) -> list[str]:
     out = ["--dtype", "float32", "--dataset", dataset(haystack), "--no-progress",
            "--out", str(run_folder(haystack, method, task, seed, length))]
     if method in FINETUNED or method in SEARCHED:
-        # a fixed grid of 2 needles a depth, the design of the 2x recipe's noise check, so the two
-        # read side by side; 10/10 would clear the target (Wilson lower bound 0.72). A searched
-        # config likewise: 10 prompts of 32k (about 40 min here) where a sequential look of 4 a depth is 20
+        # a fixed grid (FIXED_GRID), the design of the 2x recipe's noise check, so the two read side
+        # by side; 10/10 would clear the target (Wilson lower bound 0.72)
         model = finetuned(seed, method) if method in FINETUNED else searched(method)
         return ["retrieval", "--tasks", task, "--model", model, "--methods", "none", "--lengths", length,
                 "--depths", DEPTHS, "--trials", "2", *out]
-    if length == LENGTHS[0]:
-        # within L `hf-posext retrieval` always asks the unpatched model too, first: a sequential
-        # budget would be spent on it, so the same fixed grid as the fine-tuned arms (its unpatched
+    if not sequential(method, length):
+        # Self-Extend (FIXED_GRID), and any method within L: there `hf-posext retrieval` always asks
+        # the unpatched model too, first, and a sequential budget would be spent on it (its unpatched
         # rows repeat the reference's first needles and are not counted: question_rows)
         return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
                 "--depths", DEPTHS, "--trials", "2", *out]

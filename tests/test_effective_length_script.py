@@ -126,6 +126,10 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
     (("table", "noise"), "table reads every haystack's stored rows; give no haystack"),
     (("report", "--results", "elsewhere"), "report does not read --results"),
     (("perplexity", "--length", "16k"), "perplexity does not read --length"),
+    # a fixed grid runs to its end: a budget there would be ignored, so it is refused
+    (("run", "noise", "--method", "self_extend", "--budget", "1h"), "--budget 1h: `run --method self_extend` at 32k asks a fixed grid"),
+    (("run", "hamlet", "--method", "searched-needle", "--budget", "2h"), "asks a fixed grid of 2 needles a depth"),
+    (("run", "code", "--length", "8k", "--budget", "1h"), "`run --method yarn` at 8k asks a fixed grid"),
 ])
 def test_a_flag_the_step_does_not_read_is_refused(argv, unread):
     done = run(*argv)
