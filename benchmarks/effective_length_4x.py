@@ -42,7 +42,7 @@ from pathlib import Path
 
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
 from effective_length_4x_runs import (BUDGET, BUDGET_16K, DEPTHS, FAR, HERE, KNOBS, LABELS, LENGTHS, OUT, PAGE, SEARCHED,
-                                      cli, dataset, folder_seed, perplexity_argv, perplexity_folder, reference_argv,
+                                      asks_checkpoint, cli, dataset, folder_seed, perplexity_argv, perplexity_folder, reference_argv,
                                       reference_folder, run_argv, run_folder, searched, searched_config, searched_of,
                                       seeds_trained, sequential, shown, steps)
 from effective_length_grid import TARGETS
@@ -58,7 +58,7 @@ def question_rows(folder: Path) -> dict[tuple, list[dict]]:
     out: dict[tuple, list[dict]] = {}
     if not (folder / "retrieval.json").exists():
         return out
-    beside = "-reference" not in folder.name and not arm_of(folder) and not searched_of(folder)
+    beside = "-reference" not in folder.name and not asks_checkpoint(folder)
     for r in sorted(merge_blocks(read_rows(folder / "retrieval.json")), key=lambda r: float(r["depth"])):
         if not (beside and r["method"] == "none"):
             out.setdefault((r["method"], r["task"], int(r["length"])), []).append(r)
@@ -86,7 +86,7 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
     low, high = wilson(k, n)
     depths = " · ".join(f"{float(r['depth']):g}: {r['correct']}/{r['trials']}" for r in cells)
     decision, bounds = latest_decision(folder, method, task, length)
-    if method == "none" and length <= 8192 and not arm_of(folder) and not searched_of(folder):   # the reference: its accuracy less the margin is the bar
+    if method == "none" and length <= 8192 and not asks_checkpoint(folder):   # the reference: its accuracy less the margin is the bar
         decision, bounds = "reference:", f"bar {k / n - DEFAULT_MARGIN:.2f}"
     met = target_verdict(k, n, *TARGETS[task])
     wanted = len(DEPTHS.split(","))

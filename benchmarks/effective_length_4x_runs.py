@@ -61,6 +61,12 @@ def searched_of(folder: Path) -> str | None:
     return next((m for m in SEARCHED if f"-{m}" in folder.name), None)
 
 
+def asks_checkpoint(folder: Path) -> bool:
+    """Whether a run folder asks a saved checkpoint with `--methods none` (a fine-tuned arm or a
+    searched config), so its rows of method none are that checkpoint's, not the unpatched model's."""
+    return bool(arm_of(folder) or searched_of(folder))
+
+
 def code_path() -> str:
     import torch
     path = Path(torch.__file__).parent / "_refs" / "__init__.py"   # inside the repository: relative, so
