@@ -215,3 +215,23 @@ def test_the_headline_effective_lengths_are_the_4x_page_s():
     assert reading[("RULER's noise", "niah_single", "YaRN s = 4, training-free")] == "16k (2x); 32k misses the bar"
     assert reading[("Hamlet (held out)", "niah_single", "YaRN s = 4, training-free")] == "8k (1x); 16k misses the bar"
     assert "**2× training-free** (YaRN) in noise only" in README
+
+
+def test_the_4x_recipe_s_quoted_figures_are_its_row_on_the_4x_page():
+    """The README's decision line and the 4x recipe's header quote the recipe's needle counts at 32k
+    and its cost past L; each is what the 4x page's effective-length table reads for the recipe now
+    (a figure copied by hand goes stale when a seed is added: the recipe said 7/10 in code after the
+    second seed made it 14/20)."""
+    page = (ROOT / "benchmarks" / "results" / "effective_length_4x.md").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| YaRN | 4x (32k), fine-tuned |"))
+    short = {"RULER's noise": "noise", "Hamlet": "Hamlet", "source code": "code"}
+    counts = {short[label]: k for k, label in re.findall(r"(\d+/\d+) = [^(]*\((RULER's noise|Hamlet|source code)",
+                                                           row.split(" | ")[2])}
+    assert set(counts) == set(short.values()), row
+    past_l = re.search(r"= (\+0\.\d+) nats", row).group(1)
+    recipe = (ROOT / "recipes" / "cpu-smollm2-retrieval-4x.yaml").read_text().split("\nmodel:", 1)[0]
+    readme = next(line for line in README.splitlines() if "cpu-smollm2-retrieval-4x.yaml` |" in line)
+    for where, text in {"README": readme, "recipe": recipe}.items():
+        quoted = {where_: k for k, where_ in re.findall(r"(\d+/\d+) in (?:held-out source )?(noise|Hamlet|code)", text)}
+        assert quoted == counts, (where, quoted, counts)
+        assert f"{past_l} nats past L" in text, (where, past_l)
