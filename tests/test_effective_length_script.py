@@ -127,9 +127,10 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
     (("report", "--results", "elsewhere"), "report does not read --results"),
     (("perplexity", "--length", "16k"), "perplexity does not read --length"),
     # a fixed grid runs to its end: a budget there would be ignored, so it is refused
-    (("run", "noise", "--method", "self_extend", "--budget", "1h"), "--budget 1h: `run --method self_extend` at 32k asks a fixed grid"),
+    (("run", "noise", "--method", "baseline", "--budget", "1h"), "--budget 1h: `run --method baseline` at 32k asks a fixed grid"),
     (("run", "hamlet", "--method", "searched-needle", "--budget", "2h"), "asks a fixed grid of 2 needles a depth"),
     (("run", "code", "--length", "8k", "--budget", "1h"), "`run --method yarn` at 8k asks a fixed grid"),
+    (("run", "noise", "--method", "baseline", "--length", "8k"), "the sliding baseline is the model's own window"),
 ])
 def test_a_flag_the_step_does_not_read_is_refused(argv, unread):
     done = run(*argv)
@@ -147,7 +148,7 @@ def test_the_page_s_not_run_list_names_the_methods_and_the_shipped_recipe_not_th
     # each item is "<haystack label>: <name>"; a label may hold commas (the code haystack's), a name none
     names = re.findall(r": ([^:,]+?)(?=, |\.$)", listed.removeprefix("Not run in this round: "))
     assert len(names) == listed.count(": ") - 1, listed
-    allowed = re.compile(r"^(yarn|dpe|self_extend|searched-needle|searched-perplexity|finetuned( seed \d+)?( multi_key)?|finetuned at (8k|16k))$")
+    allowed = re.compile(r"^(yarn|dpe|self_extend|baseline|searched-needle|searched-perplexity|finetuned( seed \d+)?( multi_key)?|finetuned at (8k|16k))$")
     assert names and all(allowed.match(n) for n in names), names
 
 

@@ -37,6 +37,11 @@ def add_subcommand(sub) -> None:
     g.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help="effective length: how far below the unpatched model's accuracy within L "
                         f"(default {DEFAULT_MARGIN})")
+    g.add_argument("--baseline", action="store_true",
+                   help="also ask the sliding-window baseline at each length past the trained one: the "
+                        "unpatched model given the task's instruction and the prompt's last tokens, as "
+                        "many as its trained window holds (rows of method `baseline`). It finds only "
+                        "needles inside that window: what an extension has to beat")
     g.add_argument("--no-prefix-reuse", action="store_true",
                    help="prefill every trial in full (default: the prefix once per cell)")
     g.add_argument("--dataset", default=NOISE_NAME,
@@ -68,7 +73,7 @@ def retrieval_grid(args, trials: int, tasks: list[str] | None = None,
     return RetrievalGrid(methods, lengths, depths, tasks, trials=len(seeds) if seeds else trials,
                          seed=session.seed_flag(args), seeds=seeds, factors=factors, knobs=knobs,
                          haystack=args.dataset, reuse_prefix=not args.no_prefix_reuse,
-                         margin=args.margin)
+                         margin=args.margin, baseline=args.baseline)
 
 
 def prepare(args, grid: RetrievalGrid, ranks: Ranks):
@@ -76,6 +81,8 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     Returns the grid (less the cells `--methods all` leaves out), the model's spec, tokenizer and
     haystack."""
     grid = session.without_unfit(grid, args, ranks)   # the model's config checked: readable
+    if grid.baseline:
+        check_baseline_lengths(args, grid)
     spec = session.model_spec(args, ranks, args.store_name)
     tokenizer = load_tokenizer_from(spec)
     try:
@@ -91,11 +98,28 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     return grid, spec, tokenizer, haystack
 
 
+def check_baseline_lengths(args, grid: RetrievalGrid) -> None:
+    """`--baseline` needs a length past the trained one (within it the baseline's prompt is the
+    unpatched model's own): refused from the model's config, before it loads."""
+    from types import SimpleNamespace
+
+    from ..patcher import trained_length
+    trained = trained_length(SimpleNamespace(config=session.check_model(args, read_default=True)))
+    if max(grid.lengths) <= trained:
+        raise InputError(f"--baseline asks the sliding-window baseline past the trained length ({trained:,} "
+                         f"tokens); --lengths {args.lengths} has no length past it: add one (e.g. "
+                         f"{2 * trained // 1024}k) or drop --baseline.")
+
+
 def run(args) -> int:
     trials, plan = retrieval_plan.plan_from(args)   # --trials, --sequential / --budget: checked first
     if plan is not None and args.engine != "transformers":
         raise InputError(f"--sequential / --budget run on transformers; --engine {args.engine} runs "
                          "fixed trials (--trials): drop one of them.")
+    if args.baseline and (plan is not None or args.engine != "transformers"):
+        raise InputError("--baseline is a reference asked on the fixed design in transformers; drop "
+                         + ("--sequential / --budget" if plan is not None else f"--engine {args.engine}")
+                         + " or ask the baseline in a command of its own.")
     grid = retrieval_grid(args, trials)
     ranks = Ranks()
     engine, _ = retrieval_engine.engine_from_args(args, grid) or (None, None)

@@ -40,6 +40,7 @@ class CellPrompts:
     needle_spans: list[tuple[int, int]] = field(default_factory=list)
     # the rope hold of the layout's trials when they are more than these (`subset`)
     hold: int | None = None
+    head: int = 0   # the prompt's first tokens that are the task's head (its instruction)
 
     def prompt(self, i: int) -> list[int]:
         return self.prefix + self.suffixes[i]
@@ -56,7 +57,22 @@ class CellPrompts:
         """These trials only, in the layout (and rope hold) of all of them."""
         pick = lambda xs: [xs[i] for i in indices]   # noqa: E731
         return CellPrompts(self.prefix, pick(self.suffixes), pick(self.trials), pick(self.max_new_tokens),
-                           pick(self.needle_spans) if self.needle_spans else [], self.hold_length)
+                           pick(self.needle_spans) if self.needle_spans else [], self.hold_length, self.head)
+
+    def window(self, tokens: int) -> "CellPrompts":
+        """The sliding-window baseline's prompts: each trial's head and the last tokens of the rest,
+        as many as fit with its answer in `tokens` (the model's own window, ending where the answer
+        starts: what a reader that cuts a long prompt from the left, keeping the instruction,
+        asks). A needle farther back than the window is not in its prompt, so the attention
+        diagnosis (`probe.py`), which reads the needle's place, has no spans here."""
+        suffixes = []
+        for i, m in enumerate(self.max_new_tokens):
+            keep = tokens - self.head - m
+            if keep < 1:
+                raise ValueError(f"a window of {tokens} tokens holds no haystack beside this prompt's "
+                                 f"head ({self.head}) and answer ({m}); give a longer window")
+            suffixes.append(self.prompt(i)[self.head:][-keep:])
+        return CellPrompts(self.prefix[:self.head], suffixes, self.trials, self.max_new_tokens, [], None, self.head)
 
 
 def _ids(tokenizer, text: str, special: bool = False) -> list[int]:
@@ -124,4 +140,4 @@ def place(tokenizer, trials: list[Trial], haystack: Haystack, length: int, depth
                 suffix += pieces[j]
         suffixes.append(suffix + _ids(tokenizer, trial.question))
         max_new.append(_answer_tokens(tokenizer, trial))
-    return CellPrompts(prefix, suffixes, trials, max_new, spans)
+    return CellPrompts(prefix, suffixes, trials, max_new, spans, head=len(head))

@@ -80,7 +80,8 @@ def evaluate_retrieval(model, tokenizer, grid: RetrievalGrid, *, run: RunInfo | 
         if where not in memo:
             memo[where] = build_cell(tokenizer, get_task(where[0]), haystack, cell.length,
                                      where[2], seeds, grid.layout_seeds)
-        return memo[where]
+        window = cell.extra.get("window")   # the sliding baseline: the same prompts, cut to its window
+        return memo[where] if window is None else memo[where].window(window)
 
     def compute(cell: Cell) -> dict:
         task, cp = get_task(cell.extra["task"]), prompts(cell)

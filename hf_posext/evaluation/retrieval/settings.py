@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ...errors import check_seed
-from ..shared.grid import Cell, knobs_for, method_factors
+from ..shared.grid import BASELINE, Cell, knobs_for, method_factors
 from .blocks import seeds_text
 from .haystack import NOISE_NAME
 from .tasks import get_task
@@ -37,6 +37,10 @@ class RetrievalGrid:
     layout_seeds: the seeds whose prompts fix each cell's layout (`prompt.py`), a superset of the
         trial seeds: a sequential look's block is laid out as the whole series (rows and keys
         gain `layout_seeds`, so they never resume rows laid out otherwise). None: the trials'.
+    baseline: add the sliding-window baseline at each length past the trained one: method
+        `baseline`, the unpatched model asked the same prompts cut to its trained window (the
+        task's head kept, the haystack cut from the left: `CellPrompts.window`); its rows carry
+        `window`. What an extension has to beat: it finds a needle only inside the window.
     """
 
     methods: Sequence[str]
@@ -53,6 +57,7 @@ class RetrievalGrid:
     margin: float = DEFAULT_MARGIN
     skip: Sequence[tuple[str, int, float]] = ()
     layout_seeds: Sequence[int] | None = None
+    baseline: bool = False
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -84,13 +89,21 @@ class RetrievalGrid:
         return list(self.seeds) if self.seeds is not None else list(range(self.seed, self.seed + self.trials))
 
     def cells(self, trained: int) -> list[Cell]:
-        """Cells in run order: by length (short first), task, method (`none` first), depth."""
+        """Cells in run order: by length (short first), task, method (`none` first, the baseline
+        after it), depth."""
         seeds = self.trial_seeds()
         layout = {} if self.layout_seeds is None else {"layout_seeds": seeds_text(list(self.layout_seeds))}
+
+        def methods(length: int) -> list[tuple[str, str, float]]:
+            runs = [m for m in method_factors(self.methods, self.factors, length, trained)
+                    if m not in set(self.skip)]
+            first = [m for m in runs if m[0] == "none"]
+            return first + ([(BASELINE, "1", 1.0)] if self.baseline and length > trained else []) + runs[len(first):]
+
         return [Cell(method, spec, s, length, "retrieval", knobs_for(method, self.knobs or {}),
                      {"task": task, "haystack": self.haystack, "depth": float(d),
-                      "trials": len(seeds), "seeds_list": seeds_text(seeds), **layout})
+                      "trials": len(seeds), "seeds_list": seeds_text(seeds), **layout,
+                      **({"window": trained} if method == BASELINE else {})})
                 for length in sorted(set(self.lengths)) for task in self.tasks
-                for method, spec, s in method_factors(self.methods, self.factors, length, trained)
-                if (method, length, s) not in set(self.skip)
+                for method, spec, s in methods(length)
                 for d in sorted(set(map(float, self.depths)))]

@@ -27,6 +27,10 @@ from .identity import computation_signature, config_state, digest
 from .record import identity_settings
 
 NONE_ALIASES = ("none", "default", "original")
+# The sliding-window baseline: the unpatched model reading only its own trained window. Perplexity
+# runs it as protocol `baseline` of method `none`; retrieval as a cell of this method, whose prompts
+# are cut to the window (`RetrievalGrid.baseline`), so its rows never pool with the full prompt's.
+BASELINE = "baseline"
 
 
 def knob_names() -> tuple[str, ...]:
@@ -92,7 +96,7 @@ def check_knobs(methods: Sequence[str], knobs: Mapping[str, Mapping[str, float]]
 
 def knobs_for(method: str, knobs: Mapping[str, Mapping[str, float]]) -> dict:
     """The knobs `method` runs with: those given for every method, then its own."""
-    if method == "none":
+    if method in ("none", BASELINE):
         return {}
     own = [dict(v) for k, v in knobs.items() if k != "*" and canonical(k) == method]
     return {**knobs.get("*", {}), **(own[0] if own else {})}
@@ -140,8 +144,8 @@ class Cell:
 
 
 def apply_method(model, method: str, factor: float, knobs: Mapping | None = None) -> None:
-    """Put the model in a cell's state: unpatched for `none`, else patched (replacing)."""
-    if method == "none":
+    """Put the model in a cell's state: unpatched for `none` and the baseline, else patched (replacing)."""
+    if method in ("none", BASELINE):
         if is_patched(model):
             unpatch(model)
     else:

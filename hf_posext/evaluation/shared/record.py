@@ -43,8 +43,9 @@ ROW_FIELDS = ("method", "length", "protocol")
 
 PERPLEXITY = RecordType("perplexity", identity=("window", "chunk_size", "stride", "eval_tokens"),
                         results=("perplexity",))
+# `window`: the sliding-window baseline's cells only (its prompts cut to the window), absent elsewhere
 RETRIEVAL = RecordType("retrieval", identity=("task", "haystack", "depth", "trials", "seeds_list",
-                                              "layout_seeds", "data_hash"),
+                                              "layout_seeds", "data_hash", "window"),
                        results=("correct", "accuracy", "answers", "outputs"), lists=("answers", "outputs"))
 # The passkey is the retrieval suite's single-needle task on the noise haystack: the same record,
 # read by its tables through `factor_spec` and `depth` as well.

@@ -17,6 +17,8 @@ def format_length(n: int) -> str:
 def _series_label(row: dict) -> str:
     if row.get("protocol") == "baseline":
         return f"none, sliding {format_length(int(row['window']))} window (stride {format_length(int(row['stride']))})"
+    if row["method"] == "baseline":   # retrieval's: each prompt cut to the window (RetrievalGrid.baseline)
+        return f"none, sliding {format_length(int(row['window']))} window"
     if row["method"] == "none":
         return "none"
     spec = row.get("factor_spec", "")
