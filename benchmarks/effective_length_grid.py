@@ -122,7 +122,10 @@ def grid_lines(counts: Sequence[Count], haystacks: Sequence[str], margin: float)
             trained = reference[0].trained
             k, n = pooled(reference)
             bar = f"{k / n - margin:.2f} ({k}/{n} - {margin:g})"
-            settings = dict.fromkeys(setting_of(c) for c in here if c.method != "none" and c.length > c.trained)
+            # the references past L (the unpatched model, its sliding window) are read in the table above:
+            # what a method's cells are read against, not a setting with an effective length of its own
+            settings = dict.fromkeys(setting_of(c) for c in here
+                                     if c.method not in ("none", "baseline") and c.length > c.trained)
             for s in sorted(settings, key=lambda s: (s.factor, s.tuned, list(METHODS).index(s.method))):
                 grid = [trained * 2 ** i for i in range(s.factor.bit_length()) if 2 ** i <= s.factor]
                 cells: dict[int, list[Count]] = {}

@@ -306,3 +306,30 @@ def test_the_searched_configs_rows_read_their_own_folders(page_table):
                     if r["protocol"] == "baseline" and r["length"] == 32768)
         ratio = math.exp(nll(searched) - nll(base))
         assert row_of(page_table, name, "4x (32k), training-free")[4].startswith(f"{ratio:.4f}x (Hamlet (held out), 32k")
+
+
+def test_the_references_past_l_read_the_baseline_run_s_folder(tmp_path):
+    """`run noise --method baseline` asks the unpatched model at 32k and the sliding 8k baseline in
+    one folder: the first is the unpatched row's 4x cell (not dropped as the unpatched model asked
+    beside a method within L), the second a row of its own."""
+    template = next(r for r in stored(RESULTS / "effective-length-4x" / "noise" / "retrieval.json")
+                    if r["length"] == 32768)
+    cells = {"none": [(0, 2), (0, 2)], "baseline": [(0, 2), (2, 2)]}
+    rows = [{**template, "method": m, "factor": 1.0, "factor_spec": "1", "knobs": "", "depth": d, "correct": k,
+             "trials": n, "seeds_list": "0,1", "look": None, "seconds": 60.0, **({"window": 8192} if m == "baseline" else {})}
+            for m, counts in cells.items() for d, (k, n) in zip((0.0, 1.0), counts)]
+    folder = tmp_path / "effective-length-4x" / "noise-baseline"
+    folder.mkdir(parents=True)
+    (folder / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
+    reference = tmp_path / "effective-length-4x" / "noise-reference"   # the grid's bar in noise
+    reference.mkdir()
+    (reference / "retrieval.json").write_text((RESULTS / "effective-length-4x" / "noise-reference" / "retrieval.json").read_text())
+    out = table("--results", str(tmp_path))
+    assert row_of(out, "unpatched", "4x (32k), training-free")[2] == f"{rate(0, 4)} (RULER's noise; 2 of 5 depths ran; float32)"
+    sliding = row_of(out, "unpatched, sliding 8k window (each prompt cut to it)", "4x (32k), training-free")
+    assert sliding[2] == f"{rate(2, 4)} (RULER's noise; 2 of 5 depths ran; float32)"
+    assert "--methods none --baseline --lengths 32k" in out
+    # references, not settings with an effective length: neither is a row of the grid (with no
+    # setting beside them here, the grid has no table at all)
+    grid = out.partition("## Effective length by haystack")[2]
+    assert "sliding 8k window" not in grid and "| unpatched, training-free |" not in grid
