@@ -117,3 +117,14 @@ def test_the_command_reports_the_baseline_beside_the_methods(checkpoint, capsys,
     assert sorted({r["method"] for r in rows}) == ["baseline", "none", "yarn"]
     # named as perplexity's baseline is, by its window (the tiny model's 512 tokens)
     assert "single_needle  none, sliding 512 window" in printed, printed
+
+
+def test_the_baseline_follows_the_unpatched_model_and_a_skipped_cell_stays_out():
+    """Cells of a length: `none`, the baseline, the methods; a (method, length, s) in `skip` (a
+    sequential run with a fixed bar skips the unpatched model past L) is left out, baseline or not."""
+    def order(grid):
+        return [(c.method, c.length) for c in grid.cells(WINDOW)]
+    grid = RetrievalGrid(["yarn"], [400, 900], depths=[0.5], trials=1, factors=[2.0], baseline=True)
+    assert order(grid) == [("none", 400), ("yarn", 400), ("none", 900), ("baseline", 900), ("yarn", 900)]
+    skipped = RetrievalGrid(["yarn"], [400, 900], depths=[0.5], trials=1, factors=[2.0], skip=[("none", 900, 1.0)])
+    assert order(skipped) == [("none", 400), ("yarn", 400), ("yarn", 900)]

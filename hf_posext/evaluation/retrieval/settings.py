@@ -95,8 +95,8 @@ class RetrievalGrid:
         layout = {} if self.layout_seeds is None else {"layout_seeds": seeds_text(list(self.layout_seeds))}
 
         def methods(length: int) -> list[tuple[str, str, float]]:
-            runs = [m for m in method_factors(self.methods, self.factors, length, trained)
-                    if m not in set(self.skip)]
+            runs = [(m, spec, s) for m, spec, s in method_factors(self.methods, self.factors, length, trained)
+                    if (m, length, s) not in set(self.skip)]
             first = [m for m in runs if m[0] == "none"]
             return first + ([(BASELINE, "1", 1.0)] if self.baseline and length > trained else []) + runs[len(first):]
 
