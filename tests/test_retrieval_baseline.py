@@ -42,7 +42,7 @@ def test_the_window_keeps_the_instruction_the_question_and_only_the_needles_insi
 def test_a_window_too_short_for_the_instruction_is_refused():
     tok = char_tokenizer()
     full = build_cell(tok, get_task("single_needle"), load_haystack(tok, "noise", 900), 900, 0.5, [0])
-    with pytest.raises(ValueError, match="holds no haystack"):
+    with pytest.raises(ValueError, match="cannot hold the task's instruction"):
         full.window(40)
 
 
@@ -104,6 +104,18 @@ def test_the_baseline_s_bad_inputs_fail_before_loading(extra, message, checkpoin
         cli.main(["retrieval", "--model", str(checkpoint), "--baseline", "--out", str(tmp_path / "o"), *extra])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_window_that_cannot_hold_the_instruction_is_refused_before_loading(capsys, monkeypatch, tmp_path):
+    path = tmp_path / "tiny64"
+    model_at(64).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    monkeypatch.setattr(model_args, "load_model_from", lambda args: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["retrieval", "--model", str(path), "--baseline", "--lengths", "800", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--baseline: a window of 64 tokens cannot hold the task's instruction" in err, err
     assert not (tmp_path / "o").exists()
 
 

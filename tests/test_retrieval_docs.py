@@ -62,6 +62,8 @@ def cheap(argv: list[str], model: Path, out: Path) -> list[str]:
         # two looks of 2 trials: the fewest a sequential run takes (a one-look run is refused)
         argv = _set(_set(_set(argv, "--lengths", "800,1600"), "--look", "2"), "--budget", "2m")
         trials = "4"
+    elif "--baseline" in argv:   # a length past L (1024 here: `long_checkpoint`), where the baseline is asked
+        argv = _set(argv, "--lengths", "1600")
     else:
         argv = _set(argv, "--lengths", "800")
     argv = _set(argv, "--depths", "1")
@@ -96,8 +98,8 @@ def test_every_retrieval_page_is_read():
 @pytest.mark.parametrize("index", range(len(commands())))
 def test_doc_command_runs(index, tmp_path, monkeypatch):
     argv = commands()[index]
-    sequential = "--sequential" in argv or "--budget" in argv
-    model = (long_checkpoint if sequential else tiny_checkpoint)(tmp_path / "tiny")
+    longer = "--sequential" in argv or "--budget" in argv or "--baseline" in argv
+    model = (long_checkpoint if longer else tiny_checkpoint)(tmp_path / "tiny")
     if argv[0] == "lm-eval":
         pytest.importorskip("lm_eval")
         monkeypatch.chdir(ROOT)    # the local task's data path is relative to the repository

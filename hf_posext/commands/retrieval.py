@@ -81,8 +81,7 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     Returns the grid (less the cells `--methods all` leaves out), the model's spec, tokenizer and
     haystack."""
     grid = session.without_unfit(grid, args, ranks)   # the model's config checked: readable
-    if grid.baseline:
-        check_baseline_lengths(args, grid)
+    trained = baseline_window(args, grid) if grid.baseline else None
     spec = session.model_spec(args, ranks, args.store_name)
     tokenizer = load_tokenizer_from(spec)
     try:
@@ -92,15 +91,20 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
         raise InputError(f"--dataset: {err}") from None
     for task in grid.tasks:
         try:
-            build_cell(tokenizer, get_task(task), haystack, min(grid.lengths), 0.5, grid.trial_seeds())
+            shortest = build_cell(tokenizer, get_task(task), haystack, min(grid.lengths), 0.5, grid.trial_seeds())
         except ValueError as err:
             raise InputError(f"--lengths: {err}") from None
+        try:
+            if trained is not None:
+                shortest.window(trained)
+        except ValueError as err:
+            raise InputError(f"--baseline: {err} (the model's trained window); drop --baseline") from None
     return grid, spec, tokenizer, haystack
 
 
-def check_baseline_lengths(args, grid: RetrievalGrid) -> None:
-    """`--baseline` needs a length past the trained one (within it the baseline's prompt is the
-    unpatched model's own): refused from the model's config, before it loads."""
+def baseline_window(args, grid: RetrievalGrid) -> int:
+    """The baseline's window, the trained length, from the model's config before it loads; refused
+    when no length is past it (within it the baseline's prompt is the unpatched model's own)."""
     from types import SimpleNamespace
 
     from ..patcher import trained_length
@@ -109,6 +113,7 @@ def check_baseline_lengths(args, grid: RetrievalGrid) -> None:
         raise InputError(f"--baseline asks the sliding-window baseline past the trained length ({trained:,} "
                          f"tokens); --lengths {args.lengths} has no length past it: add one (e.g. "
                          f"{2 * trained // 1024}k) or drop --baseline.")
+    return trained
 
 
 def run(args) -> int:

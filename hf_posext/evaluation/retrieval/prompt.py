@@ -69,8 +69,8 @@ class CellPrompts:
         for i, m in enumerate(self.max_new_tokens):
             keep = tokens - self.head - m
             if keep < 1:
-                raise ValueError(f"a window of {tokens} tokens holds no haystack beside this prompt's "
-                                 f"head ({self.head}) and answer ({m}); give a longer window")
+                raise ValueError(f"a window of {tokens} tokens cannot hold the task's instruction ({self.head} "
+                                 f"tokens) and answer ({m}) with any of the haystack")
             suffixes.append(self.prompt(i)[self.head:][-keep:])
         return CellPrompts(self.prefix[:self.head], suffixes, self.trials, self.max_new_tokens, [], None, self.head)
 
