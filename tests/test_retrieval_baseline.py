@@ -97,6 +97,7 @@ def checkpoint(tmp_path_factory):
     (["--lengths", "500"], "--baseline asks the sliding-window baseline past the trained length (512 tokens)"),
     (["--lengths", "900", "--sequential"], "--baseline is a reference asked on the fixed design"),
     (["--lengths", "900", "--budget", "5m"], "drop --sequential / --budget"),
+    (["--lengths", "900", "--engine", "vllm"], "drop --engine vllm or ask the baseline in a command of its own"),
 ])
 def test_the_baseline_s_bad_inputs_fail_before_loading(extra, message, checkpoint, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(model_args, "load_model_from", lambda args: pytest.fail("the model was loaded"))
