@@ -12,11 +12,12 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
 
 
-def tiny_model(kind: str = "llama", seed: int = 0):
+def tiny_model(kind: str = "llama", seed: int = 0, **overrides):
+    """The tiny model; `overrides` change its config (e.g. max_position_embeddings, its L)."""
     torch.manual_seed(seed)
     if kind == "llama":
-        return LlamaForCausalLM(LlamaConfig(**TINY)).eval()
-    return MistralForCausalLM(MistralConfig(**TINY)).eval()
+        return LlamaForCausalLM(LlamaConfig(**{**TINY, **overrides})).eval()
+    return MistralForCausalLM(MistralConfig(**{**TINY, **overrides})).eval()
 
 
 def random_doc(n: int, seed: int = 0, vocab: int = 128) -> np.ndarray:
@@ -37,9 +38,10 @@ def char_tokenizer():
                                    eos_token="</s>")
 
 
-def tiny_checkpoint(path):
-    """A tiny Llama and the character tokenizer saved as a local checkpoint folder."""
-    tiny_model().save_pretrained(path)
+def tiny_checkpoint(path, **overrides):
+    """A tiny Llama (its config changed by `overrides`) and the character tokenizer saved as a
+    local checkpoint folder."""
+    tiny_model(**overrides).save_pretrained(path)
     char_tokenizer().save_pretrained(path)
     return path
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_posext.cli as cli
-from _evalkit import TINY, char_tokenizer
+from _evalkit import char_tokenizer, tiny_checkpoint, tiny_model
 from hf_posext.commands import model_args
 from hf_posext.evaluation.retrieval import RetrievalGrid, build_cell, evaluate_retrieval, get_task
 from hf_posext.evaluation.retrieval.haystack import load_haystack
@@ -20,9 +19,8 @@ from hf_posext.evaluation.shared.store import ResultsStore
 WINDOW = 512   # the trained length of the model below: a character tokenizer's prompts pass it at 900
 
 
-def model_at(trained: int = WINDOW, seed: int = 0):
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**{**TINY, "max_position_embeddings": trained})).eval()
+def model_at(trained: int = WINDOW):
+    return tiny_model(max_position_embeddings=trained)
 
 
 @pytest.mark.parametrize("depth, needle_inside", [(0.0, False), (1.0, True)])
@@ -87,10 +85,7 @@ def test_adding_the_baseline_to_a_finished_run_computes_only_its_cells(tmp_path)
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny512")
-    model_at().save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    return path
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny512"), max_position_embeddings=WINDOW)
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -109,9 +104,7 @@ def test_the_baseline_s_bad_inputs_fail_before_loading(extra, message, checkpoin
 
 
 def test_a_window_that_cannot_hold_the_instruction_is_refused_before_loading(capsys, monkeypatch, tmp_path):
-    path = tmp_path / "tiny64"
-    model_at(64).save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
+    path = tiny_checkpoint(tmp_path / "tiny64")   # trained length 64
     monkeypatch.setattr(model_args, "load_model_from", lambda args: pytest.fail("the model was loaded"))
     with pytest.raises(SystemExit) as exc:
         cli.main(["retrieval", "--model", str(path), "--baseline", "--lengths", "800", "--out", str(tmp_path / "o")])

@@ -74,11 +74,7 @@ def cheap(argv: list[str], model: Path, out: Path) -> list[str]:
 def long_checkpoint(path: Path) -> Path:
     """The tiny model with a trained length of 1024 (the character tokenizer's prompts of 800
     tokens fit within it) and the character tokenizer."""
-    from _evalkit import TINY
-    from transformers import LlamaConfig, LlamaForCausalLM
-    LlamaForCausalLM(LlamaConfig(**{**TINY, "max_position_embeddings": 1024})).save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    return path
+    return tiny_checkpoint(path, max_position_embeddings=1024)
 
 
 def test_the_doc_shows_commands():
