@@ -80,7 +80,7 @@ def test_adding_the_baseline_to_a_finished_run_computes_only_its_cells(tmp_path)
         with ResultsStore(tmp_path, "retrieval", resume=True) as store:
             rows = evaluate_retrieval(model, tok, grid, store=store, answer_fn=answer, progress=False)
     assert len(asked) == 1 and asked[0] <= WINDOW        # the second run asked the baseline alone
-    assert [r["method"] for r in rows] == ["none", "baseline", "yarn"]
+    assert [r["method"] for r in rows] == ["baseline", "none", "yarn"]
 
 
 @pytest.fixture(scope="module")
@@ -126,11 +126,12 @@ def test_the_command_reports_the_baseline_beside_the_methods(checkpoint, capsys,
 
 
 def test_the_baseline_follows_the_unpatched_model_and_a_skipped_cell_stays_out():
-    """Cells of a length: `none`, the baseline, the methods; a (method, length, s) in `skip` (a
-    sequential run with a fixed bar skips the unpatched model past L) is left out, baseline or not."""
+    """Cells of a length: the baseline (its prompts the shortest: a run stopped early has them),
+    `none`, the methods; a (method, length, s) in `skip` (a sequential run with a fixed bar skips the
+    unpatched model past L) is left out, baseline or not."""
     def order(grid):
         return [(c.method, c.length) for c in grid.cells(WINDOW)]
     grid = RetrievalGrid(["yarn"], [400, 900], depths=[0.5], trials=1, factors=[2.0], baseline=True)
-    assert order(grid) == [("none", 400), ("yarn", 400), ("none", 900), ("baseline", 900), ("yarn", 900)]
+    assert order(grid) == [("none", 400), ("yarn", 400), ("baseline", 900), ("none", 900), ("yarn", 900)]
     skipped = RetrievalGrid(["yarn"], [400, 900], depths=[0.5], trials=1, factors=[2.0], skip=[("none", 900, 1.0)])
     assert order(skipped) == [("none", 400), ("yarn", 400), ("yarn", 900)]

@@ -89,16 +89,15 @@ class RetrievalGrid:
         return list(self.seeds) if self.seeds is not None else list(range(self.seed, self.seed + self.trials))
 
     def cells(self, trained: int) -> list[Cell]:
-        """Cells in run order: by length (short first), task, method (`none` first, the baseline
-        after it), depth."""
+        """Cells in run order: by length (short first), task, method (the baseline first, its
+        prompts being the shortest; then `none`), depth."""
         seeds = self.trial_seeds()
         layout = {} if self.layout_seeds is None else {"layout_seeds": seeds_text(list(self.layout_seeds))}
 
         def methods(length: int) -> list[tuple[str, str, float]]:
             runs = [(m, spec, s) for m, spec, s in method_factors(self.methods, self.factors, length, trained)
                     if (m, length, s) not in set(self.skip)]
-            first = [m for m in runs if m[0] == "none"]
-            return first + ([(BASELINE, "1", 1.0)] if self.baseline and length > trained else []) + runs[len(first):]
+            return ([(BASELINE, "1", 1.0)] if self.baseline and length > trained else []) + runs
 
         return [Cell(method, spec, s, length, "retrieval", knobs_for(method, self.knobs or {}),
                      {"task": task, "haystack": self.haystack, "depth": float(d),
