@@ -21,6 +21,7 @@ METHODS = {"yarn": "YaRN", "dpe": "DPE", "self_extend": "Self-Extend", "searched
            "baseline": "unpatched, sliding 8k window (each prompt cut to it)"}
 TASKS = ("niah_single", "multi_key")
 NOT_RUN = "not run"
+WINDOW_ITSELF = "1x (the sliding window itself)"   # the baseline row's perplexity column, by definition
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,8 @@ def section(found: Sequence[Count], ratios: Sequence[Ratio]) -> list[str]:
         minutes = sum(i.seconds for i in items) / 60
         lines.append(f"| {METHODS[order[m]]} | {setting} | "
                      + " | ".join(cell([c for c in count if c.task == t], rank) for t in TASKS)
-                     + f" | {'; '.join(r.text for r in ppl) or NOT_RUN} | {numbers(items)} | {minutes:.0f} min |")
+                     + f" | {'; '.join(r.text for r in ppl) or (WINDOW_ITSELF if order[m] == 'baseline' else NOT_RUN)} | "
+                     f"{numbers(items)} | {minutes:.0f} min |")
     if arms:
         lines += ["", "Other training settings, each its own checkpoint: the recipe of its factor trained with the "
                   "change its name gives (not pooled with the recipe's row; at 2x: "

@@ -328,6 +328,7 @@ def test_the_references_past_l_read_the_baseline_run_s_folder(tmp_path):
     assert row_of(out, "unpatched", "4x (32k), training-free")[2] == f"{rate(0, 4)} (RULER's noise; 2 of 5 depths ran; float32)"
     sliding = row_of(out, "unpatched, sliding 8k window (each prompt cut to it)", "4x (32k), training-free")
     assert sliding[2] == f"{rate(2, 4)} (RULER's noise; 2 of 5 depths ran; float32)"
+    assert sliding[4] == "1x (the sliding window itself)"   # the perplexity column's reference, by definition
     assert "--methods none --baseline --lengths 32k" in out
     # references, not settings with an effective length: neither is a row of the grid (with no
     # setting beside them here, the grid has no table at all)
