@@ -34,7 +34,7 @@ SEARCHED = ("searched-needle", "searched-perplexity")
 KNOBS.update({m: [] for m in SEARCHED})
 # the references past L (`run --method baseline`): the unpatched model at the full length and the
 # sliding-window baseline (`hf-posext retrieval --baseline`: each prompt cut to the trained 8k window)
-BASELINE = "baseline"
+BASELINE = "baseline"   # the name its rows carry (hf_posext.evaluation.shared.record.BASELINE)
 KNOBS[BASELINE] = []
 # asked on the fixed grid of 2 needles a depth at every length (10 prompts reach all five depths): the
 # fine-tuned arms, the searched configs and the references; the others in sequential looks

@@ -94,11 +94,11 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
             shortest = build_cell(tokenizer, get_task(task), haystack, min(grid.lengths), 0.5, grid.trial_seeds())
         except ValueError as err:
             raise InputError(f"--lengths: {err}") from None
-        try:
-            if trained is not None:
+        if trained is not None:   # the instruction and answer beside the window: the same at every length
+            try:
                 shortest.window(trained)
-        except ValueError as err:
-            raise InputError(f"--baseline: {err} (the model's trained window); drop --baseline") from None
+            except ValueError as err:
+                raise InputError(f"--baseline: {err} (the model's trained window); drop --baseline") from None
     return grid, spec, tokenizer, haystack
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ...errors import check_seed
-from ..shared.grid import BASELINE, Cell, knobs_for, method_factors
+from ..shared.grid import Cell, knobs_for, method_factors
+from ..shared.record import BASELINE
 from .blocks import seeds_text
 from .haystack import NOISE_NAME
 from .tasks import get_task

@@ -24,13 +24,9 @@ from ...rope.knobs import RENAMED_TRAINED
 from ...patcher import is_patched, patch, unpatch
 from .distributed import Ranks
 from .identity import computation_signature, config_state, digest
-from .record import identity_settings
+from .record import BASELINE, identity_settings
 
 NONE_ALIASES = ("none", "default", "original")
-# The sliding-window baseline: the unpatched model reading only its own trained window. Perplexity
-# runs it as protocol `baseline` of method `none`; retrieval as a cell of this method, whose prompts
-# are cut to the window (`RetrievalGrid.baseline`), so its rows never pool with the full prompt's.
-BASELINE = "baseline"
 
 
 def knob_names() -> tuple[str, ...]:

@@ -40,6 +40,10 @@ class RecordType:
 
 # Every row, whatever its protocol: what the grid, the tables and the plots read.
 ROW_FIELDS = ("method", "length", "protocol")
+# The sliding-window baseline: the unpatched model reading only its own trained window. Perplexity
+# stores it as protocol `baseline` of method `none`; retrieval as rows of this method, whose prompts
+# were cut to the window (`RetrievalGrid.baseline`), so they never pool with the full prompt's.
+BASELINE = "baseline"
 
 PERPLEXITY = RecordType("perplexity", identity=("window", "chunk_size", "stride", "eval_tokens"),
                         results=("perplexity",))

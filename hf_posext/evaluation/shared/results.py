@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..perplexity.buckets import curve, doc_perplexities
+from .record import BASELINE
 
 
 def format_length(n: int) -> str:
@@ -17,7 +18,7 @@ def format_length(n: int) -> str:
 def _series_label(row: dict) -> str:
     if row.get("protocol") == "baseline":
         return f"none, sliding {format_length(int(row['window']))} window (stride {format_length(int(row['stride']))})"
-    if row["method"] == "baseline":   # retrieval's: each prompt cut to the window (RetrievalGrid.baseline)
+    if row["method"] == BASELINE:   # retrieval's: each prompt cut to the window (RetrievalGrid.baseline)
         return f"none, sliding {format_length(int(row['window']))} window"
     if row["method"] == "none":
         return "none"
