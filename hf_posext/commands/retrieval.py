@@ -35,17 +35,14 @@ def add_subcommand(sub) -> None:
     session.add_depths_arg(g)
     session.add_trials_args(g, None, f" (default {DEFAULT_TRIALS}; --sequential: the most, in looks of --look)")
     g.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
-                   help="effective length: how far below the unpatched model's accuracy within L "
-                        f"(default {DEFAULT_MARGIN})")
+                   help=f"effective length's tolerance below the base within L (default {DEFAULT_MARGIN})")
     g.add_argument("--baseline", action="store_true",
-                   help="also ask the sliding-window baseline at each length past the trained one: the "
-                        "unpatched model given the task's instruction and the prompt's last tokens, as "
-                        "many as its trained window holds (rows of method `baseline`). It finds only "
-                        "needles inside that window: what an extension has to beat")
+                   help="past L, also ask the unpatched model each prompt cut to its trained window "
+                        "(rows `baseline`: what an extension has to beat)")
     g.add_argument("--no-prefix-reuse", action="store_true",
                    help="prefill every trial in full (default: the prefix once per cell)")
     g.add_argument("--dataset", default=NOISE_NAME,
-                   help="haystack: noise (RULER's; default), embedded:shakespeare, or any `eval --dataset`")
+                   help="haystack: noise (RULER's; default) or any `eval --dataset` source")
     retrieval_plan.add_args(p, g)
     session.add_source_args(g)
     retrieval_engine.add_engine_args(p)
