@@ -231,7 +231,7 @@ def main() -> None:
     p.add_argument("--length", choices=LENGTHS, default=FAR,
                    help=f"the prompt length `run` asks (default {FAR}, 4L; {' and '.join(LENGTHS[:-1])} are the grid's "
                    "shorter lengths an effective length of 4L needs cleared too; rows go to a folder named by it)")
-    p.add_argument("--budget", help="a sequential run's wall time, e.g. 3h (YaRN and DPE past 8k; default at 32k: the haystack's, "
+    p.add_argument("--budget", help="a sequential run's wall time, e.g. 3h (YaRN, DPE and Self-Extend past 8k; default at 32k: the haystack's, "
                    + ", ".join(f"{h} {b}" for h, b in BUDGET.items()) + f"; at 16k {BUDGET_16K})")
     p.add_argument("--results", type=Path, default=HERE / "results",
                    help="`table` reads the rows under this folder (default: this script's results/)")
