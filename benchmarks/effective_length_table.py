@@ -16,7 +16,8 @@ from typing import Sequence
 ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## The effective-length table (method x 2x/4x x training-free/fine-tuned)"
 # the table's rows; the searched `longrope` configs (side_by_side.py's) are checkpoints asked with no method
-METHODS = {"yarn": "YaRN", "dpe": "DPE", "self_extend": "Self-Extend", "searched-needle": "needle-searched longrope",
+METHODS = {"yarn": "YaRN", "dpe": "DPE", "self_extend": "Self-Extend",
+           "self_extend-longlm": "Self-Extend, LongLM's knobs (window 1,024, G = 8)", "searched-needle": "needle-searched longrope",
            "searched-perplexity": "perplexity-searched longrope", "none": "unpatched",
            "baseline": "unpatched, sliding 8k window (each prompt cut to it)"}
 TASKS = ("niah_single", "multi_key")

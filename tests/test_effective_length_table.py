@@ -335,3 +335,24 @@ def test_the_references_past_l_read_the_baseline_run_s_folder(tmp_path):
     # setting beside them here, the grid has no table at all)
     grid = out.partition("## Effective length by haystack")[2]
     assert "sliding 8k window" not in grid and "| unpatched, training-free |" not in grid
+
+
+def test_self_extend_with_longlm_s_knobs_is_a_row_of_its_own(tmp_path):
+    """`run noise --method self_extend-longlm` asks Self-Extend (its rows say `self_extend`) with
+    other knobs in its own folder: its cells must not pool with the fitted knobs' run, and its
+    row names the knobs and its command."""
+    template = next(r for r in stored(RESULTS / "effective-length-4x" / "noise" / "retrieval.json")
+                    if r["length"] == 32768)
+    out_dir = tmp_path / "effective-length-4x"
+    for folder, knobs, counts in (("noise-self_extend", "window=6144,group_size=auto", [(0, 2), (0, 2)]),
+                                  ("noise-self_extend-longlm", "window=1024,group_size=8", [(2, 2), (1, 2), (2, 2)])):
+        rows = [{**template, "method": "self_extend", "knobs": knobs, "depth": d, "correct": k, "trials": n,
+                 "seeds_list": "0,1", "look": 1, "seconds": 600.0}
+                for d, (k, n) in zip((0.0, 0.25, 0.5), counts)]
+        (out_dir / folder).mkdir(parents=True)
+        (out_dir / folder / "retrieval.json").write_text(json.dumps({"schema": 2, "rows": rows}))
+    out = table("--results", str(tmp_path))
+    assert row_of(out, "Self-Extend", "4x (32k), training-free")[2] == f"{rate(0, 4)} (RULER's noise; 2 of 5 depths ran; float32)"
+    longlm = row_of(out, "Self-Extend, LongLM's knobs (window 1,024, G = 8)", "4x (32k), training-free")
+    assert longlm[2] == f"{rate(5, 6)} (RULER's noise; 3 of 5 depths ran; float32)"
+    assert "--methods self_extend --knobs self_extend:window=1024,self_extend:group_size=8" in out

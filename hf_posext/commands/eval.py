@@ -65,7 +65,7 @@ def run(args) -> int:
     """`hf-posext eval`: flags -> grid, documents, store + model, evaluation, report; every
     flag is checked before any document or model loads."""
     ranks = Ranks()
-    grid = session.without_unfit(eval_grid(args), args, ranks)
+    grid, _ = session.without_unfit(eval_grid(args), args, ranks)
     spec = session.model_spec(args, ranks, "perplexity")
     source, docs, tokenizer = _eval_documents(args, spec, grid, ranks)
 

@@ -35,8 +35,8 @@ def run(args) -> int:
                          f"(the first), as retrieval does; e.g. --trials {args.seeds} for --seeds "
                          f"{args.seeds}.")
     depths, seeds = session.depths_flag(args), session.trial_seeds(args)
-    grid = session.without_unfit(RetrievalGrid(methods, lengths, depths, seeds=seeds, factors=factors,
-                                               knobs=knobs), args, ranks)
+    grid, _ = session.without_unfit(RetrievalGrid(methods, lengths, depths, seeds=seeds, factors=factors,
+                                                  knobs=knobs), args, ranks)
     spec = session.model_spec(args, ranks, "passkey")
     tokenizer = load_tokenizer_from(spec)
     try:

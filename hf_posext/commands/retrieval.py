@@ -77,8 +77,9 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     """Checks, tokenizer and haystack, and every task's shortest prompt: all before the model.
     Returns the grid (less the cells `--methods all` leaves out), the model's spec, tokenizer and
     haystack."""
-    grid = session.without_unfit(grid, args, ranks)   # the model's config checked: readable
-    trained = baseline_window(args, grid) if grid.baseline else None
+    # the model's config checked (readable) and kept: the baseline's window is read from it
+    grid, config = session.without_unfit(grid, args, ranks, read_default=grid.baseline)
+    trained = baseline_window(args, grid, config) if grid.baseline else None
     spec = session.model_spec(args, ranks, args.store_name)
     tokenizer = load_tokenizer_from(spec)
     try:
@@ -99,13 +100,13 @@ def prepare(args, grid: RetrievalGrid, ranks: Ranks):
     return grid, spec, tokenizer, haystack
 
 
-def baseline_window(args, grid: RetrievalGrid) -> int:
-    """The baseline's window, the trained length, from the model's config before it loads; refused
-    when no length is past it (within it the baseline's prompt is the unpatched model's own)."""
+def baseline_window(args, grid: RetrievalGrid, config) -> int:
+    """The baseline's window, the trained length, from the model's config (read before it loads);
+    refused when no length is past it (within it the baseline's prompt is the unpatched model's own)."""
     from types import SimpleNamespace
 
     from ..patcher import trained_length
-    trained = trained_length(SimpleNamespace(config=session.check_model(args, read_default=True)))
+    trained = trained_length(SimpleNamespace(config=config))
     if max(grid.lengths) <= trained:
         raise InputError(f"--baseline asks the sliding-window baseline past the trained length ({trained:,} "
                          f"tokens); --lengths {args.lengths} has no length past it: add one (e.g. "

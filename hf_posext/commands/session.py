@@ -254,12 +254,13 @@ def method_flags(args) -> tuple[str | None, float | None, dict]:
     return method, factor, {**parsed.get("*", {}), **parsed.get(method, {})}
 
 
-def check_run_inputs(args, ranks, methods, lengths, factors, knobs) -> tuple:
+def check_run_inputs(args, ranks, methods, lengths, factors, knobs, read_default: bool = False) -> tuple:
     """Device, model and every cell on the model's config (L matters to the attention methods'
-    knobs); returns the cells `--methods all` leaves out (`check_cells`)."""
-    config = check_model(args, read_default=any(map(is_attention_method, methods)))
+    knobs; `read_default`: the caller needs the embedded default's config too). Returns the cells
+    `--methods all` leaves out (`check_cells`) and the config read (None where it was not)."""
+    config = check_model(args, read_default=read_default or any(map(is_attention_method, methods)))
     every = "all" in [t.strip().lower() for t in args.methods.split(",")]
-    return check_cells(config, methods, lengths, factors, knobs, every) if config is not None else ()
+    return (check_cells(config, methods, lengths, factors, knobs, every) if config is not None else ()), config
 
 
 def results_dir(args) -> Path:
@@ -327,11 +328,11 @@ def folder_rows(stored: list[dict], rows: list[dict], key=series_of) -> list[dic
     return [r for r in stored if key(r) in wanted]
 
 
-def without_unfit(grid, args, ranks):
+def without_unfit(grid, args, ranks, read_default: bool = False) -> tuple:
     """`grid` (a PerplexityGrid or RetrievalGrid) after `check_run_inputs`, less the cells
-    `--methods all` leaves out."""
-    return dataclasses.replace(grid, skip=check_run_inputs(args, ranks, grid.methods, grid.lengths,
-                                                       grid.factors, grid.knobs or {}))
+    `--methods all` leaves out, and the model's config it read (read once: `check_run_inputs`)."""
+    skip, config = check_run_inputs(args, ranks, grid.methods, grid.lengths, grid.factors, grid.knobs or {}, read_default)
+    return dataclasses.replace(grid, skip=skip), config
 
 
 def evaluate_in_store(args, spec: model_args.ModelSpec, name: str, ranks, evaluate, load=None) -> tuple:
