@@ -22,6 +22,7 @@ unpatched model within L (8k) as the reference a method's accuracy is read again
     python benchmarks/effective_length_4x.py run noise --method finetuned-distractors --task multi_key
     python benchmarks/effective_length_4x.py perplexity      # the fine-tuned checkpoint past L, Hamlet
     python benchmarks/effective_length_4x.py perplexity --method finetuned-documents   # the control, below
+    python benchmarks/effective_length_4x.py perplexity --method self_extend-longlm   # against the unpatched window
     python benchmarks/effective_length_4x.py reference code  # the unpatched model at 8k, in code (or hamlet, noise)
     python benchmarks/effective_length_4x.py reference noise --task multi_key   # what multi_key's cells read against
     python benchmarks/effective_length_4x.py report          # -> results/effective_length_4x.md
@@ -121,6 +122,27 @@ def perplexity_pairs(out: Path = OUT, arm: str = "finetuned") -> list[tuple[int,
     return pairs
 
 
+def variant_ratio(variant: str, out: Path, labels: dict[str, str]):
+    """A variant's perplexity cell (`perplexity --method VARIANT`): its whole 32k prompt against the
+    unpatched model's sliding 8k window over the same tokens, and on positions past L, as
+    exp(mean NLL difference), the side-by-side's reading; None before both rows are stored."""
+    import math
+
+    from effective_length_table import Ratio, text_of
+
+    from hf_posext.evaluation import read_rows
+    from hf_posext.training.arms_report import mean_nll
+    path = out / perplexity_folder(0, variant).name / "perplexity.json"
+    rows = {r["protocol"]: r for r in (read_rows(path) if path.exists() else []) if int(r["length"]) == 32768}
+    if not {"truncate", "baseline"} <= set(rows):
+        return None
+    t, b = rows["truncate"], rows["baseline"]
+    trained = int(t["trained_length"])
+    whole, past = (math.exp(mean_nll(t, start) - mean_nll(b, start)) for start in (0, trained))
+    return Ratio(variant, False, 32768, trained, f"{whole:.4f}x ({text_of(t, labels)}, 32k, {t['dtype']}; past L {past:.4f}x)",
+                 float(t["seconds"]) + float(b["seconds"]), (shown(perplexity_argv(0, variant)),))
+
+
 def perplexity_lines() -> tuple[list[str], list[str]]:
     """The fine-tuned checkpoints at 32k on held-out Hamlet: perplexity of the whole prompt, of its
     own sliding 8k window, and the mean NLL on positions past L (8,192) of the one less the other."""
@@ -172,6 +194,7 @@ def table_lines(results: Path) -> list[str]:
                 (found if c.length == 32768 or (c.method == "none" and not c.tuned) else shorter).append(c)
     ratios = [own_window(pairs, labels, [shown(perplexity_argv(s, arm)) for s, _, _ in pairs], FINETUNED[arm][2])
               for arm in FINETUNED if (pairs := perplexity_pairs(out, arm))]
+    ratios += [variant_ratio(v, out, labels) for v in VARIANTS if variant_ratio(v, out, labels)]
     lines, read = build(results, labels, found, ratios)
     return lines + grid_lines([*read, *shorter], list(LABELS.values()), DEFAULT_MARGIN)
 
@@ -225,7 +248,7 @@ def main() -> None:
                    + "; " + "; ".join(f"{m}: the {m.split('-')[1]}-searched longrope config of "
                                       f"{searched_config(m).relative_to(HERE.parent)}, saved with the embedded model at "
                                       f"{searched(m)} when missing" for m in SEARCHED)
-                   + "; " + "; ".join(f"{v}: {VARIANTS[v]} with {KNOBS[v][1]}" for v in VARIANTS) + "); default yarn for `run`; `perplexity` takes a fine-tuned one (default finetuned)")
+                   + "; " + "; ".join(f"{v}: {VARIANTS[v]} with {KNOBS[v][1]}" for v in VARIANTS) + "); default yarn for `run`; `perplexity` takes a fine-tuned one (default finetuned) or a variant")
     p.add_argument("--task", choices=tuple(TARGETS), default="niah_single",
                    help="RULER's task `run` or `reference` asks (default niah_single)")
     p.add_argument("--seed", type=int, default=0,
@@ -254,12 +277,15 @@ def main() -> None:
     if args.seed < 0 or (args.seed and args.step == "run" and args.method not in FINETUNED):
         p.error(f"--seed {args.seed}: a seed names a fine-tuned checkpoint (0, 1, ...); use it with "
                 "`run --method finetuned` or `perplexity`")
-    if args.step == "perplexity" and args.method not in (None, *FINETUNED):
+    if args.step == "perplexity" and args.method not in (None, *FINETUNED, *VARIANTS):
         p.error(f"perplexity --method {args.method}: perplexity measures a fine-tuned checkpoint against its own "
-                f"sliding window; give one of {', '.join(FINETUNED)}")
+                f"sliding window, or a knob variant against the unpatched model's; give one of {', '.join((*FINETUNED, *VARIANTS))}")
+    if args.seed and args.method in VARIANTS:
+        p.error(f"--seed {args.seed}: a seed names a fine-tuned checkpoint; {args.method} is training-free")
     args.method = args.method or ("finetuned" if args.step == "perplexity" else "yarn")
-    arm = args.method if args.method in FINETUNED else "finetuned"
-    if (args.method in FINETUNED or args.step == "perplexity") and not (HERE.parent / finetuned(args.seed, arm)).is_dir():
+    arm = args.method if args.method in (*FINETUNED, *VARIANTS) else "finetuned"
+    if (args.method in FINETUNED or (args.step == "perplexity" and arm in FINETUNED)) \
+            and not (HERE.parent / finetuned(args.seed, arm)).is_dir():
         p.error(f"no checkpoint at {finetuned(args.seed, arm)}: train it first with `{train_command(args.seed, arm)}`")
     if args.step == "run" and args.method == BASELINE and args.length == LENGTHS[0]:
         p.error(f"run --method {BASELINE} --length {LENGTHS[0]}: the sliding baseline is the model's own window; "

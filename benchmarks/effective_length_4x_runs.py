@@ -165,8 +165,12 @@ def perplexity_folder(seed: int = 0, arm: str = "finetuned") -> Path:
 def perplexity_argv(seed: int = 0, arm: str = "finetuned") -> list[str]:
     """The checkpoint at 32k on held-out Hamlet: `hf-posext eval` scores the whole 32k prompt and the
     same model's own sliding 8k window over the same tokens, per position bucket (so past L reads
-    as the excess over the sliding window on positions 8k-32k)."""
-    return ["eval", "--model", finetuned(seed, arm), "--methods", "none", "--dtype", "float32", "--lengths", "32768",
+    as the excess over the sliding window on positions 8k-32k). A variant (VARIANTS) is the embedded
+    model patched with its knobs, read against the unpatched model's sliding 8k window, as the
+    side-by-side reads the training-free methods."""
+    model = ["--methods", VARIANTS[arm], *KNOBS[arm]] if arm in VARIANTS else \
+        ["--model", finetuned(seed, arm), "--methods", "none"]
+    return ["eval", *model, "--dtype", "float32", "--lengths", "32768",
             "--dataset", PERPLEXITY_TEXT, "--no-progress", "--out", str(perplexity_folder(seed, arm))]
 
 

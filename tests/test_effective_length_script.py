@@ -126,6 +126,7 @@ def test_each_arms_printed_training_command_is_a_valid_recipe(arm, folder):
     (("table", "noise"), "table reads every haystack's stored rows; give no haystack"),
     (("report", "--results", "elsewhere"), "report does not read --results"),
     (("perplexity", "--length", "16k"), "perplexity does not read --length"),
+    (("perplexity", "--method", "self_extend-longlm", "--seed", "1"), "self_extend-longlm is training-free"),
     # a fixed grid runs to its end: a budget there would be ignored, so it is refused
     (("run", "noise", "--method", "baseline", "--budget", "1h"), "--budget 1h: `run --method baseline` at 32k asks a fixed grid"),
     (("run", "hamlet", "--method", "searched-needle", "--budget", "2h"), "asks a fixed grid of 2 needles a depth"),

@@ -356,3 +356,22 @@ def test_self_extend_with_longlm_s_knobs_is_a_row_of_its_own(tmp_path):
     longlm = row_of(out, "Self-Extend, LongLM's knobs (window 1,024, G = 8)", "4x (32k), training-free")
     assert longlm[2] == f"{rate(5, 6)} (RULER's noise; 3 of 5 depths ran; float32)"
     assert "--methods self_extend --knobs self_extend:window=1024,self_extend:group_size=8" in out
+
+
+def test_the_longlm_variant_s_perplexity_reads_its_own_folder(tmp_path):
+    """`perplexity --method self_extend-longlm` stores the variant's 32k row and the unpatched
+    model's sliding 8k window in one folder: its cell is exp(mean NLL difference), whole and past
+    L, worked here from the stored buckets (the side-by-side's 32k rows planted as that folder)."""
+    rows = stored(RESULTS / "side-by-side" / "eval-32k" / "perplexity.json")
+    truncate = next(r for r in rows if r["method"] == "self_extend" and r["protocol"] == "truncate")
+    baseline = next(r for r in rows if r["protocol"] == "baseline" and r["length"] == 32768)
+    folder = tmp_path / "effective-length-4x" / "perplexity-self_extend-longlm"
+    folder.mkdir(parents=True)
+    (folder / "perplexity.json").write_text(json.dumps({"schema": 2, "rows": [truncate, baseline]}))
+
+    def whole(row: dict) -> float:
+        return sum(row["bucket_nll"]) / sum(row["bucket_tokens"])
+    cell = row_of(table("--results", str(tmp_path)), "Self-Extend, LongLM's knobs (window 1,024, G = 8)",
+                  "4x (32k), training-free")[4]
+    assert cell.startswith(f"{math.exp(whole(truncate) - whole(baseline)):.4f}x (Hamlet (held out), 32k, bfloat16; "
+                           f"past L {math.exp(past_l(truncate) - past_l(baseline)):.4f}x)"), cell
