@@ -62,9 +62,17 @@ docs: install
 # 5.x run checks once: executing the notebooks (about 4 of CI's minutes), running the Makefile
 # targets (tests/test_make_targets.py, ~5 min), the documented retrieval commands
 # (test_doc_command_runs, ~3 min) and the committed results' tables and reports
-# (tests/test_effective_length_table.py, the test_committed_* checks; stored rows, no model).
+# (tests/test_effective_length_table.py, the test_committed_* checks; stored rows, no model); and
+# the benchmark scripts' own plumbing, which reaches transformers only through the package the rest
+# of the suite checks: their refusals and planted-row readings (test_effective_length_script,
+# test_effective_length_grid, test_the_scripts_refuse_the_old_spelling), the retrieval-mix and
+# live-design scripts' smoke runs (test_finetune_retrieval, test_retrieval_live) and the README's
+# checks (test_readme): about 4 of CI's minutes.
 TF4_SKIP = not test_notebook_runs and not test_make_targets and not test_doc_command_runs \
-	and not test_effective_length_table and not test_committed
+	and not test_effective_length_table and not test_committed \
+	and not test_effective_length_script and not test_effective_length_grid \
+	and not test_the_scripts_refuse_the_old_spelling and not test_finetune_retrieval \
+	and not test_retrieval_live and not test_readme
 test-tf4:
 	$(MAKE) test-all VENV=.venv-tf4 TRANSFORMERS="transformers==4.57.6" PYTEST_ARGS="--durations=25 -k '$(TF4_SKIP)'"
 
