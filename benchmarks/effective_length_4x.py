@@ -194,7 +194,7 @@ def table_lines(results: Path) -> list[str]:
                 (found if c.length == 32768 or (c.method == "none" and not c.tuned) else shorter).append(c)
     ratios = [own_window(pairs, labels, [shown(perplexity_argv(s, arm)) for s, _, _ in pairs], FINETUNED[arm][2])
               for arm in FINETUNED if (pairs := perplexity_pairs(out, arm))]
-    ratios += [variant_ratio(v, out, labels) for v in VARIANTS if variant_ratio(v, out, labels)]
+    ratios += [r for v in VARIANTS if (r := variant_ratio(v, out, labels))]
     lines, read = build(results, labels, found, ratios)
     return lines + grid_lines([*read, *shorter], list(LABELS.values()), DEFAULT_MARGIN)
 
