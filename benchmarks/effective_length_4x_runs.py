@@ -25,7 +25,8 @@ LENGTHS, FAR = ("8k", "16k", "32k"), "32k"
 # Self-Extend twice: with the knobs fitted to keep every position within L (side_by_side.py's, in KNOBS
 # below), and with the knobs LongLM's README advises (its section 4: a neighbour window of 512-1536,
 # and a group larger than the smallest that fits, since the largest positions are the least trained):
-# window 1,024, G = 8, so the farthest grouped position at 32k is 1024 + 31744 / 8 = 4,992, about 0.6 L.
+# window 1,024, G = 8 (also hf_posext's own defaults for self_extend, docs/attention.md), so the
+# farthest grouped position at 32k is 1024 + 31744 / 8 = 4,992, about 0.6 L.
 # The fitted knobs (G = 13 beside a 6k window) lost two needles 24k back in noise that these find
 # (results/self-extend-knobs-32k). A variant is its method asked with other knobs, in a folder of its own.
 VARIANTS = {"self_extend-longlm": "self_extend"}
