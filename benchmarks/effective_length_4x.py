@@ -47,8 +47,8 @@ from pathlib import Path
 from effective_length_4x_arms import FINETUNED, arm_name, arm_of, finetuned, train_command
 from effective_length_4x_runs import (BASELINE, BUDGET, BUDGET_16K, DEPTHS, FAR, HERE, KNOBS, LABELS, LENGTHS, OUT, PAGE, SEARCHED,
                                       VARIANTS, asks_checkpoint, cli, dataset, folder_seed, perplexity_argv, perplexity_folder, reference_argv,
-                                      reference_folder, run_argv, run_folder, searched, searched_config, searched_of,
-                                      seeds_trained, sequential, shown, steps, variant_of)
+                                      reference_folder, run_argv, run_folder, searched, searched_config,
+                                      row_of_folder, seeds_trained, sequential, shown, steps)
 from effective_length_grid import TARGETS
 from effective_length_table import METHODS
 
@@ -101,7 +101,7 @@ def line(label: str, method: str, task: str, length: int, cells: list[dict], fol
         met = f"open: {len(cells)} of {wanted} depths ran"
     minutes = sum(float(r["seconds"]) for r in cells) / 60
     seed, arm = folder_seed(folder), arm_of(folder)
-    config = searched_of(folder) or variant_of(folder)
+    config = row_of_folder(folder)
     name = (arm_name(arm, seed) if arm else METHODS[config] if config else
             "unpatched" if method == "none" else f"{method} s = {float(cells[0]['factor']):g}" if method == "yarn"
             else METHODS[method] if method == BASELINE else method)
@@ -180,7 +180,7 @@ def table_lines(results: Path) -> list[str]:
         # model (code's first run: YaRN s = 4 at 8k, two depths): counted once, in its own run
         own_within = {m for m in KNOBS if question_rows(out / run_folder(haystack, m, length=LENGTHS[0]).name)}
         for _, folder, argv in steps(haystack, out):
-            arm, seed, config = arm_of(folder), folder_seed(folder), searched_of(folder) or variant_of(folder)
+            arm, seed, config = arm_of(folder), folder_seed(folder), row_of_folder(folder)
             rows = [{**r, **({"training_seed": seed} if arm else {})}
                     for cells in question_rows(out / folder.name).values() for r in cells
                     if not ("-reference" in folder.name and r["method"] in own_within)]

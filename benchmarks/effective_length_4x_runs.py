@@ -81,6 +81,12 @@ def variant_of(folder: Path) -> str | None:
     return next((v for v in VARIANTS if folder.name.endswith(f"-{v}") or f"-{v}-" in folder.name), None)
 
 
+def row_of_folder(folder: Path) -> str | None:
+    """The table row a training-free run folder's rows belong to when their `method` does not name
+    it: a searched config (rows say `none`) or a knob variant (rows say its method); else None."""
+    return searched_of(folder) or variant_of(folder)
+
+
 def asks_checkpoint(folder: Path) -> bool:
     """Whether a run folder asks a saved checkpoint with `--methods none` (a fine-tuned arm or a
     searched config), so its rows of method none are that checkpoint's, not the unpatched model's."""
